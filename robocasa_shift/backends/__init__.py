@@ -1,0 +1,13 @@
+"""Simulator backends. Each lives in its own module so ``import robocasa_shift`` needs no simulator."""
+
+from __future__ import annotations
+
+from ..registry import Registry
+
+BACKENDS: Registry[type] = Registry("backend", "robocasa_shift.backends")
+BACKENDS.register("robosuite", "robocasa_shift.backends.robosuite_backend:RobosuiteBackend")
+
+
+def get_backend(name: str):
+    """An instance of the backend registered under ``name``."""
+    return BACKENDS.get(name)()

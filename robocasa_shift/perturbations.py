@@ -1,0 +1,280 @@
+"""Factor kinds: the code that applies a frozen perturbation level.
+
+The numbers live in ``perturbations/*.yaml`` (see :mod:`robocasa_shift.specs`);
+a kind says how to draw, apply and read back. Environment-side kinds act on the
+simulator after reset and after the pre-perturbation fingerprint; observation-
+side kinds transform every RGB image the policy receives. Every application
+returns a runtime record of what the simulator holds afterwards, read back
+from the model and state, beside what the spec and the draw asked for; the
+audit compares the two.
+
+Kinds never stack: an environment restores its nominal model values before
+every reset, and kinds compute from those nominal values, not from the
+current ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from .registry import Registry
+
+FACTOR_KINDS: Registry[type] = Registry("factor kind", "robocasa_shift.factors")
+
+# Read-back values equal what was asked up to float64 round-off of the
+# rotations; anything larger is a perturbation that did not land.
+READBACK_ATOL = 1e-9
+
+
+class PerturbationError(RuntimeError):
+    """A perturbation could not be applied as specified (e.g. no valid base draw)."""
+
+
+# --------------------------------------------------------------------------- quaternions (w, x, y, z)
+
+
+def quat_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    aw, ax, ay, az = a
+    bw, bx, by, bz = b
+    return np.array(
+        [
+            aw * bw - ax * bx - ay * by - az * bz,
+            aw * bx + ax * bw + ay * bz - az * by,
+            aw * by - ax * bz + ay * bw + az * bx,
+            aw * bz + ax * by - ay * bx + az * bw,
+        ]
+    )
+
+
+def axis_angle_quat(axis: Sequence[float], angle_rad: float) -> np.ndarray:
+    axis = np.asarray(axis, dtype=float)
+    axis = axis / np.linalg.norm(axis)
+    return np.concatenate([[np.cos(angle_rad / 2)], np.sin(angle_rad / 2) * axis])
+
+
+def quat_to_mat(q: np.ndarray) -> np.ndarray:
+    w, x, y, z = np.asarray(q, dtype=float) / np.linalg.norm(q)
+    return np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+            [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+            [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
+        ]
+    )
+
+
+def rotate_in_place(quat: np.ndarray, vertical: np.ndarray, yaw_deg: float, pitch_deg: float) -> np.ndarray:
+    """A camera orientation yawed about the vertical through its centre and pitched about its own x axis.
+
+    ``quat`` is the camera's orientation in its parent body's frame and
+    ``vertical`` the world vertical expressed in that frame. MuJoCo cameras
+    look along their -z axis with x to the right, so pitch is a rotation about
+    the camera's x axis (applied in the camera frame) and yaw one about the
+    vertical (applied in the parent frame).
+    """
+    q_yaw = axis_angle_quat(vertical, np.deg2rad(yaw_deg))
+    q_pitch = axis_angle_quat([1.0, 0.0, 0.0], np.deg2rad(pitch_deg))
+    q = quat_mul(quat_mul(q_yaw, quat), q_pitch)
+    return q / np.linalg.norm(q)
+
+
+def in_place_offsets(nominal: np.ndarray, current: np.ndarray, vertical: np.ndarray) -> tuple:
+    """Recover (yaw_deg, pitch_deg) with ``current == rotate_in_place(nominal, vertical, yaw, pitch)``."""
+    r0, r1 = quat_to_mat(nominal), quat_to_mat(current)
+    v = np.asarray(vertical, float) / np.linalg.norm(vertical)
+    # Pitch about the camera's x axis leaves x fixed, so the yaw is the angle
+    # between the x axes, measured about the vertical.
+    x0, x1 = r0[:, 0] - v * (r0[:, 0] @ v), r1[:, 0] - v * (r1[:, 0] @ v)
+    yaw = np.arctan2(np.cross(x0, x1) @ v, x0 @ x1)
+    m = r0.T @ quat_to_mat(axis_angle_quat(v, -yaw)) @ r1  # the pure pitch left over
+    pitch = np.arctan2(m[2, 1], m[1, 1])
+    return float(np.rad2deg(yaw)), float(np.rad2deg(pitch))
+
+
+# --------------------------------------------------------------------------- kinds
+
+
+class FactorKind:
+    """How one kind of factor is drawn, applied and read back."""
+
+    side = "env"  # "env": edits the simulator; "obs": transforms images
+    draw_kind = "none"
+    level_params: tuple = ()
+
+    def draw(self, spec, rng: np.random.Generator, env=None) -> Dict[str, Any]:
+        """The episode's random draw, shared by every level of the factor."""
+        return {"draw": None, "draws_rejected": 0}
+
+    def apply(self, env, params: Dict[str, float], draw: Dict[str, Any]) -> Dict[str, Any]:
+        """Apply a level; return ``{"applied": read back, "expected": asked for}``."""
+        raise NotImplementedError
+
+    def readback(self, env) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def transform(self, image: np.ndarray, params: Dict[str, float]) -> np.ndarray:
+        return image
+
+
+def max_abs_difference(applied: Any, expected: Any) -> float:
+    """Largest absolute difference between two nested structures of numbers (inf on a shape mismatch)."""
+    if isinstance(expected, dict):
+        if not isinstance(applied, dict) or set(applied) != set(expected):
+            return float("inf")
+        return max([max_abs_difference(applied[k], expected[k]) for k in expected] or [0.0])
+    a, e = np.asarray(applied, dtype=float), np.asarray(expected, dtype=float)
+    if a.shape != e.shape:
+        return float("inf")
+    return float(np.max(np.abs(a - e))) if a.size else 0.0
+
+
+@FACTOR_KINDS.register("light_scale")
+class LightScale(FactorKind):
+    """Every scene light's diffuse, ambient and specular colour, and the headlight's, times alpha."""
+
+    level_params = ("alpha",)
+
+    def apply(self, env, params, draw):
+        nominal = env.nominal_lights()
+        scaled = {k: (np.asarray(v) * params["alpha"]).tolist() for k, v in nominal.items()}
+        env.set_lights(scaled)
+        return {"applied": self.readback(env), "expected": scaled}
+
+    def readback(self, env):
+        return {k: np.asarray(v).tolist() for k, v in env.lights().items()}
+
+
+@FACTOR_KINDS.register("camera_rotation")
+class CameraRotation(FactorKind):
+    """Third-person cameras rotated in place by (yaw, pitch) = theta_max * u, u uniform in the unit disk."""
+
+    draw_kind = "unit_disk"
+    level_params = ("theta_max_deg",)
+
+    def draw(self, spec, rng, env=None):
+        radius, angle = np.sqrt(rng.uniform()), rng.uniform(0.0, 2.0 * np.pi)
+        return {"draw": [float(radius * np.cos(angle)), float(radius * np.sin(angle))], "draws_rejected": 0}
+
+    def apply(self, env, params, draw):
+        yaw, pitch = (params["theta_max_deg"] * u for u in draw["draw"])
+        expected = {}
+        for cam in env.third_person_cameras:
+            quat = rotate_in_place(env.nominal_camera_quat(cam), env.camera_vertical(cam), yaw, pitch)
+            env.set_camera_quat(cam, quat)
+            expected[cam] = {"quat": quat.tolist(), "yaw_deg": yaw, "pitch_deg": pitch}
+        return {"applied": self.readback(env), "expected": expected}
+
+    def readback(self, env):
+        out = {}
+        for cam in env.third_person_cameras:
+            quat = np.asarray(env.camera_quat(cam), dtype=float)
+            yaw, pitch = in_place_offsets(env.nominal_camera_quat(cam), quat, env.camera_vertical(cam))
+            out[cam] = {"quat": quat.tolist(), "yaw_deg": yaw, "pitch_deg": pitch}
+        return out
+
+
+@FACTOR_KINDS.register("base_offset")
+class BaseOffset(FactorKind):
+    """Mobile-base (forward, side) offset sigma_xy_m * z[:2] and yaw sigma_psi_deg * z[2], z standard normal.
+
+    The draw is valid only if the scaled offset gives a valid initial state at
+    every level; otherwise the next draw of the same stream replaces it for all
+    levels (never a per-level redraw).
+    """
+
+    draw_kind = "standard_normal_3"
+    level_params = ("sigma_xy_m", "sigma_psi_deg")
+
+    @staticmethod
+    def offset(params, z) -> Dict[str, float]:
+        return {
+            "forward_m": params["sigma_xy_m"] * z[0],
+            "side_m": params["sigma_xy_m"] * z[1],
+            "yaw_deg": params["sigma_psi_deg"] * z[2],
+        }
+
+    def draw(self, spec, rng, env=None):
+        max_draws = int(spec.options.get("max_draws", 50))
+        reasons: List[str] = []
+        for attempt in range(max_draws):
+            z = rng.standard_normal(3).tolist()
+            problems = [] if env is None else [env.base_offset_problem(self.offset(spec.level(lv), z)) for lv in spec.levels]
+            problems = [p for p in problems if p]
+            if not problems:
+                return {"draw": z, "draws_rejected": attempt, "rejection_reasons": reasons}
+            reasons.append(problems[0])
+        raise PerturbationError(f"no valid base draw in {max_draws} draws; last problem: {reasons[-1]}")
+
+    def apply(self, env, params, draw):
+        expected = self.offset(params, draw["draw"])
+        env.set_base_offset(expected)
+        return {"applied": self.readback(env), "expected": expected}
+
+    def readback(self, env):
+        return {k: float(v) for k, v in env.base_offset().items()}
+
+
+@FACTOR_KINDS.register("gaussian_blur")
+class GaussianBlur(FactorKind):
+    """cv2.GaussianBlur(img, (0, 0), sigmaX=s, sigmaY=s), default border, uint8 in and out."""
+
+    side = "obs"
+    level_params = ("sigma_px",)
+
+    def apply(self, env, params, draw):
+        return {"applied": {"sigma_px": params["sigma_px"]}, "expected": {"sigma_px": params["sigma_px"]}}
+
+    def transform(self, image, params):
+        import cv2
+
+        s = params["sigma_px"]
+        return cv2.GaussianBlur(image, (0, 0), sigmaX=s, sigmaY=s)
+
+
+def factor_kind(spec) -> FactorKind:
+    return FACTOR_KINDS.get(spec.kind)()
+
+
+def describe_conditions(protocol) -> List[Dict[str, Any]]:
+    """The conditions with their frozen parameters, for listings."""
+    rows: List[Dict[str, Any]] = [{"condition": "clean", "factor": None, "level": None, "params": {}}]
+    for name, spec in protocol.factors.items():
+        for level in protocol.level_names:
+            rows.append(
+                {
+                    "condition": f"{name}:{level}",
+                    "factor": name,
+                    "level": level,
+                    "params": spec.level(level),
+                    "kind": spec.kind,
+                    "side": FACTOR_KINDS.get(spec.kind).side,
+                    "draw": spec.draw,
+                    "spec_version": spec.version,
+                    "spec_sha256": spec.content_hash,
+                }
+            )
+    return rows
+
+
+def applied_perturbation(
+    spec, level: str, env, draw: Optional[Dict[str, Any]]
+) -> Dict[str, Any]:
+    """Apply ``spec`` at ``level`` and return the runtime record stored on the rollout."""
+    kind = factor_kind(spec)
+    params = spec.level(level)
+    result = kind.apply(env, params, draw or {"draw": None, "draws_rejected": 0})
+    error = max_abs_difference(result["applied"], result["expected"])
+    return {
+        "factor": spec.factor,
+        "level": level,
+        "kind": spec.kind,
+        "params": params,
+        "draw": (draw or {}).get("draw"),
+        "draws_rejected": (draw or {}).get("draws_rejected", 0),
+        "applied": result["applied"],
+        "expected": result["expected"],
+        "max_abs_error": error,
+        "ok": bool(error <= READBACK_ATOL),
+    }

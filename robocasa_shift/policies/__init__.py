@@ -1,0 +1,20 @@
+"""Policies. Built-ins are registered lazily so that importing the package needs no torch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..registry import Registry
+from .base import Observation, Policy
+
+POLICIES: Registry[type] = Registry("policy", "robocasa_shift.policies")
+POLICIES.register("expert", "robocasa_shift.policies.scripted:ExpertPolicy")
+POLICIES.register("random", "robocasa_shift.policies.scripted:RandomPolicy")
+
+
+def make_policy(name: str, **options: Any) -> Policy:
+    """An instance of the policy registered under ``name``."""
+    return POLICIES.get(name)(**options)
+
+
+__all__ = ["POLICIES", "Observation", "Policy", "make_policy"]

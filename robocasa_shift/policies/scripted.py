@@ -1,0 +1,278 @@
+"""Built-in policies without learned parts: ``expert`` (privileged, scripted) and ``random``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from .base import NumpySeededPolicy, Observation, Policy
+
+# PandaOmron's 12-D action: arm OSC deltas in the base frame (0:3 position,
+# 3:6 axis-angle), torso (6), base velocity (7:10), gripper (10, +1 closes),
+# control mode (11, -1 = arm).
+ARM_POS, ARM_ROT, GRIPPER, MODE = slice(0, 3), slice(3, 6), 10, 11
+ACTION_DIM = 12
+OPEN, CLOSE = -1.0, 1.0
+POS_GAIN = 10.0  # action 1.0 asks 5 cm per step; this saturates at 10 cm of error
+YAW_GAIN = 3.0
+
+
+def quat_xyzw_to_mat(q: np.ndarray) -> np.ndarray:
+    x, y, z, w = np.asarray(q, dtype=float) / np.linalg.norm(q)
+    return np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+            [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+            [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
+        ]
+    )
+
+
+def yaw_of_wxyz(q: np.ndarray) -> float:
+    w, x, y, z = q
+    return float(np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z)))
+
+
+def wrap(angle: float, period: float = 2 * np.pi) -> float:
+    """Angle wrapped into [-period/2, period/2)."""
+    return float((angle + period / 2) % period - period / 2)
+
+
+def arm_action(proprio: Dict[str, np.ndarray], target_world: np.ndarray, grip: float, yaw_rate: float = 0.0) -> np.ndarray:
+    """An arm-mode action moving the gripper toward a world-frame target (the controller reads the base frame)."""
+    base_rot = quat_xyzw_to_mat(proprio["robot0_base_quat"])
+    delta = base_rot.T @ (np.asarray(target_world) - proprio["robot0_eef_pos"])
+    action = np.zeros(ACTION_DIM)
+    action[ARM_POS] = np.clip(POS_GAIN * delta, -1.0, 1.0)
+    action[ARM_ROT] = [0.0, 0.0, np.clip(yaw_rate, -1.0, 1.0)]
+    action[GRIPPER] = grip
+    action[MODE] = -1.0
+    return action
+
+
+@dataclass
+class Phase:
+    """One step of a scripted plan: where to go, the gripper command, when it is done."""
+
+    name: str
+    target: Callable[[Observation, dict], np.ndarray]
+    grip: float
+    done: Callable[[Observation, dict, int], bool]
+    yaw: Optional[Callable[[Observation, dict], float]] = None  # desired yaw rate
+
+
+def reached(tol_xy: float, tol_z: float, max_steps: int = 80):
+    def done(obs: Observation, memo: dict, steps: int) -> bool:
+        err = memo["target"] - obs.proprio["robot0_eef_pos"]
+        return bool(np.linalg.norm(err[:2]) < tol_xy and abs(err[2]) < tol_z) or steps >= max_steps
+
+    return done
+
+
+def after(n_steps: int):
+    return lambda obs, memo, steps: steps >= n_steps
+
+
+class ExpertPolicy(Policy):
+    """Scripted from privileged simulator state; provides demonstrations. Deterministic.
+
+    Each task is a list of phases (approach, descend, close, lift, carry, place,
+    release, retreat); a phase's target is recomputed from the live object
+    poses at every step.
+    """
+
+    name = "expert"
+    privileged = True
+
+    def __init__(self):
+        self._plans: Dict[str, List[Phase]] = {
+            "Lift": self._pick("cube", lift_to=0.25, retreat=False),
+            "Stack": self._pick("cubeA", lift_to=0.15) + self._place_on_point(self._stack_target),
+            "PickPlaceCan": self._pick("can", lift_to=0.30) + self._place_on_point(self._bin_target, high=0.32),
+            "NutAssemblySquare": self._nut_plan(),
+        }
+        self.reset(0)
+
+    def reset(self, seed: int) -> None:
+        self._phase = 0
+        self._steps_in_phase = 0
+        self._memo: dict = {}
+        self._task: Optional[str] = None
+
+    # -------------------------------------------------------------- plans
+
+    @staticmethod
+    def _pick(obj: str, lift_to: float, retreat: bool = True) -> List[Phase]:
+        def above(obs, memo):
+            return obs.privileged[f"{obj}_pos"] + [0, 0, 0.08]
+
+        def at(obs, memo):
+            return obs.privileged[f"{obj}_pos"] + [0, 0, -0.005]
+
+        def hold(obs, memo):
+            memo.setdefault("hold", obs.proprio["robot0_eef_pos"].copy())
+            return memo["hold"]
+
+        def up(obs, memo):
+            table = obs.privileged["table_z"][0]
+            p = memo.setdefault("grasp_xy", obs.proprio["robot0_eef_pos"].copy())
+            return np.array([p[0], p[1], table + lift_to])
+
+        return [
+            Phase("approach", above, OPEN, reached(0.01, 0.02)),
+            Phase("descend", at, OPEN, reached(0.006, 0.006, max_steps=40)),
+            Phase("close", hold, CLOSE, after(10)),
+            Phase("lift", up, CLOSE, reached(0.02, 0.02, max_steps=60) if retreat else after(10**6)),
+        ]
+
+    @staticmethod
+    def _stack_target(obs) -> np.ndarray:
+        p = obs.privileged
+        return p["cubeB_pos"] + [0, 0, p["cubeA_size"][2] + p["cubeB_size"][2] + 0.004]
+
+    @staticmethod
+    def _bin_target(obs) -> np.ndarray:
+        return obs.privileged["bin_pos"] + [0, 0, 0.10]
+
+    @staticmethod
+    def _place_on_point(goal: Callable[[Observation], np.ndarray], high: float = 0.15) -> List[Phase]:
+        """Carry the held object (tracking its live offset from the gripper) to ``goal`` and let go."""
+
+        def held_offset(obs, memo):
+            # eef - object, re-read live so a slipping grasp is compensated
+            key = {"cubeA_pos", "can_pos", "nut_pos"} & set(obs.privileged)
+            o = obs.privileged[sorted(key)[0]]
+            return obs.proprio["robot0_eef_pos"] - o
+
+        def over(obs, memo):
+            t = goal(obs) + held_offset(obs, memo)
+            return np.array([t[0], t[1], obs.privileged["table_z"][0] + high])
+
+        def down(obs, memo):
+            return goal(obs) + held_offset(obs, memo)
+
+        def hold(obs, memo):
+            memo.setdefault("release_at", obs.proprio["robot0_eef_pos"].copy())
+            return memo["release_at"]
+
+        def away(obs, memo):
+            return memo["release_at"] + [0, 0, 0.12]
+
+        return [
+            Phase("carry", over, CLOSE, reached(0.008, 0.03, max_steps=100)),
+            Phase("lower", down, CLOSE, reached(0.006, 0.006, max_steps=60)),
+            Phase("release", hold, OPEN, after(8)),
+            Phase("retreat", away, OPEN, after(10**6)),
+        ]
+
+    def _nut_plan(self) -> List[Phase]:
+        def gripper_yaw(obs) -> float:
+            # angle of the fingers' closing axis (the hand's y axis) in the world
+            r = quat_xyzw_to_mat(obs.proprio["robot0_eef_quat"])
+            return float(np.arctan2(r[1, 1], r[0, 1]))
+
+        def handle_dir(obs) -> float:
+            d = obs.privileged["nut_handle_pos"] - obs.privileged["nut_pos"]
+            return float(np.arctan2(d[1], d[0]))
+
+        def align_to_handle(obs, memo) -> float:
+            # fingers close across the handle: closing axis perpendicular to the handle
+            return YAW_GAIN * wrap(handle_dir(obs) + np.pi / 2 - gripper_yaw(obs), np.pi)
+
+        def above_handle(obs, memo):
+            return obs.privileged["nut_handle_pos"] + [0, 0, 0.08]
+
+        def at_handle(obs, memo):
+            return obs.privileged["nut_handle_pos"] + [0, 0, -0.005]
+
+        def hold(obs, memo):
+            memo.setdefault("hold", obs.proprio["robot0_eef_pos"].copy())
+            return memo["hold"]
+
+        def up(obs, memo):
+            p = memo.setdefault("grasp_xy", obs.proprio["robot0_eef_pos"].copy())
+            return np.array([p[0], p[1], obs.privileged["table_z"][0] + 0.20])
+
+        def square_up(obs, memo) -> float:
+            # the square hole fits the peg when the nut's yaw is a multiple of 90 degrees
+            return -YAW_GAIN * wrap(yaw_of_wxyz(obs.privileged["nut_quat"]), np.pi / 2)
+
+        def aligned(tol_rad):
+            def done(obs, memo, steps):
+                ok = abs(wrap(yaw_of_wxyz(obs.privileged["nut_quat"]), np.pi / 2)) < tol_rad
+                return ok and reached(0.01, 0.03)(obs, memo, steps) or steps > 120
+
+            return done
+
+        def offset(obs):
+            return obs.proprio["robot0_eef_pos"] - obs.privileged["nut_pos"]
+
+        def over_peg(obs, memo):
+            t = obs.privileged["peg_pos"] + offset(obs)
+            return np.array([t[0], t[1], obs.privileged["table_z"][0] + 0.20])
+
+        def onto_peg(obs, memo):
+            t = obs.privileged["peg_pos"] + offset(obs)
+            return np.array([t[0], t[1], obs.privileged["table_z"][0] + 0.02 + offset(obs)[2]])
+
+        def release_hold(obs, memo):
+            memo.setdefault("release_at", obs.proprio["robot0_eef_pos"].copy())
+            return memo["release_at"]
+
+        def away(obs, memo):
+            return memo["release_at"] + [0, 0, 0.12]
+
+        aligned_done = aligned(np.deg2rad(2))
+        return [
+            Phase("approach", above_handle, OPEN, reached(0.01, 0.02, max_steps=100), yaw=align_to_handle),
+            Phase("descend", at_handle, OPEN, reached(0.005, 0.006, max_steps=40), yaw=align_to_handle),
+            Phase("close", hold, CLOSE, after(10)),
+            Phase("lift", up, CLOSE, reached(0.02, 0.02, max_steps=60)),
+            Phase("carry", over_peg, CLOSE, aligned_done, yaw=square_up),
+            Phase("lower", onto_peg, CLOSE, reached(0.005, 0.01, max_steps=60), yaw=square_up),
+            Phase("release", release_hold, OPEN, after(8)),
+            Phase("retreat", away, OPEN, after(10**6)),
+        ]
+
+    # -------------------------------------------------------------- acting
+
+    def act(self, obs: Observation) -> np.ndarray:
+        if obs.privileged is None:
+            raise ValueError("the expert policy needs privileged state")
+        task = self._task or self._infer_task(obs)
+        plan = self._plans[task]
+        while True:
+            phase = plan[self._phase]
+            self._memo["target"] = phase.target(obs, self._memo)
+            if self._phase + 1 < len(plan) and phase.done(obs, self._memo, self._steps_in_phase):
+                self._phase += 1
+                self._steps_in_phase = 0
+                continue
+            break
+        self._steps_in_phase += 1
+        yaw_rate = phase.yaw(obs, self._memo) if phase.yaw else 0.0
+        return arm_action(obs.proprio, self._memo["target"], phase.grip, yaw_rate)[None]
+
+    def _infer_task(self, obs: Observation) -> str:
+        keys = set(obs.privileged)
+        for task, marker in (("NutAssemblySquare", "nut_pos"), ("PickPlaceCan", "can_pos"), ("Stack", "cubeA_pos"), ("Lift", "cube_pos")):
+            if marker in keys:
+                self._task = task
+                return task
+        raise ValueError(f"the expert has no plan for a scene with {sorted(keys)}")
+
+
+class RandomPolicy(NumpySeededPolicy):
+    """Uniform random arm and gripper actions; the base stays still. A negative control."""
+
+    name = "random"
+
+    def act(self, obs: Observation) -> np.ndarray:
+        action = np.zeros(ACTION_DIM)
+        action[ARM_POS] = self.rng.uniform(-1.0, 1.0, 3)
+        action[ARM_ROT] = self.rng.uniform(-1.0, 1.0, 3)
+        action[GRIPPER] = self.rng.choice([OPEN, CLOSE])
+        action[MODE] = -1.0
+        return action[None]

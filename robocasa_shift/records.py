@@ -1,0 +1,131 @@
+"""Rollout keys and records: one record per rollout, JSON on disk, one row of the records table."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Dict, List, Optional
+
+
+@dataclass(frozen=True, order=True)
+class RolloutKey:
+    """What identifies a rollout: a key is run once per run directory."""
+
+    phase: str
+    task: str
+    episode: int
+    condition: str
+    replicate: int = 0
+
+    @property
+    def id(self) -> str:
+        return f"{self.phase}/{self.task}/{self.episode:04d}/{self.condition}/r{self.replicate}"
+
+    @property
+    def pair_id(self) -> str:
+        """The base episode (and replicate) this rollout shares with its clean twin."""
+        return f"{self.phase}/{self.task}/{self.episode:04d}/r{self.replicate}"
+
+    @classmethod
+    def from_record(cls, rec: Dict[str, Any]) -> "RolloutKey":
+        return cls(rec["phase"], rec["task"], int(rec["episode"]), rec["condition"], int(rec.get("replicate", 0)))
+
+
+@dataclass
+class Record:
+    """The outcome of one rollout, with everything the audit needs to check it."""
+
+    phase: str
+    task: str
+    episode: int
+    condition: str
+    replicate: int
+    backend: str
+    policy: str
+    spec_hash: str
+    stage_spec_hash: str
+    study_seed: int
+    env_seed: int
+    policy_seed: int
+    horizon: int
+    n_stages: int
+    stage_names: List[str]
+    env_fingerprint: Optional[str] = None
+    policy_rng_fingerprint: Optional[str] = None
+    success: Optional[bool] = None
+    steps: int = 0
+    truncated: bool = False
+    stages_completed: int = 0
+    first_incomplete: Optional[int] = 1
+    stage_steps: List[Optional[int]] = field(default_factory=list)
+    stage_error: Optional[str] = None
+    perturbation: Optional[Dict[str, Any]] = None
+    valid: bool = True
+    error: Optional[str] = None
+    error_kind: Optional[str] = None  # runtime | renderer | perturbation | policy_server
+    renderer: Optional[str] = None
+    wall_s: float = 0.0
+    timing: Dict[str, float] = field(default_factory=dict)
+    policy_calls: int = 0
+    frames_rendered: int = 0
+
+    @property
+    def key(self) -> RolloutKey:
+        return RolloutKey(self.phase, self.task, self.episode, self.condition, self.replicate)
+
+    def fail(self, kind: str, message: str) -> None:
+        self.valid, self.error_kind, self.error = False, kind, message
+
+    def to_json(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> "Record":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+# Fields kept out of record comparisons: they depend on the machine, not on the rollout.
+MACHINE_FIELDS = ("wall_s", "timing", "renderer")
+
+
+def comparable(record: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: v for k, v in record.items() if k not in MACHINE_FIELDS}
+
+
+def to_row(rec: Dict[str, Any]) -> Dict[str, Any]:
+    """One row of the records table (DESIGN.md, "Records table")."""
+    pert = rec.get("perturbation") or {}
+    return {
+        "task": rec["task"],
+        "episode": rec["episode"],
+        "condition": rec["condition"],
+        "success": rec["success"],
+        "n_stages": rec["n_stages"],
+        "stages_completed": rec["stages_completed"],
+        "first_incomplete": rec["first_incomplete"],
+        "valid": rec["valid"],
+        "phase": rec["phase"],
+        "replicate": rec["replicate"],
+        "spec_hash": rec["spec_hash"],
+        "stage_error": rec["stage_error"] is not None,
+        "backend": rec["backend"],
+        "policy": rec["policy"],
+        "steps": rec["steps"],
+        "horizon": rec["horizon"],
+        "truncated": rec["truncated"],
+        "env_fingerprint": rec["env_fingerprint"],
+        "policy_rng_fingerprint": rec["policy_rng_fingerprint"],
+        "env_seed": rec["env_seed"],
+        "policy_seed": rec["policy_seed"],
+        "perturbation_params": json.dumps(pert.get("applied")) if pert else "",
+        "perturbation_draw": json.dumps(pert.get("draw")) if pert else "",
+        "perturbation_ok": pert.get("ok", True) if pert else True,
+        "stage_names": json.dumps(rec["stage_names"]),
+        "stage_steps": json.dumps(rec["stage_steps"]),
+        "stage_error_message": rec["stage_error"] or "",
+        "error": rec["error"] or "",
+        "error_kind": rec["error_kind"] or "",
+        "renderer": rec["renderer"] or "",
+        "wall_s": rec["wall_s"],
+    }

@@ -1,0 +1,94 @@
+"""Named registries for the parts users extend: backends, policies, factors, predicates.
+
+One small generic class, one instance per kind. A duplicate name raises; an
+unknown name lists the known ones. Third-party packages add entries through
+the setup.cfg entry-point group of the kind (``robocasa_shift.<kind>s``); an
+entry may be a lazy ``"module:attr"`` string so heavy imports (MuJoCo, torch)
+happen only when the entry is used.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from importlib import metadata
+from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, TypeVar, Union
+
+T = TypeVar("T")
+
+
+class UnknownNameError(KeyError):
+    """A name that is not in a registry; the message lists the valid names."""
+
+    def __init__(self, kind: str, name: str, known: List[str]):
+        self.kind, self.name, self.known = kind, name, known
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        super().__init__(f"unknown {kind} '{name}'{hint}; known: {', '.join(known) or '(none)'}")
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return self.args[0]
+
+
+class DuplicateNameError(ValueError):
+    pass
+
+
+def _resolve(target: str) -> Any:
+    module, _, attr = target.partition(":")
+    obj = importlib.import_module(module)
+    for part in attr.split(".") if attr else []:
+        obj = getattr(obj, part)
+    return obj
+
+
+class Registry(Generic[T]):
+    """Maps names to objects (or lazy ``"module:attr"`` targets) of one kind."""
+
+    def __init__(self, kind: str, entry_point_group: Optional[str] = None):
+        self.kind = kind
+        self.entry_point_group = entry_point_group
+        self._entries: Dict[str, Union[T, str]] = {}
+        self._entry_points_loaded = entry_point_group is None
+
+    def register(self, name: str, obj: Union[T, str, None] = None) -> Callable[[T], T]:
+        """Register ``obj`` under ``name``; without ``obj``, return a decorator."""
+
+        def add(target):
+            if name in self._entries:
+                raise DuplicateNameError(f"{self.kind} '{name}' is already registered")
+            self._entries[name] = target
+            return target
+
+        if obj is not None:
+            add(obj)
+            return lambda x: x
+        return add
+
+    def _load_entry_points(self) -> None:
+        if self._entry_points_loaded:
+            return
+        self._entry_points_loaded = True
+        for ep in metadata.entry_points(group=self.entry_point_group):
+            self.register(ep.name, ep.value)
+
+    def get(self, name: str) -> T:
+        self._load_entry_points()
+        if name not in self._entries:
+            raise UnknownNameError(self.kind, name, self.names())
+        entry = self._entries[name]
+        if isinstance(entry, str):
+            entry = _resolve(entry)
+            self._entries[name] = entry
+        return entry
+
+    def names(self) -> List[str]:
+        self._load_entry_points()
+        return sorted(self._entries)
+
+    def __contains__(self, name: str) -> bool:
+        self._load_entry_points()
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())

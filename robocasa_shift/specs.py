@@ -1,0 +1,361 @@
+"""Frozen, content-hashed data: the study protocol, perturbation levels and stage specs.
+
+The numbers of the benchmark live in YAML files, never in function bodies.
+A content hash is the SHA-256 of the canonical JSON of the parsed content
+(sorted keys, no whitespace), so comments and formatting do not change it.
+``perturbations/spec.lock`` holds the hash of every frozen version of every
+perturbation file; a file whose content no longer matches the hash locked for
+its version is refused, with both hashes, until its version is bumped and
+frozen (``robocasa-shift freeze``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import yaml
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PERTURBATIONS_DIR = Path(os.environ.get("ROBOCASA_SHIFT_PERTURBATIONS", PROJECT_ROOT / "perturbations"))
+STAGE_SPECS_DIR = Path(os.environ.get("ROBOCASA_SHIFT_STAGE_SPECS", PROJECT_ROOT / "stage_specs"))
+LOCK_NAME = "spec.lock"
+CLEAN = "clean"
+
+
+class SpecError(ValueError):
+    """A malformed spec file; the message names the file and the field."""
+
+    def __init__(self, path: Path | str, field_name: str, problem: str):
+        self.path, self.field, self.problem = str(path), field_name, problem
+        super().__init__(f"{path}: field '{field_name}': {problem}")
+
+
+class FrozenSpecError(RuntimeError):
+    """A frozen spec whose content changed without a version bump, or was never frozen."""
+
+
+def canonical_hash(content: Any) -> str:
+    """SHA-256 of the canonical JSON of parsed content (sorted keys, no whitespace)."""
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _read_yaml(path: Path) -> Dict[str, Any]:
+    try:
+        with open(path) as f:
+            content = yaml.safe_load(f)
+    except yaml.YAMLError as exc:
+        raise SpecError(path, "(document)", f"not valid YAML: {exc}") from None
+    if not isinstance(content, dict):
+        raise SpecError(path, "(document)", "expected a mapping at the top level")
+    return content
+
+
+def _require(content: Mapping, path: Path, name: str, kind: type | Tuple[type, ...], prefix: str = "") -> Any:
+    label = f"{prefix}{name}"
+    if name not in content:
+        raise SpecError(path, label, "missing")
+    value = content[name]
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        want = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise SpecError(path, label, f"expected {'a number' if kind is float else want}, got {value!r}")
+    return value
+
+
+# --------------------------------------------------------------------------- perturbations
+
+
+@dataclass(frozen=True)
+class FactorSpec:
+    """One perturbation factor: its code kind, its random draw and its frozen levels."""
+
+    factor: str
+    version: int
+    kind: str
+    description: str
+    draw: str
+    levels: Mapping[str, Mapping[str, float]]
+    options: Mapping[str, Any]
+    path: str
+    content_hash: str
+
+    def level(self, name: str) -> Dict[str, float]:
+        if name not in self.levels:
+            from .registry import UnknownNameError
+
+            raise UnknownNameError(f"level of factor '{self.factor}'", name, list(self.levels))
+        return dict(self.levels[name])
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """The frozen study: seed, factors and levels. ``spec_hash`` identifies it."""
+
+    version: int
+    study_seed: int
+    level_names: Tuple[str, ...]
+    factors: Mapping[str, FactorSpec]
+    file_hashes: Mapping[str, str]
+    spec_hash: str
+    directory: str
+
+    @property
+    def conditions(self) -> List[str]:
+        """``clean`` followed by every ``factor:level``, in the frozen order."""
+        return [CLEAN] + [f"{f}:{lv}" for f in self.factors for lv in self.level_names]
+
+    def factor(self, name: str) -> FactorSpec:
+        if name not in self.factors:
+            from .registry import UnknownNameError
+
+            raise UnknownNameError("factor", name, list(self.factors))
+        return self.factors[name]
+
+
+def _load_factor(path: Path, level_names: Tuple[str, ...]) -> FactorSpec:
+    content = _read_yaml(path)
+    factor = _require(content, path, "factor", str)
+    version = _require(content, path, "version", int)
+    kind = _require(content, path, "kind", str)
+    description = _require(content, path, "description", str)
+    draw = _require(content, path, "draw", str)
+    levels = _require(content, path, "levels", dict)
+    options = content.get("options", {}) or {}
+    if not isinstance(options, dict):
+        raise SpecError(path, "options", f"expected a mapping, got {options!r}")
+    if sorted(levels) != sorted(level_names):
+        raise SpecError(path, "levels", f"expected exactly {list(level_names)}, got {list(levels)}")
+
+    from .perturbations import FACTOR_KINDS
+
+    try:
+        kind_cls = FACTOR_KINDS.get(kind)
+    except KeyError as exc:
+        raise SpecError(path, "kind", str(exc)) from None
+    if draw != kind_cls.draw_kind:
+        raise SpecError(path, "draw", f"kind '{kind}' uses draw '{kind_cls.draw_kind}', got {draw!r}")
+    parsed_levels: Dict[str, Dict[str, float]] = {}
+    for name in level_names:
+        params = levels[name]
+        if not isinstance(params, dict):
+            raise SpecError(path, f"levels.{name}", f"expected a mapping, got {params!r}")
+        for param in kind_cls.level_params:
+            _require(params, path, param, float, prefix=f"levels.{name}.")
+        extra = sorted(set(params) - set(kind_cls.level_params))
+        if extra:
+            raise SpecError(path, f"levels.{name}.{extra[0]}", f"unknown parameter for kind '{kind}'")
+        parsed_levels[name] = {k: float(v) for k, v in params.items()}
+    return FactorSpec(
+        factor=factor,
+        version=version,
+        kind=kind,
+        description=description,
+        draw=draw,
+        levels=parsed_levels,
+        options=options,
+        path=str(path),
+        content_hash=canonical_hash(content),
+    )
+
+
+def read_lock(directory: Path) -> Dict[str, Dict[str, str]]:
+    path = Path(directory) / LOCK_NAME
+    if not path.exists():
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def _check_frozen(lock: Mapping[str, Mapping[str, str]], directory: Path, name: str, version: int, digest: str) -> None:
+    locked = lock.get(name, {}).get(str(version))
+    if locked is None:
+        raise FrozenSpecError(
+            f"{directory / name}: version {version} is not frozen (sha256 {digest}); "
+            f"freeze it with `robocasa-shift freeze`"
+        )
+    if locked != digest:
+        raise FrozenSpecError(
+            f"{directory / name}: content changed but version {version} is frozen.\n"
+            f"  frozen sha256:  {locked}\n  current sha256: {digest}\n"
+            f"Restore the frozen numbers, or bump 'version' and run `robocasa-shift freeze`."
+        )
+
+
+def _spec_files(directory: Path) -> Tuple[Path, List[Path]]:
+    study_path = directory / "study.yaml"
+    if not study_path.exists():
+        raise SpecError(study_path, "(document)", "file not found")
+    return study_path, sorted(p for p in directory.glob("*.yaml") if p.name != "study.yaml")
+
+
+def load_protocol(directory: Path | str | None = None, verify: bool = True) -> Protocol:
+    """Load and (by default) verify the frozen study protocol.
+
+    Raises:
+        SpecError: a file is malformed (the message names the file and field).
+        FrozenSpecError: a file's content differs from the hash frozen for its version.
+    """
+    directory = Path(directory or PERTURBATIONS_DIR)
+    study_path, factor_paths = _spec_files(directory)
+    study = _read_yaml(study_path)
+    version = _require(study, study_path, "version", int)
+    study_seed = _require(study, study_path, "study_seed", int)
+    level_names = tuple(_require(study, study_path, "levels", list))
+    factor_order = _require(study, study_path, "factors", list)
+    file_hashes = {"study.yaml": canonical_hash(study)}
+
+    by_name: Dict[str, FactorSpec] = {}
+    for path in factor_paths:
+        spec = _load_factor(path, level_names)
+        if spec.factor in by_name:
+            raise SpecError(path, "factor", f"'{spec.factor}' is also defined in {by_name[spec.factor].path}")
+        by_name[spec.factor] = spec
+        file_hashes[path.name] = spec.content_hash
+    missing = [f for f in factor_order if f not in by_name]
+    if missing:
+        raise SpecError(study_path, "factors", f"no spec file defines factor(s) {missing}")
+    unused = sorted(set(by_name) - set(factor_order))
+    if unused:
+        raise SpecError(study_path, "factors", f"spec files define factors not listed here: {unused}")
+
+    if verify:
+        lock = read_lock(directory)
+        _check_frozen(lock, directory, "study.yaml", version, file_hashes["study.yaml"])
+        for name in factor_order:
+            spec = by_name[name]
+            _check_frozen(lock, directory, Path(spec.path).name, spec.version, spec.content_hash)
+
+    return Protocol(
+        version=version,
+        study_seed=study_seed,
+        level_names=level_names,
+        factors={name: by_name[name] for name in factor_order},
+        file_hashes=file_hashes,
+        spec_hash=canonical_hash(file_hashes),
+        directory=str(directory),
+    )
+
+
+def freeze(directory: Path | str | None = None) -> List[str]:
+    """Record the hash of every spec version not yet frozen; never rewrite a frozen one.
+
+    Returns the lines describing what was frozen.
+    """
+    directory = Path(directory or PERTURBATIONS_DIR)
+    load_protocol(directory, verify=False)  # refuse malformed files before freezing them
+    lock = read_lock(directory)
+    study_path, factor_paths = _spec_files(directory)
+    frozen = []
+    for path in [study_path, *factor_paths]:
+        content = _read_yaml(path)
+        version, digest = str(content["version"]), canonical_hash(content)
+        entry = lock.setdefault(path.name, {})
+        if version in entry:
+            if entry[version] != digest:
+                _check_frozen(lock, directory, path.name, int(version), digest)
+            continue
+        entry[version] = digest
+        frozen.append(f"{path.name} version {version}: {digest}")
+    tmp = directory / (LOCK_NAME + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(lock, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, directory / LOCK_NAME)
+    return frozen
+
+
+def parse_condition(condition: str, protocol: Protocol) -> Tuple[Optional[str], Optional[str]]:
+    """``'clean'`` -> (None, None); ``'camera:L2'`` -> ('camera', 'L2'). Unknown names list the valid ones."""
+    if condition not in protocol.conditions:
+        from .registry import UnknownNameError
+
+        raise UnknownNameError("condition", condition, protocol.conditions)
+    if condition == CLEAN:
+        return None, None
+    factor, level = condition.split(":")
+    return factor, level
+
+
+# --------------------------------------------------------------------------- stage specs
+
+
+@dataclass(frozen=True)
+class Subgoal:
+    id: str
+    description: str
+    predicate: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """Ordered subgoals of one task, each a named simulator-state predicate."""
+
+    task: str
+    backend: str
+    version: int
+    description: str
+    subgoals: Tuple[Subgoal, ...]
+    path: str
+    content_hash: str
+
+    @property
+    def names(self) -> List[str]:
+        return [g.id for g in self.subgoals]
+
+
+def load_stage_spec(backend: str, task: str, directory: Path | str | None = None) -> StageSpec:
+    path = Path(directory or STAGE_SPECS_DIR) / backend / f"{task}.yaml"
+    if not path.exists():
+        available = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise SpecError(path, "(document)", f"no stage spec for task '{task}'; available: {available}")
+    content = _read_yaml(path)
+    spec_task = _require(content, path, "task", str)
+    if spec_task != task:
+        raise SpecError(path, "task", f"expected '{task}' (the file name), got {spec_task!r}")
+    spec_backend = _require(content, path, "backend", str)
+    if spec_backend != backend:
+        raise SpecError(path, "backend", f"expected '{backend}' (the folder name), got {spec_backend!r}")
+    raw = _require(content, path, "subgoals", list)
+    if not raw:
+        raise SpecError(path, "subgoals", "needs at least one subgoal")
+    subgoals = []
+    for i, item in enumerate(raw):
+        prefix = f"subgoals[{i}]."
+        if not isinstance(item, dict):
+            raise SpecError(path, f"subgoals[{i}]", f"expected a mapping, got {item!r}")
+        args = item.get("args", {}) or {}
+        if not isinstance(args, dict):
+            raise SpecError(path, prefix + "args", f"expected a mapping, got {args!r}")
+        subgoals.append(
+            Subgoal(
+                id=_require(item, path, "id", str, prefix),
+                description=_require(item, path, "description", str, prefix),
+                predicate=_require(item, path, "predicate", str, prefix),
+                args=args,
+            )
+        )
+    ids = [g.id for g in subgoals]
+    if len(set(ids)) != len(ids):
+        raise SpecError(path, "subgoals", f"subgoal ids must be unique, got {ids}")
+    return StageSpec(
+        task=task,
+        backend=backend,
+        version=_require(content, path, "version", int),
+        description=_require(content, path, "description", str),
+        subgoals=tuple(subgoals),
+        path=str(path),
+        content_hash=canonical_hash(content),
+    )

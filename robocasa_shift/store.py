@@ -1,0 +1,191 @@
+"""The run directory: a manifest, one JSON file per rollout, written atomically.
+
+Layout::
+
+    D/manifest.json             spec hashes, study seed, versions, renderer, seed rule, first command
+    D/commands.jsonl            every command run on D, appended
+    D/records/<phase>/<task>/<episode>__<condition>__r<replicate>.json
+    D/history/...               records superseded by --retry-errors
+    D/.lock                     held with flock while a process writes to D
+
+Each record is written to a temporary file and renamed over its final name,
+so a killed process leaves either the whole record or none of it; a rerun
+skips the keys already recorded. The lock is held by the kernel (``flock``),
+so it dies with the process that held it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+from .records import Record, RolloutKey
+
+MANIFEST = "manifest.json"
+# Manifest fields that must agree between every command writing to one run directory.
+IDENTITY_FIELDS = ("spec_hash", "study_seed", "backend", "policy", "versions", "stage_spec_hashes", "env_config")
+
+
+class RunDirError(RuntimeError):
+    pass
+
+
+class RunDirLocked(RunDirError):
+    pass
+
+
+def _agree(a: Any, b: Any) -> bool:
+    """Equal, or for mappings equal on every key both have (a run grows task by task)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return all(_agree(a[k], b[k]) for k in set(a) & set(b))
+    return a == b
+
+
+def _condition_slug(condition: str) -> str:
+    return condition.replace(":", "-")
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True, allow_nan=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class RunStore:
+    """Reads and writes one run directory."""
+
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+        self._lock_fd: Optional[int] = None
+
+    # ------------------------------------------------------------------ lock
+
+    def lock(self) -> "RunStore":
+        """Take the run directory's lock or refuse if another process holds it."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip()
+            os.close(fd)
+            raise RunDirLocked(
+                f"run directory {self.root} is in use by another process ({holder or 'unknown'}); "
+                f"wait for it to finish or use another --run-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} since {_dt.datetime.now().isoformat(timespec='seconds')}".encode())
+        self._lock_fd = fd
+        return self
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __enter__(self) -> "RunStore":
+        return self.lock()
+
+    def __exit__(self, *exc) -> None:
+        self.unlock()
+
+    # ------------------------------------------------------------------ manifest
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / MANIFEST
+
+    def manifest(self) -> Optional[Dict[str, Any]]:
+        if not self.manifest_path.exists():
+            return None
+        with open(self.manifest_path) as f:
+            return json.load(f)
+
+    def ensure_manifest(self, manifest: Dict[str, Any]) -> Dict[str, Any]:
+        """Write the manifest of a new run, or check that this command matches the existing one."""
+        existing = self.manifest()
+        if existing is None:
+            manifest = {**manifest, "created": _dt.datetime.now().isoformat(timespec="seconds")}
+            atomic_write_json(self.manifest_path, manifest)
+            existing = manifest
+        else:
+            for name in IDENTITY_FIELDS:
+                if name in manifest and not _agree(existing.get(name), manifest[name]):
+                    raise RunDirError(
+                        f"run directory {self.root} was made with a different {name}:\n"
+                        f"  in the run:       {json.dumps(existing.get(name), sort_keys=True)}\n"
+                        f"  in this command:  {json.dumps(manifest[name], sort_keys=True)}\n"
+                        f"use a new --run-dir for a different study"
+                    )
+            # Facts learned later (e.g. a stage spec of another task) are added, never changed.
+            merged = dict(existing)
+            for name, value in manifest.items():
+                if isinstance(value, dict) and isinstance(existing.get(name), dict):
+                    merged[name] = {**value, **existing[name]}
+                else:
+                    merged.setdefault(name, value)
+            if merged != existing:
+                atomic_write_json(self.manifest_path, merged)
+                existing = merged
+        return existing
+
+    def log_command(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        entry = {
+            "time": _dt.datetime.now().isoformat(timespec="seconds"),
+            "argv": " ".join(shlex.quote(a) for a in sys.argv),
+            "pid": os.getpid(),
+        }
+        with open(self.root / "commands.jsonl", "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    # ------------------------------------------------------------------ records
+
+    def record_path(self, key: RolloutKey, base: str = "records") -> Path:
+        name = f"{key.episode:04d}__{_condition_slug(key.condition)}__r{key.replicate}.json"
+        return self.root / base / key.phase / key.task / name
+
+    def write(self, record: Record) -> Path:
+        path = self.record_path(record.key)
+        atomic_write_json(path, record.to_json())
+        return path
+
+    def supersede(self, key: RolloutKey) -> None:
+        """Move the current record of ``key`` into the history (before re-running it)."""
+        path = self.record_path(key)
+        if not path.exists():
+            return
+        stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S%f")
+        dest = self.record_path(key, base="history").with_suffix(f".{stamp}.json")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, dest)
+
+    def record_files(self, base: str = "records") -> Iterator[Path]:
+        root = self.root / base
+        if root.exists():
+            yield from sorted(p for p in root.rglob("*.json") if not p.name.startswith("."))
+
+    def records(self, base: str = "records") -> List[Dict[str, Any]]:
+        """Every record of the run, as dicts, each with the file it came from under ``_file``."""
+        out = []
+        for path in self.record_files(base):
+            with open(path) as f:
+                rec = json.load(f)
+            rec["_file"] = str(path.relative_to(self.root))
+            out.append(rec)
+        return out
+
+    def recorded_keys(self) -> Dict[RolloutKey, bool]:
+        """Keys already recorded, mapped to whether their record is valid."""
+        return {RolloutKey.from_record(r): bool(r.get("valid", True)) for r in self.records()}

@@ -1,0 +1,204 @@
+"""The Python API behind the CLI: plan rollout keys, run the missing ones, record them."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+from . import specs
+from .backends import get_backend
+from .policies import make_policy
+from .records import Record, RolloutKey
+from .rollout import run_rollout
+from .seeding import PHASES
+from .store import RunStore
+
+SEED_RULE = (
+    "env seed = derive_seed(study_seed, stream=env, task, phase, episode); "
+    "policy seed = derive_seed(study_seed, stream=policy, task, phase, episode, replicate); "
+    "factor draw = derive_seed(study_seed, stream=<factor>, task, phase, episode); "
+    "derive_seed: numpy SeedSequence(entropy=study_seed, spawn_key=sha256 words of 'name=value', sorted by name)"
+)
+
+
+def parse_episodes(text: str) -> List[int]:
+    """``'0-19'`` -> 0..19; ``'0,3,5-7'`` -> [0, 3, 5, 6, 7]."""
+    out: List[int] = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise ValueError(f"episodes must look like '0-19' or '0,3,5-7', got {text!r}") from None
+        if first < 0 or last < first:
+            raise ValueError(f"bad episode range {part!r} in {text!r}")
+        out.extend(range(first, last + 1))
+    if not out:
+        raise ValueError(f"no episodes in {text!r}")
+    return sorted(set(out))
+
+
+def plan_keys(
+    tasks: Sequence[str],
+    episodes: Iterable[int],
+    conditions: Sequence[str],
+    phase: str = "formal",
+    replicates: Sequence[int] = (0,),
+) -> List[RolloutKey]:
+    """Keys in execution order: task, episode, replicate, then condition (clean first)."""
+    if phase not in PHASES:
+        from .registry import UnknownNameError
+
+        raise UnknownNameError("phase", phase, list(PHASES))
+    episodes = list(episodes)
+    return [
+        RolloutKey(phase, task, ep, cond, rep)
+        for task in tasks
+        for ep in episodes
+        for rep in replicates
+        for cond in conditions
+    ]
+
+
+def package_versions(extra: Dict[str, str]) -> Dict[str, str]:
+    try:
+        own = metadata.version("robocasa-shift")
+    except metadata.PackageNotFoundError:
+        own = "source"
+    return {"python": platform.python_version(), "robocasa-shift": own, **extra}
+
+
+@dataclass
+class Study:
+    """Everything fixed for one run directory: protocol, backend, policy, render profile."""
+
+    backend_name: str = "robosuite"
+    policy_name: str = "expert"
+    render_profile: str = "fast"
+    policy_options: Dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.protocol = specs.load_protocol(verify=True)
+        self.backend = get_backend(self.backend_name)
+        self._policy = None
+        self._envs: Dict[str, Any] = {}
+
+    @property
+    def policy(self):
+        if self._policy is None:
+            self._policy = make_policy(self.policy_name, **self.policy_options)
+        return self._policy
+
+    def check_names(self, tasks: Sequence[str], conditions: Sequence[str]) -> None:
+        """Raise UnknownNameError (listing valid names) before anything runs."""
+        for task in tasks:
+            self.backend.task(task)
+        for cond in conditions:
+            specs.parse_condition(cond, self.protocol)
+
+    def stage_spec(self, task: str) -> specs.StageSpec:
+        return specs.load_stage_spec(self.backend_name, task)
+
+    def env(self, task: str):
+        """The live environment of ``task``; one per task, reused across rollouts."""
+        if task not in self._envs:
+            for other in list(self._envs):
+                self._envs.pop(other).close()
+            self._envs[task] = self.backend.make(task, render_profile=self.render_profile)
+        return self._envs[task]
+
+    def manifest(self, tasks: Sequence[str]) -> Dict[str, Any]:
+        return {
+            "spec_hash": self.protocol.spec_hash,
+            "spec_files": dict(self.protocol.file_hashes),
+            "study_seed": self.protocol.study_seed,
+            "backend": self.backend_name,
+            "env_config": self.backend.config(),
+            "policy": self.policy.identity(),
+            "stage_spec_hashes": {t: self.stage_spec(t).content_hash for t in tasks},
+            "versions": package_versions(self.backend.versions()),
+            "render_profile": self.render_profile,
+            "seed_rule": SEED_RULE,
+            "command": " ".join(sys.argv),
+        }
+
+    def run_key(self, key: RolloutKey) -> Record:
+        env = self.env(key.task)
+        record = run_rollout(env, self.policy, key, self.protocol, self.stage_spec(key.task), self.backend_name)
+        record.renderer = self._renderer_summary(env)
+        return record
+
+    def _renderer_summary(self, env) -> str:
+        if not hasattr(self, "_renderer"):
+            info = env.renderer_info()
+            self._renderer = f"{info.get('MUJOCO_GL')}/{info.get('gl_renderer')}/{info.get('render_profile')}"
+            self.renderer_info = info
+        return self._renderer
+
+    def close(self) -> None:
+        for env in self._envs.values():
+            env.close()
+        self._envs.clear()
+        if self._policy is not None:
+            self._policy.close()
+
+
+def pending_keys(store: RunStore, keys: Sequence[RolloutKey], retry_errors: bool = False) -> List[RolloutKey]:
+    """Keys without a record; with ``retry_errors`` also keys whose record is invalid."""
+    done = store.recorded_keys()
+    return [k for k in keys if k not in done or (retry_errors and not done[k])]
+
+
+def run(
+    run_dir: Path | str,
+    tasks: Sequence[str],
+    conditions: Sequence[str],
+    episodes: Iterable[int],
+    policy: str = "expert",
+    backend: str = "robosuite",
+    phase: str = "formal",
+    replicates: Sequence[int] = (0,),
+    retry_errors: bool = False,
+    render_profile: str = "fast",
+    progress: bool = True,
+) -> Dict[str, Any]:
+    """Run every key not yet recorded in ``run_dir``; return a summary of what was done."""
+    study = Study(backend_name=backend, policy_name=policy, render_profile=render_profile)
+    study.check_names(tasks, conditions)
+    keys = plan_keys(tasks, episodes, conditions, phase=phase, replicates=replicates)
+    store = RunStore(run_dir)
+    with store:
+        store.ensure_manifest(study.manifest(tasks))
+        store.log_command()
+        todo = pending_keys(store, keys, retry_errors)
+        failures = invalid = 0
+        try:
+            bar = _progress(len(todo), progress)
+            for key in todo:
+                if retry_errors:
+                    store.supersede(key)
+                record = study.run_key(key)
+                store.write(record)
+                failures += int(record.valid and not record.success)
+                invalid += int(not record.valid)
+                bar.set_postfix(failures=failures, invalid=invalid, refresh=False)
+                bar.update(1)
+            bar.close()
+            if todo and hasattr(study, "renderer_info"):
+                store.ensure_manifest({"renderer": study.renderer_info})
+        finally:
+            study.close()
+    return {"planned": len(keys), "ran": len(todo), "skipped": len(keys) - len(todo), "failures": failures, "invalid": invalid}
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="rollouts", unit="rollout", disable=not enabled, dynamic_ncols=True)
