@@ -11,7 +11,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from . import specs
 from .backends import get_backend
-from .policies import make_policy
+from .policies import POLICIES, make_policy
 from .records import Record, RolloutKey
 from .rollout import run_rollout
 from .seeding import PHASES
@@ -25,6 +25,10 @@ SEED_RULE = (
 )
 
 
+class BadInput(ValueError):
+    """A malformed command-line value (episode range, replicate list)."""
+
+
 def parse_episodes(text: str) -> List[int]:
     """``'0-19'`` -> 0..19; ``'0,3,5-7'`` -> [0, 3, 5, 6, 7]."""
     out: List[int] = []
@@ -36,12 +40,12 @@ def parse_episodes(text: str) -> List[int]:
         try:
             first, last = int(lo), int(hi) if sep else int(lo)
         except ValueError:
-            raise ValueError(f"episodes must look like '0-19' or '0,3,5-7', got {text!r}") from None
+            raise BadInput(f"episodes must look like '0-19' or '0,3,5-7', got {text!r}") from None
         if first < 0 or last < first:
-            raise ValueError(f"bad episode range {part!r} in {text!r}")
+            raise BadInput(f"bad episode range {part!r} in {text!r}")
         out.extend(range(first, last + 1))
     if not out:
-        raise ValueError(f"no episodes in {text!r}")
+        raise BadInput(f"no episodes in {text!r}")
     return sorted(set(out))
 
 
@@ -98,6 +102,7 @@ class Study:
 
     def check_names(self, tasks: Sequence[str], conditions: Sequence[str]) -> None:
         """Raise UnknownNameError (listing valid names) before anything runs."""
+        POLICIES.get(self.policy_name)
         for task in tasks:
             self.backend.task(task)
         for cond in conditions:

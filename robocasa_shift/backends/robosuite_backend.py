@@ -43,6 +43,8 @@ RENDER_PROFILES = {
     "fast": {"shadows": False, "reflections": False, "offsamples": 0},
     "default": {"shadows": True, "reflections": True, "offsamples": None},  # None: the model's own (4)
 }
+# robosuite macros (global settings, overridable by a private file) that change rollouts.
+MACROS_THAT_CHANGE_ROLLOUTS = ("SIMULATION_TIMESTEP", "ENABLE_NUMBA", "USING_INSTANCE_RANDOMIZATION", "IMAGE_CONVENTION")
 # A base offset is invalid if it creates a robot contact that penetrates deeper than this.
 PENETRATION_TOL_M = 1e-4
 
@@ -268,34 +270,48 @@ class RobosuiteEnv:
 
     # ------------------------------------------------------------------ state: snapshot, restore, fingerprint
 
-    def _controller_state(self) -> Dict[str, np.ndarray]:
+    def _controllers(self):
+        return self.robot.composite_controller.part_controllers.items()
+
+    def _controller_state(self, full: bool) -> Dict[str, np.ndarray]:
+        """Controller state: ``full`` copies every numeric attribute (snapshots); otherwise the
+        ones that carry over from one control step to the next (fingerprints)."""
         out = {"gripper.current_action": np.array(self.gripper.current_action, dtype=float)}
-        for part, ctrl in self.robot.composite_controller.part_controllers.items():
-            for attr in CONTROLLER_STATE_ATTRS:
-                value = getattr(ctrl, attr, None)
-                if value is not None:
+        for part, ctrl in self._controllers():
+            for attr, value in vars(ctrl).items():
+                if full and isinstance(value, (np.ndarray, np.generic, float, int, bool)):
+                    out[f"{part}.{attr}"] = np.array(value)
+                elif attr in CONTROLLER_STATE_ATTRS and value is not None:
                     out[f"{part}.{attr}"] = np.array(value, dtype=float)
         return out
 
-    def get_state(self) -> Dict[str, Any]:
-        """A bit-exact snapshot: MuJoCo integration state plus controller state."""
+    def get_state(self, full: bool = True) -> Dict[str, Any]:
+        """A bit-exact snapshot: MuJoCo integration state, controller state and the env's clocks."""
         mj = self._mujoco
         size = mj.mj_stateSize(self.model, mj.mjtState.mjSTATE_INTEGRATION)
         integration = np.empty(size, dtype=np.float64)
         mj.mj_getState(self.model, self.data, integration, mj.mjtState.mjSTATE_INTEGRATION)
-        return {"integration": integration, **self._controller_state(), "steps": np.array([self.steps], dtype=float)}
+        clocks = {"env.timestep": np.array(self.raw.timestep), "env.cur_time": np.array(self.raw.cur_time)}
+        return {"integration": integration, **self._controller_state(full), **clocks, "steps": np.array(self.steps)}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         mj = self._mujoco
         mj.mj_setState(self.model, self.data, np.asarray(state["integration"]), mj.mjtState.mjSTATE_INTEGRATION)
-        self.gripper.current_action = np.array(state["gripper.current_action"], dtype=float)
-        for part, ctrl in self.robot.composite_controller.part_controllers.items():
-            for attr in CONTROLLER_STATE_ATTRS:
-                key = f"{part}.{attr}"
-                if key in state:
-                    setattr(ctrl, attr, np.array(state[key], dtype=float))
-        self.steps = int(np.asarray(state["steps"])[0])
         mj.mj_forward(self.model, self.data)
+        self.gripper.current_action = np.array(state["gripper.current_action"], dtype=float)
+        for part, ctrl in self._controllers():
+            for attr, value in vars(ctrl).items():
+                key = f"{part}.{attr}"
+                if key not in state:
+                    continue
+                saved = np.asarray(state[key])
+                if isinstance(value, np.ndarray) and value.shape == saved.shape:
+                    value[...] = saved  # in place: keeps arrays robosuite shares between attributes shared
+                else:
+                    setattr(ctrl, attr, saved.item() if saved.ndim == 0 and not isinstance(value, np.ndarray) else saved.copy())
+        self.raw.timestep = int(state["env.timestep"])
+        self.raw.cur_time = float(state["env.cur_time"])
+        self.steps = int(state["steps"])
         self._obs = self.raw._get_observations(force_update=True)
 
     def _model_values(self) -> Dict[str, np.ndarray]:
@@ -315,7 +331,7 @@ class RobosuiteEnv:
 
     def fingerprint(self) -> str:
         """Hash of the integration state, controller state and every perturbable model value."""
-        state = self.get_state()
+        state = self.get_state(full=False)
         return _hash_arrays({**{f"state.{k}": v for k, v in state.items()}, **{f"model.{k}": v for k, v in self._model_values().items()}})
 
     def restore_nominal(self) -> None:
@@ -452,7 +468,10 @@ class RobosuiteBackend:
 
     def config(self) -> Dict[str, Any]:
         """The frozen environment configuration recorded in manifests."""
+        import robosuite.macros as macros
+
         return {
+            "macros": {name: getattr(macros, name) for name in MACROS_THAT_CHANGE_ROLLOUTS},
             "robot": ROBOT,
             "control_freq_hz": CONTROL_FREQ_HZ,
             "hard_reset": False,
@@ -525,10 +544,11 @@ def in_target_bin(env: RobosuiteEnv, object: str) -> bool:
     return not bool(env.raw.not_in_bin(np.array(env.point(object)), env.raw.object_id))
 
 
-@predicate("robosuite", "gripper_far")
-def gripper_far(env: RobosuiteEnv, object: str, distance_m: float) -> bool:
-    """The gripper's grasp site is more than ``distance_m`` from the object's centre."""
-    return bool(np.linalg.norm(env.eef_pos() - env.point(object)) > distance_m)
+@predicate("robosuite", "released_in_target_bin")
+def released_in_target_bin(env: RobosuiteEnv, object: str, distance_m: float) -> bool:
+    """The object is in its target bin and the gripper's grasp site is more than ``distance_m`` from it."""
+    far = np.linalg.norm(env.eef_pos() - env.point(object)) > distance_m
+    return bool(far and in_target_bin(env, object))
 
 
 @predicate("robosuite", "on_peg")

@@ -1,0 +1,220 @@
+"""The ``robocasa-shift`` command line (also ``python -m robocasa_shift``).
+
+Every command is a thin call into the Python API. Exit status 2 means bad
+input (an unknown name, a malformed or tampered spec, a bad range); the
+message lists the valid names or names the file and field.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import List
+
+import click
+
+from . import specs
+from .registry import UnknownNameError
+
+DEFAULT_POLICY = "expert"
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def handle_errors(fn):
+    """Turn the harness's typed errors into clear messages and exit statuses."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from .backends.base import BackendUnavailable
+        from .store import RunDirError
+        from .study import BadInput
+
+        try:
+            return fn(*args, **kwargs)
+        except (UnknownNameError, specs.SpecError, specs.FrozenSpecError, BadInput) as exc:
+            _fail(str(exc), 2)
+        except BackendUnavailable as exc:
+            _fail(str(exc), 3)
+        except RunDirError as exc:
+            _fail(str(exc), 4)
+
+    return wrapper
+
+
+def _split(values: tuple, universe: List[str]) -> List[str]:
+    """Repeated or comma-separated option values; 'all' means every valid name."""
+    out: List[str] = []
+    for value in values:
+        for item in value.split(","):
+            item = item.strip()
+            if item == "all":
+                out.extend(universe)
+            elif item:
+                out.append(item)
+    return list(dict.fromkeys(out))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="robocasa-shift")
+def main():
+    """Measure how manipulation policies break under controlled distribution shift, and where.
+
+    A study runs every (task, base episode) clean and under 12 frozen
+    perturbations (4 factors x 3 levels), pairing each perturbed rollout with
+    its clean twin: same seed, same initial simulator state, same policy RNG
+    state. A StageTracker records the deepest subgoal each rollout reached.
+
+    \b
+    Typical use:
+      robocasa-shift conditions                  # the 13 frozen conditions
+      robocasa-shift tasks                       # tasks, horizons, subgoals
+      robocasa-shift run --task Lift --condition all --episodes 0-4 --run-dir runs/try
+      robocasa-shift export runs/try --out runs/try/records.csv
+    """
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@handle_errors
+def conditions(as_json):
+    """List the 13 conditions with their frozen parameters and spec hash."""
+    from .perturbations import describe_conditions
+
+    protocol = specs.load_protocol(verify=True)
+    rows = describe_conditions(protocol)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {"spec_hash": protocol.spec_hash, "study_seed": protocol.study_seed, "conditions": rows}, indent=2
+            )
+        )
+        return
+    click.echo(f"spec hash {protocol.spec_hash}   study seed {protocol.study_seed}")
+    for row in rows:
+        params = ", ".join(f"{k}={v:g}" for k, v in row["params"].items())
+        extra = f"  draw: {row['draw']}" if row.get("draw", "none") != "none" else ""
+        click.echo(f"  {row['condition']:<18} {params}{extra}")
+
+
+@main.command()
+@click.option("--backend", default="robosuite", show_default=True, help="Simulator backend.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@handle_errors
+def tasks(backend, as_json):
+    """List a backend's tasks with their official horizon and ordered subgoals."""
+    from .backends import get_backend
+
+    b = get_backend(backend)
+    rows = []
+    for name in b.task_names():
+        info = b.task(name)
+        spec = specs.load_stage_spec(backend, name)
+        rows.append(
+            {
+                "task": name,
+                "horizon": info.horizon,
+                "instruction": info.instruction,
+                "subgoals": [{"id": g.id, "description": g.description} for g in spec.subgoals],
+                "stage_spec_sha256": spec.content_hash,
+            }
+        )
+    if as_json:
+        click.echo(json.dumps({"backend": backend, "tasks": rows}, indent=2))
+        return
+    for row in rows:
+        click.echo(f"{row['task']}  (horizon {row['horizon']}): {row['instruction']}")
+        for i, goal in enumerate(row["subgoals"], 1):
+            click.echo(f"  g{i} {goal['id']}: {goal['description']}")
+
+
+@main.command()
+@click.option("--task", "task_opts", multiple=True, required=True, help="Task name(s); comma list or 'all'.")
+@click.option("--condition", "condition_opts", multiple=True, default=("clean",), show_default=True,
+              help="Condition(s) such as clean or camera:L2; comma list or 'all'.")
+@click.option("--episodes", default="0-19", show_default=True, help="Base episodes, e.g. 0-19 or 0,3,5-7.")
+@click.option("--policy", default=DEFAULT_POLICY, show_default=True, help="Registered policy name.")
+@click.option("--backend", default="robosuite", show_default=True, help="Simulator backend.")
+@click.option("--run-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Run directory; rerunning skips keys already recorded.")
+@click.option("--phase", type=click.Choice(["formal", "screening"]), default="formal", show_default=True,
+              help="Seed stream of the base episodes.")
+@click.option("--replicates", default="0", show_default=True,
+              help="Policy-seed replicates, e.g. 0-1 for a clean-vs-clean noise floor.")
+@click.option("--retry-errors", is_flag=True, help="Re-run invalid records; the old ones go to history/.")
+@click.option("--render-profile", type=click.Choice(["fast", "default"]), default="fast", show_default=True,
+              help="fast: no shadows, reflections or multisampling.")
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar with ETA.")
+@handle_errors
+def run(task_opts, condition_opts, episodes, policy, backend, run_dir, phase, replicates, retry_errors,
+        render_profile, progress):
+    """Run rollouts of one or more tasks under one or more conditions.
+
+    \b
+    Example: 13 conditions x 5 base episodes of Lift with the scripted expert
+      robocasa-shift run --task Lift --condition all --episodes 0-4 --policy expert --run-dir runs/lift
+    """
+    from .backends import get_backend
+    from .study import parse_episodes, run as run_study
+
+    protocol = specs.load_protocol(verify=True)
+    task_list = _split(task_opts, get_backend(backend).task_names())
+    condition_list = _split(condition_opts, protocol.conditions)
+    result = run_study(
+        run_dir,
+        task_list,
+        condition_list,
+        parse_episodes(episodes),
+        policy=policy,
+        backend=backend,
+        phase=phase,
+        replicates=parse_episodes(replicates),
+        retry_errors=retry_errors,
+        render_profile=render_profile,
+        progress=progress,
+    )
+    click.echo(
+        f"{result['ran']} rollouts run, {result['skipped']} already recorded; "
+        f"{result['failures']} failed, {result['invalid']} invalid -> {run_dir}"
+    )
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="CSV file to write.")
+@handle_errors
+def export(run_dir, out):
+    """Write a run's records as the records table (CSV, one row per rollout)."""
+    from .export import export_records
+
+    n = export_records(run_dir, out)
+    click.echo(f"{n} records -> {out}")
+
+
+@main.command()
+@handle_errors
+def freeze():
+    """Freeze new versions of the perturbation specs (record their content hashes in spec.lock).
+
+    A frozen version is never rewritten: to change a number, bump the file's
+    version first.
+    """
+    done = specs.freeze()
+    click.echo("\n".join(done) if done else "every spec version is already frozen")
+
+
+@main.command(name="policies")
+def list_policies():
+    """List registered policies."""
+    from .policies import POLICIES
+
+    click.echo("\n".join(POLICIES.names()))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,92 @@
+import json
+
+import pandas as pd
+import pytest
+
+from helpers import cli
+
+
+def test_conditions_json_lists_the_thirteen_frozen_conditions():
+    out = json.loads(cli("conditions", "--json").stdout)
+    rows = {r["condition"]: r["params"] for r in out["conditions"]}
+    assert list(rows) == [
+        "clean",
+        "illumination:L1", "illumination:L2", "illumination:L3",
+        "camera:L1", "camera:L2", "camera:L3",
+        "base:L1", "base:L2", "base:L3",
+        "blur:L1", "blur:L2", "blur:L3",
+    ]
+    assert rows["illumination:L3"] == {"alpha": 0.4}
+    assert rows["camera:L2"] == {"theta_max_deg": 6.0}
+    assert rows["base:L3"] == {"sigma_xy_m": 0.1, "sigma_psi_deg": 10.0}
+    assert rows["blur:L1"] == {"sigma_px": 1.0}
+    assert len(out["spec_hash"]) == 64 and isinstance(out["study_seed"], int)
+
+
+def test_tasks_json():
+    out = json.loads(cli("tasks", "--json").stdout)
+    tasks = {t["task"]: t for t in out["tasks"]}
+    assert list(tasks) == ["Lift", "Stack", "PickPlaceCan", "NutAssemblySquare"]
+    assert all(t["horizon"] == 400 for t in tasks.values())
+    assert [g["id"] for g in tasks["Stack"]["subgoals"]] == ["grasp_cubeA", "lift_cubeA", "cubeA_above_cubeB", "cubeA_on_cubeB"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "--task", "Lfit", "--run-dir", "X"], "unknown task 'Lfit' (did you mean 'Lift'?); known: Lift, Stack"),
+        (["run", "--task", "Lift", "--condition", "blur:L9", "--run-dir", "X"], "unknown condition 'blur:L9'"),
+        (["run", "--task", "Lift", "--policy", "gpt", "--run-dir", "X"], "unknown policy 'gpt'; known: expert"),
+        (["run", "--task", "Lift", "--backend", "isaac", "--run-dir", "X"], "unknown backend 'isaac'; known: robosuite"),
+        (["run", "--task", "Lift", "--episodes", "5-2", "--run-dir", "X"], "bad episode range"),
+        (["tasks", "--backend", "isaac"], "unknown backend 'isaac'"),
+    ],
+)
+def test_bad_names_exit_2_with_the_valid_ones(tmp_path, args, message):
+    args = [str(tmp_path / "run") if a == "X" else a for a in args]
+    proc = cli(*args, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert not (tmp_path / "run").exists()  # nothing was started
+
+
+@pytest.mark.sim
+def test_run_and_export_records_table(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = cli("run", "--task", "Lift", "--condition", "clean,camera:L3", "--episodes", "0", "--run-dir", str(run_dir),
+               "--no-progress")
+    assert "2 rollouts run, 0 already recorded" in proc.stdout
+    cli("export", str(run_dir), "--out", str(tmp_path / "records.csv"))
+    table = pd.read_csv(tmp_path / "records.csv")
+    required = ["task", "episode", "condition", "success", "n_stages", "stages_completed", "first_incomplete",
+                "valid", "phase", "replicate", "spec_hash", "stage_error"]
+    exported = ["backend", "policy", "steps", "horizon", "env_fingerprint", "policy_rng_fingerprint",
+                "perturbation_params", "stage_steps", "error", "renderer", "wall_s"]
+    assert set(required + exported) <= set(table.columns)
+    assert list(table.condition) == ["camera:L3", "clean"]
+    assert table.success.tolist() == [True, True] and table.valid.all()
+    assert table.env_fingerprint.nunique() == 1
+    assert table.first_incomplete.isna().all()  # every subgoal latched
+    cam = json.loads(table.loc[0, "perturbation_params"])["robot0_robotview"]
+    assert 0 < (cam["yaw_deg"] ** 2 + cam["pitch_deg"] ** 2) ** 0.5 <= 10
+    again = cli("run", "--task", "Lift", "--condition", "clean", "--episodes", "0-1", "--run-dir", str(run_dir),
+                "--no-progress")
+    assert "1 rollouts run, 1 already recorded" in again.stdout
+
+
+@pytest.mark.sim
+def test_tampered_spec_refuses_to_run(tmp_path, spec_copy):
+    import os
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    path = spec_copy / "illumination.yaml"
+    path.write_text(path.read_text().replace("alpha: 0.4", "alpha: 0.3"))
+    env = {**os.environ, "ROBOCASA_SHIFT_PERTURBATIONS": str(spec_copy)}
+    proc = subprocess.run([sys.executable, "-m", "robocasa_shift", "run", "--task", "Lift", "--run-dir",
+                           str(tmp_path / "run")], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert proc.returncode == 2
+    assert "frozen sha256:" in proc.stderr and "current sha256:" in proc.stderr
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,48 @@
+import pytest
+
+from robocasa_shift.registry import DuplicateNameError, Registry, UnknownNameError
+
+
+def test_duplicate_name_raises():
+    reg = Registry("widget")
+    reg.register("a", object())
+    with pytest.raises(DuplicateNameError, match="widget 'a' is already registered"):
+        reg.register("a", object())
+
+
+def test_unknown_name_lists_known_and_suggests():
+    reg = Registry("factor")
+    for name in ("base", "blur", "camera", "illumination"):
+        reg.register(name, name.upper())
+    with pytest.raises(UnknownNameError) as info:
+        reg.get("blurr")
+    assert str(info.value) == "unknown factor 'blurr' (did you mean 'blur'?); known: base, blur, camera, illumination"
+    assert info.value.known == ["base", "blur", "camera", "illumination"]
+
+
+def test_lazy_targets_resolve_on_first_use():
+    reg = Registry("thing")
+    reg.register("join", "os.path:join")
+    import os.path
+
+    assert reg.get("join") is os.path.join
+
+
+def test_decorator_returns_the_class():
+    reg = Registry("policy")
+
+    @reg.register("mine")
+    class Mine:
+        pass
+
+    assert reg.get("mine") is Mine
+
+
+def test_builtin_registries_know_their_names():
+    from robocasa_shift.backends import BACKENDS
+    from robocasa_shift.perturbations import FACTOR_KINDS
+    from robocasa_shift.policies import POLICIES
+
+    assert "robosuite" in BACKENDS.names()
+    assert {"expert", "random"} <= set(POLICIES.names())
+    assert FACTOR_KINDS.names() == ["base_offset", "camera_rotation", "gaussian_blur", "light_scale"]
