@@ -15,7 +15,7 @@ RUN ?= runs/study
 # Debian packages for headless rendering: Mesa's EGL (the default) and OSMesa.
 APT_PACKAGES := libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6
 
-.PHONY: setup apt test test-fast demo run export conditions tasks clean-venv
+.PHONY: setup test test-fast demo run export conditions tasks clean-venv train-reference
 
 setup: $(VENV)/.setup-done
 
@@ -56,3 +56,7 @@ conditions tasks: setup
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Regenerate the reference policy's weights (data rendering + training, ~30-45 min on 2 cores).
+train-reference: setup
+	$(CLI) train-reference --workers $(WORKERS)

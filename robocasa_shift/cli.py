@@ -32,12 +32,13 @@ def handle_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         from .backends.base import BackendUnavailable
+        from .analysis import AnalysisError
         from .store import RunDirError
         from .study import BadInput
 
         try:
             return fn(*args, **kwargs)
-        except (UnknownNameError, specs.SpecError, specs.FrozenSpecError, BadInput) as exc:
+        except (UnknownNameError, specs.SpecError, specs.FrozenSpecError, BadInput, AnalysisError) as exc:
             _fail(str(exc), 2)
         except BackendUnavailable as exc:
             _fail(str(exc), 3)
@@ -197,6 +198,43 @@ def export(run_dir, out):
 
 
 @main.command()
+@click.argument("records", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for summary.json and the CSV tables.")
+@click.option("--phase", default="formal", show_default=True, help="Rows of this phase are analysed.")
+@click.option("--seed", "bootstrap_seed", default=0, show_default=True, help="Bootstrap seed (recorded).")
+@click.option("--n-boot", default=10000, show_default=True, help="Bootstrap resamples.")
+@handle_errors
+def analyze(records, out_dir, phase, bootstrap_seed, n_boot):
+    """Every measure of the protocol from a records table (this harness's or anyone's).
+
+    \b
+    Writes OUT/summary.json (SR, paired dSR with bootstrap CIs, transitions,
+    S->F stage depth, McNemar with Holm, Wilson intervals, noise floor) and
+    tidy CSV tables: sr.csv, dsr.csv, transitions.csv, stages.csv,
+    first_incomplete.csv. Required columns: task, episode, condition, success,
+    n_stages, stages_completed, first_incomplete; optional: valid, phase,
+    replicate, spec_hash, stage_error.
+    """
+    from .analysis import load_records, write_analysis
+
+    summary = write_analysis(load_records(records), out_dir, phase=phase, n_boot=n_boot, bootstrap_seed=bootstrap_seed)
+    click.echo(f"{len(summary['tasks'])} tasks, {len(summary['conditions'])} conditions -> {out_dir}/summary.json")
+    for cond, values in summary["conditions"].items():
+        if cond == "clean":
+            click.echo(f"  {cond:<18} SR {_fmt(values['macro_sr'])}")
+        else:
+            ci = values["dsr_ci95"]
+            ci_text = f"[{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "[-]"
+            click.echo(f"  {cond:<18} SR {_fmt(values['macro_sr'])}  dSR {_fmt(values['macro_dsr'])} {ci_text}  "
+                       f"S->F {values['transitions']['SF']}  F->S {values['transitions']['FS']}")
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:+.3f}" if value < 0 else f"{value:.3f}"
+
+
+@main.command()
 @handle_errors
 def freeze():
     """Freeze new versions of the perturbation specs (record their content hashes in spec.lock).
@@ -206,6 +244,34 @@ def freeze():
     """
     done = specs.freeze()
     click.echo("\n".join(done) if done else "every spec version is already frozen")
+
+
+@main.command(name="train-reference")
+@click.option("--task", "task_opts", multiple=True, default=("all",), show_default=True,
+              help="Tasks to train (comma list or 'all').")
+@click.option("--data-dir", default="build/reference-data", show_default=True, type=click.Path(path_type=Path),
+              help="Where the rendered training sets go (reused if present).")
+@click.option("--out", "out_dir", default=None, type=click.Path(path_type=Path),
+              help="Weights folder [default: the package's own].")
+@click.option("--workers", default=2, show_default=True, help="Processes for data generation and training.")
+@click.option("--epochs", default=None, type=int, help="Override the frozen epoch count (for quick checks).")
+@click.option("--frames", default=None, type=int, help="Override the frames per task (for quick checks).")
+@handle_errors
+def train_reference(task_opts, data_dir, out_dir, workers, epochs, frames):
+    """Regenerate the reference policy's weights from fixed seeds (data, training, manifest).
+
+    Deterministic: the same code on the same kind of machine gives bit-identical weights.
+    """
+    from dataclasses import replace
+
+    from .policies.reference.data import PERCEPTION
+    from .policies.reference.train import WEIGHTS_DIR, TrainConfig, train_reference as train
+
+    config = TrainConfig() if epochs is None else replace(TrainConfig(), epochs=epochs)
+    manifest = train(_split(task_opts, list(PERCEPTION)), data_dir, out_dir or WEIGHTS_DIR, workers, config, frames)
+    for key, net in manifest["nets"].items():
+        click.echo(f"{key:<20} val error {net['val_mean_error_mm']} mm (predict-the-mean {net['predict_mean_error_mm']} mm)")
+    click.echo(f"weights sha256 {manifest['weights_sha256']}  ({manifest['timing_s']['total']:.0f} s)")
 
 
 @main.command(name="policies")

@@ -10,6 +10,7 @@ from .base import Observation, Policy
 POLICIES: Registry[type] = Registry("policy", "robocasa_shift.policies")
 POLICIES.register("expert", "robocasa_shift.policies.scripted:ExpertPolicy")
 POLICIES.register("random", "robocasa_shift.policies.scripted:RandomPolicy")
+POLICIES.register("reference", "robocasa_shift.policies.reference:ReferencePolicy")
 
 
 def make_policy(name: str, **options: Any) -> Policy:

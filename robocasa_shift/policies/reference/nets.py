@@ -1,0 +1,69 @@
+"""Small keypoint networks that read one camera image and regress 3-D points.
+
+Conv trunk -> K keypoint maps -> spatial softmax (expected x, y and the map's
+peak) -> MLP -> normalised outputs. The label mean and standard deviation are
+buffers of the module, so a saved state dict is all a policy needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Dict, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class SpatialSoftmax(nn.Module):
+    def forward(self, maps: torch.Tensor) -> torch.Tensor:
+        n, k, h, w = maps.shape
+        flat = maps.reshape(n, k, h * w)
+        prob = torch.softmax(flat, dim=-1).reshape(n, k, h, w)
+        ys = torch.linspace(-1.0, 1.0, h, device=maps.device)
+        xs = torch.linspace(-1.0, 1.0, w, device=maps.device)
+        ex = (prob.sum(dim=2) * xs).sum(dim=-1)
+        ey = (prob.sum(dim=3) * ys).sum(dim=-1)
+        peak = flat.max(dim=-1).values
+        return torch.cat([ex, ey, peak], dim=1)
+
+
+class KeypointNet(nn.Module):
+    """Image (uint8, N x H x W x 3) -> ``n_out`` values in label units."""
+
+    def __init__(self, n_out: int, channels: Sequence[int] = (16, 32, 32), n_keypoints: int = 32, hidden: int = 128):
+        super().__init__()
+        layers, c_in = [], 3
+        for i, c in enumerate(channels):
+            layers += [nn.Conv2d(c_in, c, 5 if i == 0 else 3, stride=2 if i < 2 else 1, padding=2 if i == 0 else 1), nn.ReLU()]
+            c_in = c
+        layers += [nn.Conv2d(c_in, n_keypoints, 1)]
+        self.trunk = nn.Sequential(*layers)
+        self.keypoints = SpatialSoftmax()
+        self.head = nn.Sequential(nn.Linear(3 * n_keypoints, hidden), nn.ReLU(), nn.Linear(hidden, n_out))
+        self.register_buffer("label_mean", torch.zeros(n_out))
+        self.register_buffer("label_std", torch.ones(n_out))
+        self.n_out = n_out
+
+    def forward_normalized(self, images: torch.Tensor) -> torch.Tensor:
+        x = images.permute(0, 3, 1, 2).float() / 255.0 - 0.5
+        return self.head(self.keypoints(self.trunk(x)))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.forward_normalized(images) * self.label_std + self.label_mean
+
+
+def state_hash(state: Dict[str, torch.Tensor]) -> str:
+    """SHA-256 of a state dict's tensors (names, dtypes, shapes, bytes), independent of file format."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().cpu().contiguous()
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+def param_count(module: nn.Module) -> int:
+    return int(sum(np.prod(p.shape) for p in module.parameters()))

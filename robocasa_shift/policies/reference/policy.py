@@ -1,0 +1,251 @@
+"""The ``reference`` policy: learned perception (small CNNs on camera images) + scripted control.
+
+It stands in for a vision-language-action model in the embedded study:
+
+- It reads only camera images and proprioception, never object state.
+  A third-person network estimates object positions in the robot base frame
+  for the coarse approach; a wrist network estimates the object relative to
+  the gripper and closes the loop for the final approach, as VLAs
+  effectively do. Estimates are refreshed at every observation.
+- It acts in chunks of ``chunk`` control steps (one observation per chunk).
+- It is stochastic the way VLAs are: Gaussian action noise and perception
+  dropout (an estimate not refreshed) come from one torch Generator seeded
+  only by ``reset(seed)``; its fingerprint is read back from that generator.
+- ``blind=True`` feeds blank images (the ablation that shows how much of its
+  success comes from perception).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from ...seeding import rng_state_hash
+from ..base import Observation, Policy
+from .data import NET_IMAGE_SIZE, PERCEPTION, resize
+from .train import MANIFEST, WEIGHTS_DIR
+
+GRIPPER, MODE = 10, 11
+OPEN, CLOSE = -1.0, 1.0
+INSTRUCTIONS = {
+    "lift the red cube": "Lift",
+    "stack the red cube on the green cube": "Stack",
+    "pick the can and place it in its bin": "PickPlaceCan",
+}
+# Approximate object sizes a VLA would know from experience (metres).
+CUBE_A_HALF, CUBE_B_HALF = 0.021, 0.025
+
+
+class WeightsMissing(RuntimeError):
+    pass
+
+
+class ReferencePolicy(Policy):
+    name = "reference"
+    camera_roles = ("third_person", "wrist")
+    image_size = 128
+    deterministic = False
+
+    def __init__(
+        self,
+        weights_dir: Optional[str] = None,
+        blind: bool = False,
+        chunk: int = 4,
+        action_noise: float = 0.05,
+        dropout: float = 0.1,
+        gain: float = 7.0,
+    ):
+        import torch
+
+        self._torch = torch
+        self.weights_dir = Path(weights_dir or WEIGHTS_DIR)
+        path = self.weights_dir / MANIFEST
+        if not path.exists():
+            raise WeightsMissing(f"no reference weights at {path}; run `make train-reference`")
+        self.manifest = json.loads(path.read_text())
+        self.blind, self.chunk, self.action_noise, self.dropout, self.gain = blind, chunk, action_noise, dropout, gain
+        self._nets: Dict[str, object] = {}
+        self.reset(0)
+
+    # ------------------------------------------------------------------ seeding
+
+    def reset(self, seed: int) -> None:
+        self.generator = self._torch.Generator().manual_seed(int(seed) % (2**63))
+        self._phase = 0
+        self._steps_in_phase = 0
+        self._memo: Dict[str, np.ndarray] = {}
+        self._estimates: Dict[str, np.ndarray] = {}
+
+    def rng_fingerprint(self) -> str:
+        return rng_state_hash(self.generator.get_state().numpy())
+
+    def identity(self) -> Dict:
+        return {
+            "name": self.name,
+            "weights_sha256": self.manifest["weights_sha256"],
+            "blind": self.blind,
+            "chunk": self.chunk,
+            "action_noise": self.action_noise,
+            "dropout": self.dropout,
+            "gain": self.gain,
+        }
+
+    # ------------------------------------------------------------------ perception
+
+    def _net(self, key: str):
+        if key not in self._nets:
+            from .nets import KeypointNet
+
+            info = self.manifest["nets"][key]
+            net = KeypointNet(info["n_out"])
+            net.load_state_dict(self._torch.load(self.weights_dir / info["file"]))
+            net.eval()
+            self._nets[key] = net
+        return self._nets[key]
+
+    def _estimate(self, task: str, camera: str, image: np.ndarray) -> Dict[str, np.ndarray]:
+        perception = PERCEPTION[task]
+        points = perception.third_points if camera == "third" else perception.wrist_points
+        if not points:
+            return {}
+        if self.blind:
+            image = np.zeros_like(image)
+        x = self._torch.from_numpy(np.ascontiguousarray(resize(image)))[None]
+        with self._torch.no_grad():
+            out = self._net(f"{task}_{camera}")(x)[0].numpy().astype(float)
+        return {p: out[3 * i : 3 * i + 3] for i, p in enumerate(points)}
+
+    def _perceive(self, task: str, obs: Observation) -> None:
+        images = {role: obs.images[name] for name, role in obs.camera_roles.items()}
+        fresh = {}
+        for role, camera in (("third_person", "third"), ("wrist", "wrist")):
+            for point, value in self._estimate(task, camera, images[role]).items():
+                fresh[f"{camera}.{point}"] = value
+        # dropout: some estimates are not refreshed this time (never the first ones)
+        keep_old = self._torch.rand(len(fresh), generator=self.generator).numpy() < self.dropout
+        for (key, value), stale in zip(sorted(fresh.items()), keep_old):
+            if not (stale and key in self._estimates):
+                self._estimates[key] = value
+
+    # ------------------------------------------------------------------ control
+
+    def act(self, obs: Observation) -> np.ndarray:
+        task = INSTRUCTIONS.get(obs.instruction)
+        if task is None:
+            raise ValueError(f"the reference policy was not trained for {obs.instruction!r}; known: {sorted(INSTRUCTIONS.values())}")
+        self._perceive(task, obs)
+        eef = np.asarray(obs.proprio["robot0_base_to_eef_pos"], dtype=float)
+        target, grip = getattr(self, f"_plan_{task}")(eef)
+        self._steps_in_phase += self.chunk
+        return self._chunk(eef, target, grip)
+
+    def _chunk(self, eef: np.ndarray, target: np.ndarray, grip: float) -> np.ndarray:
+        actions = np.zeros((self.chunk, 12))
+        actions[:, :3] = np.clip(self.gain * (target - eef), -1.0, 1.0)
+        noise = self._torch.randn((self.chunk, 3), generator=self.generator, dtype=self._torch.float64).numpy()
+        actions[:, :3] = np.clip(actions[:, :3] + self.action_noise * noise, -1.0, 1.0)
+        actions[:, GRIPPER] = grip
+        actions[:, MODE] = -1.0
+        return actions
+
+    def _advance(self, done: bool) -> None:
+        if done:
+            self._phase += 1
+            self._steps_in_phase = 0
+
+    def _wrist(self, point: str) -> np.ndarray:
+        return self._estimates[f"wrist.{point}"]
+
+    def _third(self, point: str) -> np.ndarray:
+        return self._estimates[f"third.{point}"]
+
+    def _grasp(self, eef: np.ndarray, coarse: np.ndarray, point: str, hover: float, first_phase: int = 0):
+        """Phases first_phase..+3: coarse approach, wrist alignment, descent, close. Returns (target, grip) or None."""
+        p = self._phase - first_phase
+        if p == 0:  # coarse: the third-person estimate (or a prior) gets the wrist camera over the object
+            target = coarse + [0.0, 0.0, hover]
+            err = target - eef
+            self._advance(bool(np.linalg.norm(err[:2]) < 0.02 and abs(err[2]) < 0.03) or self._steps_in_phase > 120)
+            return target, OPEN
+        if p == 1:  # the wrist camera aligns the gripper above the object
+            rel = self._wrist(point)
+            target = eef + np.array([rel[0], rel[1], rel[2] + hover * 0.5])
+            self._advance(bool(np.linalg.norm(rel[:2]) < 0.006) or self._steps_in_phase > 60)
+            return target, OPEN
+        if p == 2:  # descend onto it, still steering with the wrist estimate
+            rel = self._wrist(point)
+            target = eef + rel + [0.0, 0.0, -0.004]
+            self._advance(bool(abs(rel[2]) < 0.008) or self._steps_in_phase > 40)
+            return target, OPEN
+        if p == 3:  # close
+            self._memo.setdefault("grasp_at", eef.copy())
+            self._advance(self._steps_in_phase >= 8)
+            return self._memo["grasp_at"], CLOSE
+        return None
+
+    def _plan_Lift(self, eef):
+        step = self._grasp(eef, self._third("cube"), "cube", hover=0.06)
+        if step is not None:
+            return step
+        return self._memo["grasp_at"] + [0.0, 0.0, 0.2], CLOSE
+
+    def _plan_Stack(self, eef):
+        step = self._grasp(eef, self._third("cubeA"), "cubeA", hover=0.06)
+        if step is not None:
+            return step
+        p = self._phase - 4
+        held = self._wrist("cubeA")  # cubeA relative to the gripper while held
+        stack_z = CUBE_A_HALF + CUBE_B_HALF + 0.006
+        if p == 0:  # lift
+            target = self._memo["grasp_at"] + [0.0, 0.0, 0.12]
+            self._advance(abs(target[2] - eef[2]) < 0.02 or self._steps_in_phase > 40)
+            return target, CLOSE
+        if p == 1:  # carry over cubeB (third-person estimate)
+            goal = self._third("cubeB") - held + [0.0, 0.0, stack_z + 0.06]
+            err = goal - eef
+            self._advance(bool(np.linalg.norm(err[:2]) < 0.015 and abs(err[2]) < 0.03) or self._steps_in_phase > 100)
+            return goal, CLOSE
+        if p == 2:  # wrist alignment of cubeA over cubeB, then lower
+            rel = self._wrist("cubeB") - held
+            target = eef + np.array([rel[0], rel[1], rel[2] + stack_z + 0.03])
+            self._advance(bool(np.linalg.norm(rel[:2]) < 0.005) or self._steps_in_phase > 60)
+            return target, CLOSE
+        if p == 3:
+            rel = self._wrist("cubeB") - held
+            target = eef + np.array([rel[0], rel[1], rel[2] + stack_z])
+            self._advance(bool(abs(rel[2] + stack_z) < 0.006) or self._steps_in_phase > 40)
+            return target, CLOSE
+        if p == 4:  # let go
+            self._memo.setdefault("release_at", eef.copy())
+            self._advance(self._steps_in_phase >= 8)
+            return self._memo["release_at"], OPEN
+        return self._memo["release_at"] + [0.0, 0.0, 0.1], OPEN
+
+    def _plan_PickPlaceCan(self, eef):
+        priors = self.manifest["tasks"]["PickPlaceCan"]["priors"]
+        step = self._grasp(eef, np.asarray(priors["can"]), "can", hover=0.2)
+        if step is not None:
+            return step
+        p = self._phase - 4
+        bin_target = np.asarray(priors["bin"])
+        if p == 0:
+            target = self._memo["grasp_at"] + [0.0, 0.0, 0.25]
+            self._advance(abs(target[2] - eef[2]) < 0.03 or self._steps_in_phase > 60)
+            return target, CLOSE
+        if p == 1:  # carry high over the target bin (a learned prior: the bin never moves in training)
+            target = bin_target + [0.0, 0.0, 0.30]
+            err = target - eef
+            self._advance(bool(np.linalg.norm(err[:2]) < 0.02) or self._steps_in_phase > 100)
+            return target, CLOSE
+        if p == 2:
+            target = bin_target + [0.0, 0.0, 0.12]
+            self._advance(abs(target[2] - eef[2]) < 0.02 or self._steps_in_phase > 60)
+            return target, CLOSE
+        if p == 3:
+            self._memo.setdefault("release_at", eef.copy())
+            self._advance(self._steps_in_phase >= 8)
+            return self._memo["release_at"], OPEN
+        return self._memo["release_at"] + [0.0, 0.0, 0.12], OPEN
