@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CLI := $(VENV)/bin/robocasa-shift
 BACKEND ?= robosuite
 POLICY ?= expert
-TASKS ?= Lift
+TASKS ?= all
 CONDITIONS ?= all
 EPISODES ?= 0-19
 WORKERS ?= 2
@@ -15,7 +15,7 @@ RUN ?= runs/study
 # Debian packages for headless rendering: Mesa's EGL (the default) and OSMesa.
 APT_PACKAGES := libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6
 
-.PHONY: setup test test-fast demo run export conditions tasks clean-venv train-reference
+.PHONY: setup test test-fast demo run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate
 
 setup: $(VENV)/.setup-done
 
@@ -60,3 +60,13 @@ clean-venv:
 # Regenerate the reference policy's weights (data rendering + training, ~30-45 min on 2 cores).
 train-reference: setup
 	$(CLI) train-reference --workers $(WORKERS)
+
+# Protocol steps (PROTOCOL.md sections 3-5); each exits non-zero when a check fails.
+validate-stages: setup
+	$(CLI) validate-stages --backend $(BACKEND) --task $(TASKS) --run-dir $(RUN)
+
+validate-pairing: setup
+	$(CLI) validate-pairing --backend $(BACKEND) --task $(TASKS) --policy $(POLICY) --run-dir $(RUN)
+
+calibrate: setup
+	$(CLI) calibrate --backend $(BACKEND) --task $(TASKS) --run-dir $(RUN)

@@ -185,6 +185,90 @@ def run(task_opts, condition_opts, episodes, policy, backend, run_dir, phase, re
     )
 
 
+def _tasks_of(backend: str, task_opts) -> List[str]:
+    from .backends import get_backend
+
+    return _split(task_opts, get_backend(backend).task_names())
+
+
+def _finish(report: dict, what: str, path: Path) -> None:
+    click.echo(f"{what}: {'PASSED' if report['passed'] else 'FAILED'} -> {path}")
+    if not report["passed"]:
+        sys.exit(1)
+
+
+TASK_OPTION = click.option("--task", "task_opts", multiple=True, default=("all",), show_default=True,
+                           help="Task name(s); comma list or 'all'.")
+BACKEND_OPTION = click.option("--backend", default="robosuite", show_default=True, help="Simulator backend.")
+RUN_DIR_OPTION = click.option("--run-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+                              help="Run directory the outputs go into.")
+
+
+@main.command(name="validate-stages")
+@TASK_OPTION
+@BACKEND_OPTION
+@RUN_DIR_OPTION
+@click.option("--demos", "n_demos", default=5, show_default=True, help="Successful demonstrations per task.")
+@click.option("--random-rollouts", "n_random", default=5, show_default=True,
+              help="Negative-control rollouts of the random policy per task.")
+@handle_errors
+def validate_stages_cmd(task_opts, backend, run_dir, n_demos, n_random):
+    """Replay expert demonstrations through the StageTracker; exit 1 on any miss.
+
+    Records the demonstrations (actions and bit-exact states) into RUN_DIR/demos/
+    if absent, replays their states, and checks that every milestone is reached,
+    in order, with no predicate error; negative controls: no milestone holds on
+    the initial states, and random rollouts never reach the last milestone.
+    Writes RUN_DIR/validation/stages.json and stages.md.
+    """
+    from .validation import validate_stages
+
+    report = validate_stages(run_dir, _tasks_of(backend, task_opts), backend, n_demos=n_demos, n_random=n_random)
+    _finish(report, "stage validation", run_dir / "validation" / "stages.md")
+
+
+@main.command(name="validate-pairing")
+@TASK_OPTION
+@BACKEND_OPTION
+@RUN_DIR_OPTION
+@click.option("--policy", default="reference", show_default=True, help="Policy whose pairing is checked.")
+@click.option("--steps", default=120, show_default=True, help="Control steps of each compared rollout.")
+@handle_errors
+def validate_pairing_cmd(task_opts, backend, run_dir, policy, steps):
+    """Check pairing (paper Table II); exit 1 when it does not hold.
+
+    Environment side: repeated resets of an episode give identical fingerprints.
+    Policy side: two clean rollouts with uncontrolled policy randomness act
+    differently (N/A for a deterministic policy); with the shared seed, identically.
+    Writes RUN_DIR/validation/pairing.json and pairing.md.
+    """
+    from .validation import validate_pairing
+
+    report = validate_pairing(run_dir, _tasks_of(backend, task_opts), policy=policy, backend=backend, steps=steps)
+    _finish(report, "pairing validation", run_dir / "validation" / "pairing.md")
+
+
+@main.command()
+@TASK_OPTION
+@BACKEND_OPTION
+@RUN_DIR_OPTION
+@click.option("--episodes", default="0-2", show_default=True, help="Fixed base episodes (formal phase).")
+@handle_errors
+def calibrate(task_opts, backend, run_dir, episodes):
+    """Model-free severity audit: 3 episodes x 13 conditions per task, no policy; exit 1 on a failed check.
+
+    Writes RUN_DIR/calibration/ (records.csv, calibration.json, calibration.md and
+    a contact sheet per task: rows = conditions, columns = episodes and cameras).
+    """
+    from .calibration import calibrate as run_calibration
+    from .study import parse_episodes
+
+    report = run_calibration(run_dir, _tasks_of(backend, task_opts), backend, parse_episodes(episodes))
+    for warning in report["warnings"]:
+        click.echo(f"warning: {warning}", err=True)
+    _finish(report, "calibration", run_dir / "calibration" / "calibration.md")
+
+
 @main.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="CSV file to write.")

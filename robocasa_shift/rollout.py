@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from typing import Callable, Dict, Optional
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -33,9 +33,22 @@ class RendererError(RuntimeError):
     pass
 
 
-# Called with (step, images, latched subgoal ids) at every observation when
-# frames are captured for videos.
-FrameHook = Callable[[int, Dict[str, np.ndarray], list], None]
+class Observer:
+    """Watches a rollout (demonstration recording, video frames); the default does nothing.
+
+    ``on_start`` runs after the perturbation is injected, ``on_observation``
+    with the images the policy receives, ``on_step`` after every control step
+    with the action taken and the subgoals that latched on its post-step state.
+    """
+
+    def on_start(self, env) -> None:
+        pass
+
+    def on_observation(self, step: int, images: Dict[str, np.ndarray]) -> None:
+        pass
+
+    def on_step(self, step: int, action: np.ndarray, env, latched: list) -> None:
+        pass
 
 
 def prepare_episode(env, protocol: Protocol, key: RolloutKey) -> str:
@@ -63,8 +76,7 @@ def run_rollout(
     protocol: Protocol,
     stage_spec: StageSpec,
     backend: str,
-    frame_hook: Optional[FrameHook] = None,
-    capture_cameras: Optional[list] = None,
+    observer: Optional[Observer] = None,
     horizon: Optional[int] = None,
 ) -> Record:
     """Run one rollout to its first success or its horizon; failures become invalid records.
@@ -92,6 +104,7 @@ def run_rollout(
         stage_names=stage_spec.names,
         stage_steps=[None] * len(stage_spec.subgoals),
     )
+    observer = observer or Observer()
     timing = {"reset_s": 0.0, "physics_s": 0.0, "render_s": 0.0, "policy_s": 0.0, "tracker_s": 0.0}
     tracker = StageTracker(stage_spec)
     phase = "reset"
@@ -119,7 +132,7 @@ def run_rollout(
         cameras = cameras_for_roles(env, policy.camera_roles)
         roles = {c: ("wrist" if c in env.wrist_cameras else "third_person") for c in cameras}
         cursor = ChunkCursor()
-        latched: list = []
+        observer.on_start(env)
         phase = "rollout"
         for step in range(horizon):
             if cursor.empty():
@@ -134,9 +147,7 @@ def run_rollout(
                         image = obs_transform[0].transform(image, obs_transform[1])
                     images[cam] = image
                 record.frames_rendered += len(cameras)
-                if frame_hook is not None:
-                    extra = {c: env.render(c, policy.image_size) for c in (capture_cameras or []) if c not in images}
-                    frame_hook(step, {**images, **extra}, latched)
+                observer.on_observation(step, images)
                 obs = Observation(
                     images=images,
                     camera_roles=roles,
@@ -151,21 +162,20 @@ def run_rollout(
                 timing["render_s"] += t1 - t0
                 timing["policy_s"] += time.perf_counter() - t1
             t0 = time.perf_counter()
-            env.step(cursor.next())
+            action = cursor.next()
+            env.step(action)
             t1 = time.perf_counter()
             latched = tracker.update(env, step + 1)
             success = env.is_success()
             timing["tracker_s"] += time.perf_counter() - t1
             timing["physics_s"] += t1 - t0
             record.steps = step + 1
+            observer.on_step(step + 1, action, env, latched)
             if success:
                 record.success = True
                 break
         else:
             record.success = False
-        if frame_hook is not None:
-            extra = {c: env.render(c, policy.image_size) for c in cameras + list(capture_cameras or [])}
-            frame_hook(record.steps, extra, latched)
     except RendererError as exc:
         record.fail("renderer", str(exc))
     except PerturbationError as exc:

@@ -16,7 +16,7 @@ from typing import Union
 
 import numpy as np
 
-PHASES = ("screening", "formal")
+PHASES = ("screening", "formal", "validation")
 
 
 def _word(text: str) -> int:

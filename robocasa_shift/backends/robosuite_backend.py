@@ -314,6 +314,12 @@ class RobosuiteEnv:
         self.steps = int(state["steps"])
         self._obs = self.raw._get_observations(force_update=True)
 
+    def set_physics_state(self, integration: np.ndarray) -> None:
+        """Restore only the physics (for replaying recorded states through predicates)."""
+        mj = self._mujoco
+        mj.mj_setState(self.model, self.data, np.asarray(integration), mj.mjtState.mjSTATE_INTEGRATION)
+        mj.mj_forward(self.model, self.data)
+
     def _model_values(self) -> Dict[str, np.ndarray]:
         """Every model parameter a perturbation may edit."""
         m = self.model

@@ -10,6 +10,7 @@ from .base import Observation, Policy
 POLICIES: Registry[type] = Registry("policy", "robocasa_shift.policies")
 POLICIES.register("expert", "robocasa_shift.policies.scripted:ExpertPolicy")
 POLICIES.register("random", "robocasa_shift.policies.scripted:RandomPolicy")
+POLICIES.register("replay", "robocasa_shift.policies.replay:ReplayPolicy")
 POLICIES.register("reference", "robocasa_shift.policies.reference:ReferencePolicy")
 
 
