@@ -282,6 +282,28 @@ def export(run_dir, out):
 
 
 @main.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@handle_errors
+def audit(run_dir):
+    """Integrity audit (paper Table VII) of a run directory; exit 0 only when it passes.
+
+    Per task: expected and valid rollouts, distinct base episodes, and the counts
+    that must be zero (missing or duplicated records, fingerprint and policy-seed
+    mismatches, renderer errors, invalid perturbation records, runtime failures,
+    StageTracker errors, unexpected truncations); each failing check names its
+    rollouts. Writes RUN_DIR/audit.json and RUN_DIR/audit.md.
+    """
+    from .audit import audit_run
+
+    report = audit_run(run_dir)
+    for task, t in report["tasks"].items():
+        bad = {name: c["count"] for name, c in t["checks"].items() if c["count"]}
+        click.echo(f"  {task:<18} expected {t['expected_rollouts']:>4}  valid {t['valid_rollouts']:>4}  "
+                   f"{'ok' if t['passed'] else 'FAILED ' + json.dumps(bad)}")
+    _finish(report, "audit", run_dir / "audit.md")
+
+
+@main.command()
 @click.argument("records", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder for summary.json and the CSV tables.")

@@ -27,6 +27,11 @@ class RolloutKey:
         return f"{self.phase}/{self.task}/{self.episode:04d}/r{self.replicate}"
 
     @classmethod
+    def from_id(cls, text: str) -> "RolloutKey":
+        phase, task, episode, condition, replicate = text.split("/")
+        return cls(phase, task, int(episode), condition, int(replicate.lstrip("r")))
+
+    @classmethod
     def from_record(cls, rec: Dict[str, Any]) -> "RolloutKey":
         return cls(rec["phase"], rec["task"], int(rec["episode"]), rec["condition"], int(rec.get("replicate", 0)))
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from . import specs
+from .audit import add_to_plan
 from .backends import get_backend
 from .policies import POLICIES, make_policy
 from .records import Record, RolloutKey
@@ -182,6 +183,7 @@ def run(
     with store:
         store.ensure_manifest(study.manifest(tasks))
         store.log_command()
+        add_to_plan(run_dir, keys)
         todo = pending_keys(store, keys, retry_errors)
         failures = invalid = 0
         try:
