@@ -134,57 +134,6 @@ def tasks(backend, as_json):
             click.echo(f"  g{i} {goal['id']}: {goal['description']}")
 
 
-@main.command()
-@click.option("--task", "task_opts", multiple=True, required=True, help="Task name(s); comma list or 'all'.")
-@click.option("--condition", "condition_opts", multiple=True, default=("clean",), show_default=True,
-              help="Condition(s) such as clean or camera:L2; comma list or 'all'.")
-@click.option("--episodes", default="0-19", show_default=True, help="Base episodes, e.g. 0-19 or 0,3,5-7.")
-@click.option("--policy", default=DEFAULT_POLICY, show_default=True, help="Registered policy name.")
-@click.option("--backend", default="robosuite", show_default=True, help="Simulator backend.")
-@click.option("--run-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Run directory; rerunning skips keys already recorded.")
-@click.option("--phase", type=click.Choice(["formal", "screening"]), default="formal", show_default=True,
-              help="Seed stream of the base episodes.")
-@click.option("--replicates", default="0", show_default=True,
-              help="Policy-seed replicates, e.g. 0-1 for a clean-vs-clean noise floor.")
-@click.option("--retry-errors", is_flag=True, help="Re-run invalid records; the old ones go to history/.")
-@click.option("--render-profile", type=click.Choice(["fast", "default"]), default="fast", show_default=True,
-              help="fast: no shadows, reflections or multisampling.")
-@click.option("--progress/--no-progress", default=True, help="Show a progress bar with ETA.")
-@handle_errors
-def run(task_opts, condition_opts, episodes, policy, backend, run_dir, phase, replicates, retry_errors,
-        render_profile, progress):
-    """Run rollouts of one or more tasks under one or more conditions.
-
-    \b
-    Example: 13 conditions x 5 base episodes of Lift with the scripted expert
-      robocasa-shift run --task Lift --condition all --episodes 0-4 --policy expert --run-dir runs/lift
-    """
-    from .backends import get_backend
-    from .study import parse_episodes, run as run_study
-
-    protocol = specs.load_protocol(verify=True)
-    task_list = _split(task_opts, get_backend(backend).task_names())
-    condition_list = _split(condition_opts, protocol.conditions)
-    result = run_study(
-        run_dir,
-        task_list,
-        condition_list,
-        parse_episodes(episodes),
-        policy=policy,
-        backend=backend,
-        phase=phase,
-        replicates=parse_episodes(replicates),
-        retry_errors=retry_errors,
-        render_profile=render_profile,
-        progress=progress,
-    )
-    click.echo(
-        f"{result['ran']} rollouts run, {result['skipped']} already recorded; "
-        f"{result['failures']} failed, {result['invalid']} invalid -> {run_dir}"
-    )
-
-
 def _tasks_of(backend: str, task_opts) -> List[str]:
     from .backends import get_backend
 
@@ -267,6 +216,167 @@ def calibrate(task_opts, backend, run_dir, episodes):
     for warning in report["warnings"]:
         click.echo(f"warning: {warning}", err=True)
     _finish(report, "calibration", run_dir / "calibration" / "calibration.md")
+
+
+def execution_options(fn):
+    """--executor, --workers, --address, --threads, --shard, --retry-errors, --progress."""
+    for option in reversed([
+        click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+                     help="local: a process pool on this machine; ray: an existing Ray cluster."),
+        click.option("--workers", type=int, default=None, help="Parallel workers [default: one per core]."),
+        click.option("--address", default=None, help="Ray cluster address (ray executor); none starts a local Ray."),
+        click.option("--threads", type=int, default=None,
+                     help="Renderer and torch threads per worker [default: cores / workers]."),
+        click.option("--shard", default=None, help="Run only slice i of n (e.g. 0/4) into this run dir; see merge."),
+        click.option("--retry-errors", is_flag=True, help="Re-run invalid records; the old ones go to history/."),
+        click.option("--progress/--no-progress", default=True, help="Show a progress bar with ETA."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def _execution(executor, workers, address, threads):
+    from .study import Execution
+
+    return Execution(executor=executor, workers=workers, address=address, threads=threads)
+
+
+@main.command()
+@click.option("--task", "task_opts", multiple=True, required=True, help="Task name(s); comma list or 'all'.")
+@click.option("--condition", "condition_opts", multiple=True, default=("clean",), show_default=True,
+              help="Condition(s) such as clean or camera:L2; comma list or 'all'.")
+@click.option("--episodes", default="0-19", show_default=True, help="Base episodes, e.g. 0-19 or 0,3,5-7.")
+@click.option("--policy", default=DEFAULT_POLICY, show_default=True, help="Registered policy name.")
+@click.option("--backend", default="robosuite", show_default=True, help="Simulator backend.")
+@click.option("--run-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Run directory; rerunning skips keys already recorded.")
+@click.option("--phase", type=click.Choice(["formal", "screening", "validation"]), default="formal",
+              show_default=True, help="Seed stream of the base episodes.")
+@click.option("--replicates", default="0", show_default=True,
+              help="Policy-seed replicates, e.g. 0-1 for a clean-vs-clean noise floor.")
+@click.option("--render-profile", type=click.Choice(["fast", "default"]), default="fast", show_default=True,
+              help="fast: no shadows, reflections or multisampling.")
+@execution_options
+@handle_errors
+def run(task_opts, condition_opts, episodes, policy, backend, run_dir, phase, replicates, render_profile,
+        executor, workers, address, threads, shard, retry_errors, progress):
+    """Run rollouts of one or more tasks under one or more conditions.
+
+    \b
+    Example: 13 conditions x 5 base episodes of Lift with the scripted expert
+      robocasa-shift run --task Lift --condition all --episodes 0-4 --policy expert --run-dir runs/lift
+    """
+    from .study import parse_episodes, parse_shard, run as run_study
+
+    protocol = specs.load_protocol(verify=True)
+    result = run_study(
+        run_dir,
+        _tasks_of(backend, task_opts),
+        _split(condition_opts, protocol.conditions),
+        parse_episodes(episodes),
+        policy=policy,
+        backend=backend,
+        phase=phase,
+        replicates=parse_episodes(replicates),
+        retry_errors=retry_errors,
+        render_profile=render_profile,
+        progress=progress,
+        execution=_execution(executor, workers, address, threads),
+        shard=parse_shard(shard),
+    )
+    _report_run(result, run_dir)
+
+
+@main.command()
+@click.option("--policy", default=DEFAULT_POLICY, show_default=True, help="Policy to screen.")
+@BACKEND_OPTION
+@RUN_DIR_OPTION
+@click.option("--pool", "pool_path", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Candidate-pool file [default: pools/<backend>.yaml].")
+@execution_options
+@handle_errors
+def screen(policy, backend, run_dir, pool_path, executor, workers, address, threads, shard, retry_errors, progress):
+    """Clean-competence screening (paper Table IV) from the frozen candidate pool.
+
+    \b
+    Each candidate: 10 clean rollouts from the screening seed stream; at most 3
+    successes excludes it; otherwise 20; retained iff >= 12/20. The pool's N+M
+    schedule activates the reserve candidates when too few qualify. Writes
+    RUN_DIR/screening/ (table) and RUN_DIR/suite.json (the formal suite).
+    """
+    from .pipeline import screen as run_screen
+
+    if shard:
+        raise click.UsageError("screening decides as it goes: run it unsharded")
+    result = run_screen(run_dir, policy, backend, _execution(executor, workers, address, threads), progress, pool_path)
+    for task, d in result["screening"].items():
+        click.echo(f"  {task:<18} {d['successes']:>2}/{d['rollouts']:<2} {d['decision']}")
+    click.echo(f"formal suite: {', '.join(result['suite']) or '(empty)'} -> {run_dir}/suite.json")
+    if result["note"]:
+        click.echo(f"note: {result['note']}")
+
+
+@main.command()
+@click.option("--task", "task_opts", multiple=True, default=None,
+              help="Tasks [default: the suite that screening wrote to RUN_DIR/suite.json].")
+@click.option("--condition", "condition_opts", multiple=True, default=("all",), show_default=True,
+              help="Conditions; comma list or 'all'.")
+@click.option("--episodes", default="0-19", show_default=True, help="Formal base episodes.")
+@click.option("--policy", default=DEFAULT_POLICY, show_default=True, help="Registered policy name.")
+@BACKEND_OPTION
+@RUN_DIR_OPTION
+@click.option("--replicates", default="0", show_default=True,
+              help="Policy-seed replicates; 0-1 adds a clean-vs-clean noise floor (use with --condition clean).")
+@click.option("--dry-run", is_flag=True, help="Print the rollout count and an ETA from measured rollout times.")
+@execution_options
+@handle_errors
+def formal(task_opts, condition_opts, episodes, policy, backend, run_dir, replicates, dry_run,
+           executor, workers, address, threads, shard, retry_errors, progress):
+    """The formal matrix: suite x episodes x 13 conditions, every rollout at its official horizon."""
+    from .pipeline import estimate, formal_suite
+    from .study import Execution, parse_episodes, parse_shard, plan_keys, run as run_study, shard_keys
+
+    protocol = specs.load_protocol(verify=True)
+    tasks = _tasks_of(backend, task_opts) if task_opts else formal_suite(run_dir)
+    if not tasks:
+        raise click.UsageError(f"no --task given and no {run_dir}/suite.json: run `screen` first or name the tasks")
+    conditions = _split(condition_opts, protocol.conditions)
+    if dry_run:
+        keys = shard_keys(plan_keys(tasks, parse_episodes(episodes), conditions, "formal", parse_episodes(replicates)),
+                          parse_shard(shard))
+        ex = Execution(executor, workers, address, threads).resolved()
+        est = estimate(run_dir, keys, ex.workers)
+        eta = "unknown (no rollouts measured in this run directory yet)" if est["eta_s"] is None else \
+            f"{est['eta_s'] / 60:.1f} min with {ex.workers} worker(s)"
+        click.echo(f"{est['planned']} rollouts planned ({len(tasks)} tasks x {len(parse_episodes(episodes))} episodes x "
+                   f"{len(conditions)} conditions), {est['pending']} to run; ETA {eta}")
+        for task, s in est["measured_s_per_rollout"].items():
+            click.echo(f"  {task:<18} {s:.1f} s per rollout (measured)")
+        return
+    result = run_study(run_dir, tasks, conditions, parse_episodes(episodes), policy=policy, backend=backend,
+                       phase="formal", replicates=parse_episodes(replicates), retry_errors=retry_errors,
+                       progress=progress, execution=_execution(executor, workers, address, threads),
+                       shard=parse_shard(shard))
+    _report_run(result, run_dir)
+
+
+@main.command()
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@handle_errors
+def merge(out, sources):
+    """Combine shard run directories (--shard i/n) into OUT; refuses mismatched manifests and duplicate keys."""
+    from .pipeline import merge as merge_runs
+
+    result = merge_runs(out, sources)
+    click.echo(f"{result['records']} records from {result['sources']} run directories -> {out}")
+
+
+def _report_run(result: dict, run_dir: Path) -> None:
+    click.echo(
+        f"{result['ran']} rollouts run, {result['skipped']} already recorded; "
+        f"{result['failures']} failed, {result['invalid']} invalid -> {run_dir}"
+    )
 
 
 @main.command()

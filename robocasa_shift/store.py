@@ -140,12 +140,13 @@ class RunStore:
                 existing = merged
         return existing
 
-    def log_command(self) -> None:
+    def log_command(self, extra: Optional[Dict[str, Any]] = None) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         entry = {
             "time": _dt.datetime.now().isoformat(timespec="seconds"),
             "argv": " ".join(shlex.quote(a) for a in sys.argv),
             "pid": os.getpid(),
+            **(extra or {}),
         }
         with open(self.root / "commands.jsonl", "a") as f:
             f.write(json.dumps(entry) + "\n")

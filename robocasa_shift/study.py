@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from . import specs
 from .audit import add_to_plan
@@ -162,6 +162,112 @@ def pending_keys(store: RunStore, keys: Sequence[RolloutKey], retry_errors: bool
     return [k for k in keys if k not in done or (retry_errors and not done[k])]
 
 
+def parse_shard(text: Optional[str]) -> Optional[Tuple[int, int]]:
+    """``'2/8'`` -> (2, 8): the third of eight slices (0-based index i of n)."""
+    if not text:
+        return None
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise BadInput(f"--shard must look like i/n (e.g. 0/4), got {text!r}") from None
+    if not 0 <= i < n:
+        raise BadInput(f"--shard {text}: need 0 <= i < n")
+    return i, n
+
+
+def shard_keys(keys: Sequence[RolloutKey], shard: Optional[Tuple[int, int]]) -> List[RolloutKey]:
+    """A disjoint, deterministic slice: base episodes (all their conditions together) dealt round-robin."""
+    if shard is None:
+        return list(keys)
+    i, n = shard
+    groups = sorted({(k.phase, k.task, k.episode, k.replicate) for k in keys})
+    mine = {g for j, g in enumerate(groups) if j % n == i}
+    return [k for k in keys if (k.phase, k.task, k.episode, k.replicate) in mine]
+
+
+@dataclass
+class Execution:
+    """Where and how rollouts run; recorded per command in ``commands.jsonl``."""
+
+    executor: str = "local"
+    workers: Optional[int] = None  # default: one per core
+    address: Optional[str] = None  # Ray cluster address
+    threads: Optional[int] = None  # per worker; default: cores / workers
+
+    def resolved(self) -> "Execution":
+        import os
+
+        from .executors import default_threads
+
+        workers = self.workers or os.cpu_count() or 1
+        return Execution(self.executor, workers, self.address, self.threads or default_threads(workers))
+
+
+class RunSession:
+    """One command's hold on a run directory: lock, manifest, plan, executor, single writer."""
+
+    def __init__(self, run_dir: Path | str, study: Study, tasks: Sequence[str], execution: Execution = Execution(),
+                 progress: bool = True):
+        self.store = RunStore(run_dir)
+        self.study, self.tasks, self.progress = study, list(tasks), progress
+        self.execution = execution.resolved()
+        self._executor = None
+
+    def __enter__(self) -> "RunSession":
+        self.store.lock()
+        try:
+            self.store.ensure_manifest(self.study.manifest(self.tasks))
+            self.store.log_command({"execution": self.execution.__dict__})
+        except BaseException:
+            self.store.unlock()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if self._executor is not None:
+                self._executor.close()
+            self.study.close()
+        finally:
+            self.store.unlock()
+
+    def executor(self):
+        if self._executor is None:
+            from .executors import WorkerConfig, make_executor
+
+            config = WorkerConfig(self.study.backend_name, self.study.policy_name, self.study.render_profile,
+                                  self.execution.threads, self.study.policy_options)
+            self._executor = make_executor(self.execution.executor, config, self.execution.workers, self.execution.address)
+        return self._executor
+
+    def execute(self, keys: Sequence[RolloutKey], retry_errors: bool = False, desc: str = "rollouts") -> Dict[str, Any]:
+        """Plan ``keys``, run the ones not yet recorded, write each record as it arrives."""
+        from .executors import as_record, group_by_task
+
+        add_to_plan(self.store.root, list(keys))
+        todo = group_by_task(pending_keys(self.store, keys, retry_errors))
+        failures = invalid = 0
+        renderer_written = False
+        bar = _progress(len(todo), self.progress, desc)
+        try:
+            for result in self.executor().map(todo):
+                record = as_record(result)
+                if retry_errors:
+                    self.store.supersede(record.key)
+                self.store.write(record)
+                if not renderer_written and result.get("renderer_info"):
+                    self.store.ensure_manifest({"renderer": result["renderer_info"]})
+                    renderer_written = True
+                failures += int(record.valid and not record.success)
+                invalid += int(not record.valid)
+                bar.set_postfix(failures=failures, invalid=invalid, refresh=False)
+                bar.update(1)
+        finally:
+            bar.close()
+        return {"planned": len(keys), "ran": len(todo), "skipped": len(keys) - len(todo), "failures": failures,
+                "invalid": invalid}
+
+
 def run(
     run_dir: Path | str,
     tasks: Sequence[str],
@@ -174,38 +280,20 @@ def run(
     retry_errors: bool = False,
     render_profile: str = "fast",
     progress: bool = True,
+    execution: Execution = Execution(),
+    shard: Optional[Tuple[int, int]] = None,
+    policy_options: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
     """Run every key not yet recorded in ``run_dir``; return a summary of what was done."""
-    study = Study(backend_name=backend, policy_name=policy, render_profile=render_profile)
+    study = Study(backend_name=backend, policy_name=policy, render_profile=render_profile,
+                  policy_options=dict(policy_options or {}))
     study.check_names(tasks, conditions)
-    keys = plan_keys(tasks, episodes, conditions, phase=phase, replicates=replicates)
-    store = RunStore(run_dir)
-    with store:
-        store.ensure_manifest(study.manifest(tasks))
-        store.log_command()
-        add_to_plan(run_dir, keys)
-        todo = pending_keys(store, keys, retry_errors)
-        failures = invalid = 0
-        try:
-            bar = _progress(len(todo), progress)
-            for key in todo:
-                if retry_errors:
-                    store.supersede(key)
-                record = study.run_key(key)
-                store.write(record)
-                failures += int(record.valid and not record.success)
-                invalid += int(not record.valid)
-                bar.set_postfix(failures=failures, invalid=invalid, refresh=False)
-                bar.update(1)
-            bar.close()
-            if todo and hasattr(study, "renderer_info"):
-                store.ensure_manifest({"renderer": study.renderer_info})
-        finally:
-            study.close()
-    return {"planned": len(keys), "ran": len(todo), "skipped": len(keys) - len(todo), "failures": failures, "invalid": invalid}
+    keys = shard_keys(plan_keys(tasks, episodes, conditions, phase=phase, replicates=replicates), shard)
+    with RunSession(run_dir, study, tasks, execution, progress) as session:
+        return session.execute(keys, retry_errors=retry_errors)
 
 
-def _progress(total: int, enabled: bool):
+def _progress(total: int, enabled: bool, desc: str = "rollouts"):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="rollouts", unit="rollout", disable=not enabled, dynamic_ncols=True)
+    return tqdm(total=total, desc=desc, unit="rollout", disable=not enabled, dynamic_ncols=True)

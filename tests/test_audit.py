@@ -15,10 +15,10 @@ CONDITIONS = ["clean", "camera:L1", "camera:L3", "base:L2", "blur:L1"]
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
-    from robocasa_shift.study import run
+    from robocasa_shift.study import Execution, run
 
     run_dir = tmp_path_factory.mktemp("audit") / "run"
-    run(run_dir, ["Lift"], CONDITIONS, [0, 1], policy="expert", progress=False)
+    run(run_dir, ["Lift"], CONDITIONS, [0, 1], policy="expert", progress=False, execution=Execution(workers=1))
     return run_dir
 
 

@@ -291,11 +291,11 @@ class CrashPolicy:
 
 def test_a_crashing_rollout_becomes_an_invalid_record_and_the_run_goes_on(tmp_path):
     from robocasa_shift.store import RunStore
-    from robocasa_shift.study import run
+    from robocasa_shift.study import Execution, run
 
     if "crash-at-5" not in POLICIES:
         POLICIES.register("crash-at-5", CrashPolicy)
-    summary = run(tmp_path / "run", ["Lift"], ["clean", "blur:L1"], [0], policy="crash-at-5", progress=False)
+    summary = run(tmp_path / "run", ["Lift"], ["clean", "blur:L1"], [0], policy="crash-at-5", progress=False, execution=Execution(workers=1))
     assert summary == {"planned": 2, "ran": 2, "skipped": 0, "failures": 0, "invalid": 2}
     records = RunStore(tmp_path / "run").records()
     assert len(records) == 2
@@ -306,14 +306,14 @@ def test_a_crashing_rollout_becomes_an_invalid_record_and_the_run_goes_on(tmp_pa
 
 def test_resume_skips_recorded_keys_and_keeps_them(tmp_path):
     from robocasa_shift.store import RunStore
-    from robocasa_shift.study import run
+    from robocasa_shift.study import Execution, run
 
     run_dir = tmp_path / "run"
-    first = run(run_dir, ["Lift"], ["clean"], [0, 1], policy="expert", progress=False)
+    first = run(run_dir, ["Lift"], ["clean"], [0, 1], policy="expert", progress=False, execution=Execution(workers=1))
     assert first["ran"] == 2
     store = RunStore(run_dir)
     before = {p: p.read_bytes() for p in store.record_files()}
-    second = run(run_dir, ["Lift"], ["clean"], [0, 1, 2], policy="expert", progress=False)
+    second = run(run_dir, ["Lift"], ["clean"], [0, 1, 2], policy="expert", progress=False, execution=Execution(workers=1))
     assert second == {"planned": 3, "ran": 1, "skipped": 2, "failures": 0, "invalid": 0}
     after = {p: p.read_bytes() for p in store.record_files()}
     assert len(after) == 3 and all(after[p] == b for p, b in before.items())

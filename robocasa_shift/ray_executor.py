@@ -1,0 +1,74 @@
+"""The Ray executor: the same rollouts as the local pool, on a Ray cluster.
+
+Each Ray actor holds one worker (one Study, one live environment reused
+across keys of a task); keys are dealt to actors in task-grouped order and
+results stream back to the caller, the one writer of the run directory.
+Without an address a local Ray instance is started for the run.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterator, Optional, Sequence
+
+from .executors import WorkerConfig, _Worker
+from .records import RolloutKey
+
+
+class RayExecutor:
+    name = "ray"
+
+    def __init__(self, config: WorkerConfig, workers: int = 2, address: Optional[str] = None):
+        try:
+            import ray
+        except ImportError:
+            from .backends.base import BackendUnavailable
+
+            raise BackendUnavailable("the ray executor needs Ray: pip install 'ray>=2.40'") from None
+        self.ray, self.config, self.workers, self.address = ray, config, max(1, int(workers)), address
+        self._actors = []
+        self._started_here = False
+
+    def _ensure(self):
+        ray = self.ray
+        if not ray.is_initialized():
+            # the workers must import this package: ship the checkout's root on the path
+            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            env = {"env_vars": {"PYTHONPATH": root, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}}
+            if self.address:
+                ray.init(address=self.address, runtime_env=env, log_to_driver=False)
+            else:
+                ray.init(num_cpus=self.workers, runtime_env=env, log_to_driver=False, include_dashboard=False)
+                self._started_here = True
+        if not self._actors:
+            actor = ray.remote(num_cpus=1)(_Worker)
+            self._actors = [actor.remote(self.config) for _ in range(self.workers)]
+
+    def map(self, keys: Sequence[RolloutKey]) -> Iterator[Dict[str, Any]]:
+        if not keys:
+            return
+        self._ensure()
+        ray = self.ray
+        pending = {}
+        queue = list(keys)
+        idle = list(self._actors)
+        while queue or pending:
+            while idle and queue:
+                actor = idle.pop(0)
+                pending[actor.run.remote(queue.pop(0))] = actor
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                idle.append(pending.pop(ref))
+                yield ray.get(ref)
+
+    def describe(self) -> Dict[str, Any]:
+        return {"executor": self.name, "workers": self.workers, "threads_per_worker": self.config.threads,
+                "address": self.address}
+
+    def close(self) -> None:
+        for actor in self._actors:
+            self.ray.kill(actor)
+        self._actors = []
+        if self._started_here:
+            self.ray.shutdown()
+            self._started_here = False

@@ -1,0 +1,166 @@
+"""Screening schedule, executors, shards and merge, SIGKILL-and-resume, retry-errors."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from robocasa_shift.pipeline import Pool, load_pool, screening_decisions
+from robocasa_shift.records import RolloutKey, comparable
+from robocasa_shift.store import RunStore
+
+from helpers import ROOT, cli
+
+
+def pool(**kw):
+    base = dict(backend="robosuite", version=1, candidates=("A", "B"), initial=1, reserve=1, minimum_suite=1,
+                first_batch=10, exclude_at_most=3, extended=20, retain_at_least=12, path="-", content_hash="-")
+    return Pool(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    "results, decision",
+    [
+        ([True] * 3 + [False] * 7, "excluded (clean floor)"),
+        ([True] * 4 + [False] * 6, "extend"),
+        ([True] * 4 + [False] * 6 + [True] * 8 + [False] * 2, "retained"),  # 12/20
+        ([True] * 4 + [False] * 6 + [True] * 7 + [False] * 3, "excluded (below retention)"),  # 11/20
+        ([True] * 9, "incomplete"),
+    ],
+)
+def test_screening_rule(results, decision):
+    assert screening_decisions(pool(), {"A": results})["A"]["decision"] == decision
+
+
+def test_embedded_pool_file():
+    p = load_pool("robosuite")
+    assert p.candidates == ("Lift", "Stack", "PickPlaceCan", "NutAssemblySquare")
+    assert (p.initial, p.reserve, p.minimum_suite) == (3, 1, 3)
+    assert (p.first_batch, p.exclude_at_most, p.extended, p.retain_at_least) == (10, 3, 20, 12)
+
+
+def test_shards_are_disjoint_deterministic_and_cover_the_plan():
+    from robocasa_shift.study import plan_keys, shard_keys
+
+    keys = plan_keys(["Lift", "Stack"], range(5), ["clean", "blur:L1", "camera:L2"])
+    shards = [shard_keys(keys, (i, 3)) for i in range(3)]
+    assert sorted(k for s in shards for k in s) == sorted(keys)
+    assert all(not set(a) & set(b) for i, a in enumerate(shards) for b in shards[i + 1:])
+    assert shard_keys(keys, (1, 3)) == shards[1]
+    # a base episode's conditions stay together
+    for s in shards:
+        groups = {(k.task, k.episode) for k in s}
+        assert len(s) == 3 * len(groups)
+
+
+
+
+def records_of(run_dir):
+    return {r["_file"]: comparable({k: v for k, v in r.items() if k != "_file"}) for r in RunStore(run_dir).records()}
+
+
+@pytest.mark.sim
+def test_screen_with_a_small_pool_writes_table_and_suite(tmp_path):
+    path = tmp_path / "pool.yaml"
+    path.write_text(
+        "backend: robosuite\nversion: 1\ncandidates: [Lift, Stack]\nschedule: {initial: 1, reserve: 1}\n"
+        "minimum_suite: 2\nscreening: {first_batch: 2, exclude_at_most: 0, extended: 3, retain_at_least: 3}\n"
+    )
+    proc = cli("screen", "--policy", "expert", "--run-dir", str(tmp_path / "run"), "--pool", str(path),
+               "--workers", "1", "--no-progress")
+    result = json.loads((tmp_path / "run" / "screening" / "screening.json").read_text())
+    # Lift alone is below the minimum suite of 2, so the reserve (Stack) is activated
+    assert result["reserve_activated"] and result["suite"] == ["Lift", "Stack"]
+    assert result["screening"]["Lift"]["rollouts"] == 3 and result["screening"]["Stack"]["stage"] == "reserve"
+    assert json.loads((tmp_path / "run" / "suite.json").read_text())["tasks"] == ["Lift", "Stack"]
+    assert "formal suite: Lift, Stack" in proc.stdout
+    keys = RunStore(tmp_path / "run").recorded_keys()
+    assert all(k.phase == "screening" for k in keys) and len(keys) == 6
+    dry = cli("formal", "--run-dir", str(tmp_path / "run"), "--episodes", "0-1", "--dry-run", "--workers", "2")
+    assert "52 rollouts planned (2 tasks x 2 episodes x 13 conditions), 52 to run; ETA" in dry.stdout
+
+
+@pytest.mark.sim
+def test_two_shards_merged_equal_the_unsharded_run(tmp_path):
+    args = ["run", "--task", "Lift", "--condition", "clean,base:L3", "--episodes", "0-2", "--policy", "expert",
+            "--workers", "1", "--no-progress"]
+    cli(*args, "--run-dir", str(tmp_path / "all"))
+    cli(*args, "--run-dir", str(tmp_path / "s0"), "--shard", "0/2")
+    cli(*args, "--run-dir", str(tmp_path / "s1"), "--shard", "1/2")
+    assert len(records_of(tmp_path / "s0")) == 4 and len(records_of(tmp_path / "s1")) == 2
+    cli("merge", str(tmp_path / "merged"), str(tmp_path / "s0"), str(tmp_path / "s1"))
+    assert records_of(tmp_path / "merged") == records_of(tmp_path / "all")
+    assert cli("audit", str(tmp_path / "merged")).returncode == 0
+    # merging a shard twice duplicates keys: refused
+    proc = cli("merge", str(tmp_path / "again"), str(tmp_path / "s0"), str(tmp_path / "s0"), check=False)
+    assert proc.returncode == 4 and "duplicate key" in proc.stderr
+
+
+@pytest.mark.sim
+def test_merge_refuses_mismatched_manifests(tmp_path):
+    cli("run", "--task", "Lift", "--episodes", "0", "--policy", "expert", "--workers", "1", "--no-progress",
+        "--run-dir", str(tmp_path / "a"))
+    cli("run", "--task", "Lift", "--episodes", "1", "--policy", "random", "--workers", "1", "--no-progress",
+        "--run-dir", str(tmp_path / "b"))
+    proc = cli("merge", str(tmp_path / "m"), str(tmp_path / "a"), str(tmp_path / "b"), check=False)
+    assert proc.returncode == 4 and "manifest field policy differs" in proc.stderr
+
+
+@pytest.mark.sim
+def test_sigkill_and_resume_records_every_key_once(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "robocasa_shift", "run", "--task", "Lift,Stack", "--condition", "clean,blur:L3",
+            "--episodes", "0-2", "--policy", "expert", "--workers", "2", "--no-progress", "--run-dir", str(run_dir)]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    records = run_dir / "records"
+    deadline = time.time() + 300
+    while time.time() < deadline and len(list(records.rglob("*.json"))) < 3:
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)  # the writer dies mid-study
+    proc.wait()
+    done_before = len(list(records.rglob("*.json")))
+    assert 3 <= done_before < 12
+    assert not list(records.rglob(".*.tmp"))  # no half-written record is visible
+    # the kernel released the lock with the process: the same command resumes
+    result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"{12 - done_before} rollouts run, {done_before} already recorded" in result.stdout
+    keys = [RolloutKey.from_record(json.loads(p.read_text())) for p in records.rglob("*.json")]
+    assert len(keys) == len(set(keys)) == 12
+    assert cli("audit", str(run_dir)).returncode == 0
+
+
+@pytest.mark.sim
+def test_retry_errors_supersedes_invalid_records_and_keeps_history(tmp_path):
+    run_dir = tmp_path / "run"
+    base = ["run", "--task", "Lift", "--condition", "clean,camera:L2", "--episodes", "0", "--policy", "expert",
+            "--workers", "1", "--no-progress", "--run-dir", str(run_dir)]
+    cli(*base)
+    path = run_dir / "records" / "formal" / "Lift" / "0000__camera-L2__r0.json"
+    rec = json.loads(path.read_text())
+    rec.update(valid=False, error="ConnectionError: policy server stopped answering", error_kind="policy_server")
+    path.write_text(json.dumps(rec))
+    assert cli("audit", str(run_dir), check=False).returncode == 1
+    assert "0 rollouts run, 2 already recorded" in cli(*base).stdout  # plain reruns keep invalid records
+    assert "1 rollouts run, 1 already recorded" in cli(*base, "--retry-errors").stdout
+    assert json.loads(path.read_text())["valid"] is True
+    (old,) = RunStore(run_dir).records("history")
+    assert old["error_kind"] == "policy_server"
+    assert cli("audit", str(run_dir)).returncode == 0
+
+
+@pytest.mark.sim
+@pytest.mark.slow
+def test_local_and_ray_executors_give_identical_records(tmp_path):
+    pytest.importorskip("ray")
+    args = ["run", "--task", "Lift", "--condition", "clean,camera:L3", "--episodes", "0-1", "--policy", "random",
+            "--workers", "2", "--no-progress"]
+    cli(*args, "--run-dir", str(tmp_path / "local"))
+    cli(*args, "--run-dir", str(tmp_path / "ray"), "--executor", "ray", timeout=900)
+    local, ray = records_of(tmp_path / "local"), records_of(tmp_path / "ray")
+    assert len(local) == 4 and local == ray
