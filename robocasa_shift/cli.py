@@ -451,6 +451,25 @@ def _fmt(value) -> str:
 
 
 @main.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--videos", "videos_per_kind", default=2, show_default=True,
+              help="Matched pairs to film per kind (S->F and F->S).")
+@click.option("--seed", "bootstrap_seed", default=0, show_default=True, help="Bootstrap seed (recorded).")
+@handle_errors
+def report(run_dir, videos_per_kind, bootstrap_seed):
+    """RUN_DIR/report/index.html: tables, figures and side-by-side videos of matched pairs.
+
+    Also refreshes RUN_DIR/analysis/ (summary.json, CSV tables) and the audit.
+    Videos re-run the selected pairs with frame capture; the page says whether
+    each re-run reproduced the recorded outcome and subgoal steps exactly.
+    """
+    from .report import build_report
+
+    page = build_report(run_dir, videos_per_kind=videos_per_kind, bootstrap_seed=bootstrap_seed)
+    click.echo(f"report -> {page}")
+
+
+@main.command()
 @handle_errors
 def freeze():
     """Freeze new versions of the perturbation specs (record their content hashes in spec.lock).

@@ -128,6 +128,7 @@ class Study:
             "backend": self.backend_name,
             "env_config": self.backend.config(),
             "policy": self.policy.identity(),
+            "policy_options": self.policy_options,
             "stage_spec_hashes": {t: self.stage_spec(t).content_hash for t in tasks},
             "versions": package_versions(self.backend.versions()),
             "render_profile": self.render_profile,
