@@ -5,17 +5,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 CLI := $(VENV)/bin/robocasa-shift
 BACKEND ?= robosuite
-POLICY ?= expert
+POLICY ?= reference
 TASKS ?= all
 CONDITIONS ?= all
 EPISODES ?= 0-19
 WORKERS ?= 2
 EXECUTOR ?= local
 RUN ?= runs/study
-# Debian packages for headless rendering: Mesa's EGL (the default) and OSMesa.
-APT_PACKAGES := libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6
+# Debian packages for headless rendering: Mesa's EGL (the default) and OSMesa;
+# Debian's chromium: the report tests open the HTML report in it, headless.
+APT_PACKAGES := libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6 chromium
 
-.PHONY: setup test test-fast demo run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate
+.PHONY: setup test test-fast demo run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate screen formal audit report
 
 setup: $(VENV)/.setup-done
 
@@ -28,7 +29,7 @@ $(VENV)/.setup-done: setup.cfg pyproject.toml
 	fi
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q -e ".[sim,test]"
+	$(PY) -m pip install -q -e ".[sim,policy,report,cluster,test]"
 	@# robosuite warns on every import until a private macro file exists. Ours only quiets the
 	@# console; the macros that change rollouts are recorded in every manifest (env_config.macros).
 	$(PY) -c "import importlib.util as u, os; d=os.path.dirname(u.find_spec('robosuite').origin); p=os.path.join(d,'macros_private.py'); os.path.exists(p) or open(p,'w').write('# robocasa-shift set-up: quieter console, no behaviour change\nCONSOLE_LOGGING_LEVEL = \"ERROR\"\n')"
@@ -40,13 +41,32 @@ test: setup
 test-fast: setup
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m "not sim"
 
-# The main job: a small, real paired study on the embedded default backend.
+# The main job: a small, real paired study on the embedded default backend, end to end:
+# screening, severity calibration, a reduced formal run, the integrity audit and the report.
+DEMO_RUN ?= runs/demo
+DEMO_EPISODES ?= 0-2
 demo: setup
-	$(CLI) run --task Lift,Stack --condition all --episodes 0-2 --policy $(POLICY) --run-dir runs/demo
-	$(CLI) export runs/demo --out runs/demo/records.csv
+	$(CLI) screen --policy $(POLICY) --run-dir $(DEMO_RUN)
+	$(CLI) calibrate --task suite --episodes 0 --run-dir $(DEMO_RUN)
+	$(CLI) formal --policy $(POLICY) --episodes $(DEMO_EPISODES) --run-dir $(DEMO_RUN)
+	$(CLI) audit $(DEMO_RUN)
+	$(CLI) report $(DEMO_RUN)
+	@echo "open $(DEMO_RUN)/report/index.html"
+
+screen: setup
+	$(CLI) screen --backend $(BACKEND) --policy $(POLICY) --workers $(WORKERS) --executor $(EXECUTOR) --run-dir $(RUN)
+
+formal: setup
+	$(CLI) formal --backend $(BACKEND) --policy $(POLICY) --episodes $(EPISODES) --workers $(WORKERS) --executor $(EXECUTOR) --run-dir $(RUN) $(if $(filter-out all,$(TASKS)),--task $(TASKS))
+
+audit: setup
+	$(CLI) audit $(RUN)
+
+report: setup
+	$(CLI) report $(RUN)
 
 run: setup
-	$(CLI) run --backend $(BACKEND) --task $(TASKS) --condition $(CONDITIONS) --episodes $(EPISODES) --policy $(POLICY) --run-dir $(RUN)
+	$(CLI) run --backend $(BACKEND) --task $(TASKS) --condition $(CONDITIONS) --episodes $(EPISODES) --policy $(POLICY) --workers $(WORKERS) --executor $(EXECUTOR) --run-dir $(RUN)
 
 export: setup
 	$(CLI) export $(RUN) --out $(RUN)/records.csv
@@ -69,4 +89,4 @@ validate-pairing: setup
 	$(CLI) validate-pairing --backend $(BACKEND) --task $(TASKS) --policy $(POLICY) --run-dir $(RUN)
 
 calibrate: setup
-	$(CLI) calibrate --backend $(BACKEND) --task $(TASKS) --run-dir $(RUN)
+	$(CLI) calibrate --backend $(BACKEND) --task $(if $(filter all,$(TASKS)),suite,$(TASKS)) --run-dir $(RUN)

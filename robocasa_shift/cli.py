@@ -18,7 +18,7 @@ import click
 from . import specs
 from .registry import UnknownNameError
 
-DEFAULT_POLICY = "expert"
+DEFAULT_POLICY = "reference"
 
 
 def _fail(message: str, code: int) -> None:
@@ -212,7 +212,14 @@ def calibrate(task_opts, backend, run_dir, episodes):
     from .calibration import calibrate as run_calibration
     from .study import parse_episodes
 
-    report = run_calibration(run_dir, _tasks_of(backend, task_opts), backend, parse_episodes(episodes))
+    tasks = _tasks_of(backend, task_opts)
+    if "suite" in task_opts:  # the tasks screening retained in this run directory
+        from .pipeline import formal_suite
+
+        tasks = formal_suite(run_dir) or []
+        if not tasks:
+            raise click.UsageError(f"--task suite: no tasks in {run_dir}/suite.json; run `screen` first")
+    report = run_calibration(run_dir, tasks, backend, parse_episodes(episodes))
     for warning in report["warnings"]:
         click.echo(f"warning: {warning}", err=True)
     _finish(report, "calibration", run_dir / "calibration" / "calibration.md")
@@ -470,6 +477,30 @@ def report(run_dir, videos_per_kind, bootstrap_seed):
 
 
 @main.command()
+@click.argument("run_a", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("run_b", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for compare.json/.md [default: RUN_A/compare-<name of RUN_B>].")
+@click.option("--seed", "bootstrap_seed", default=0, show_default=True, help="Bootstrap seed (recorded).")
+@handle_errors
+def compare(run_a, run_b, out_dir, bootstrap_seed):
+    """Two policies (or versions) on the same frozen suite, pair by pair (A - B).
+
+    Refused when the runs' spec hashes or study seeds differ. Per condition:
+    paired success and stage-depth differences with bootstrap CIs, and McNemar
+    on the discordant pairs (Holm-adjusted).
+    """
+    from .compare import write_comparison
+
+    out_dir = out_dir or run_a / f"compare-{run_b.name}"
+    result = write_comparison(run_a, run_b, out_dir, bootstrap_seed=bootstrap_seed)
+    for cond, v in result["conditions"].items():
+        click.echo(f"  {cond:<18} success {v['macro_success_diff']:+.3f}  depth {v['macro_depth_diff']:+.3f}  "
+                   f"p(Holm) {v['mcnemar_p_holm']:.3g}")
+    click.echo(f"-> {out_dir}/compare.md")
+
+
+@main.command()
 @handle_errors
 def freeze():
     """Freeze new versions of the perturbation specs (record their content hashes in spec.lock).
@@ -506,7 +537,7 @@ def train_reference(task_opts, data_dir, out_dir, workers, epochs, frames):
     manifest = train(_split(task_opts, list(PERCEPTION)), data_dir, out_dir or WEIGHTS_DIR, workers, config, frames)
     for key, net in manifest["nets"].items():
         click.echo(f"{key:<20} val error {net['val_mean_error_mm']} mm (predict-the-mean {net['predict_mean_error_mm']} mm)")
-    click.echo(f"weights sha256 {manifest['weights_sha256']}  ({manifest['timing_s']['total']:.0f} s)")
+    click.echo(f"weights sha256 {manifest['weights_sha256']}")
 
 
 @main.command(name="policies")

@@ -54,7 +54,7 @@ def test_bad_names_exit_2_with_the_valid_ones(tmp_path, args, message):
 def test_run_and_export_records_table(tmp_path):
     run_dir = tmp_path / "run"
     proc = cli("run", "--task", "Lift", "--condition", "clean,camera:L3", "--episodes", "0", "--run-dir", str(run_dir),
-               "--no-progress")
+               "--policy", "expert", "--workers", "1", "--no-progress")
     assert "2 rollouts run, 0 already recorded" in proc.stdout
     cli("export", str(run_dir), "--out", str(tmp_path / "records.csv"))
     table = pd.read_csv(tmp_path / "records.csv")
@@ -70,7 +70,7 @@ def test_run_and_export_records_table(tmp_path):
     cam = json.loads(table.loc[0, "perturbation_params"])["robot0_robotview"]
     assert 0 < (cam["yaw_deg"] ** 2 + cam["pitch_deg"] ** 2) ** 0.5 <= 10
     again = cli("run", "--task", "Lift", "--condition", "clean", "--episodes", "0-1", "--run-dir", str(run_dir),
-                "--no-progress")
+                "--policy", "expert", "--workers", "1", "--no-progress")
     assert "1 rollouts run, 1 already recorded" in again.stdout
 
 

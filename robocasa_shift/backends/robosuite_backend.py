@@ -242,6 +242,8 @@ class RobosuiteEnv:
         out["table_z"] = np.array([self.surface_z()])
         if self.spec.name == "PickPlaceCan":
             out["bin_pos"] = np.asarray(self.raw.target_bin_placements[self.raw.object_id], dtype=float)
+            # centre of the source bin at the can's height: where a searching policy looks first
+            out["source_bin_pos"] = np.array([self.raw.bin1_pos[0], self.raw.bin1_pos[1], out["can_pos"][2]])
         return out
 
     # ------------------------------------------------------------------ task geometry (predicates, expert)

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from ...seeding import derive_seed
 from ..base import Observation
-from ..scripted import ExpertPolicy, quat_xyzw_to_mat
+from ..scripted import OPEN, ExpertPolicy, arm_action, quat_xyzw_to_mat
 
 # Seed of all training data; a stream of its own, unrelated to any study seed.
 TRAINING_SEED = 1_000_003
@@ -35,6 +35,9 @@ class Perception:
     frames: int  # training frames to generate
     every: int = 3  # render every n control steps
     noise: float = 0.25  # std of the expert's action noise while generating data
+    # The policy first looks from this height above a search point (PickPlaceCan: the source bin);
+    # the data-generating expert does the same, so the wrist network sees those views.
+    search_hover: Optional[float] = None
 
 
 PERCEPTION: Dict[str, Perception] = {
@@ -42,7 +45,7 @@ PERCEPTION: Dict[str, Perception] = {
     "Stack": Perception(third_points=("cubeA", "cubeB"), wrist_points=("cubeA", "cubeB"), frames=6000),
     # robot0_robotview sits above the bins looking back at the robot: it never sees the can,
     # so this task is solved from a learned prior (the mean can position) and the wrist camera.
-    "PickPlaceCan": Perception(third_points=(), wrist_points=("can", "bin"), frames=6000),
+    "PickPlaceCan": Perception(third_points=(), wrist_points=("can", "bin"), frames=6000, search_hover=0.2),
 }
 
 
@@ -84,6 +87,7 @@ def generate(task: str, out: Path, frames: int | None = None, progress: bool = T
         env.reset(derive_seed(TRAINING_SEED, stream="reference-data", task=task, episode=episode))
         expert.reset(0)
         noise = np.random.default_rng(derive_seed(TRAINING_SEED, stream="reference-noise", task=task, episode=episode))
+        searching = perception.search_hover is not None
         for step in range(env.task.horizon):
             proprio, privileged = env.proprio(), env.privileged_state()
             if step % perception.every == 0:
@@ -97,8 +101,13 @@ def generate(task: str, out: Path, frames: int | None = None, progress: bool = T
                 bar.update(1)
                 if len(buf["episode"]) >= frames:
                     break
-            obs = Observation({}, {}, proprio, env.task.instruction, step, privileged)
-            action = expert.act(obs)[0]
+            if searching:
+                target = privileged["source_bin_pos"] + [0.0, 0.0, perception.search_hover]
+                searching = np.linalg.norm(target - proprio["robot0_eef_pos"]) > 0.02 and step < 60
+                action = arm_action(proprio, target, OPEN)
+            else:
+                obs = Observation({}, {}, proprio, env.task.instruction, step, privileged)
+                action = expert.act(obs)[0]
             action[:3] += noise.normal(0.0, perception.noise, 3)
             env.step(action)
             if env.is_success():

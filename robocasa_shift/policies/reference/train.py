@@ -165,12 +165,15 @@ def train_reference(
             if (PERCEPTION[t].third_points if cam == "third" else PERCEPTION[t].wrist_points)
         ]
         nets = list(pool.map(_train_job, jobs))
+    # Training a subset of the tasks keeps the other tasks' nets.
+    previous = json.loads((out_dir / MANIFEST).read_text()) if (out_dir / MANIFEST).exists() else {}
+    keep = lambda d: {k: v for k, v in d.items() if k.split("_")[0] not in tasks}  # noqa: E731
     manifest = {
         "image_size": NET_IMAGE_SIZE,
         "config": config.__dict__,
-        "tasks": {t: {"priors": priors(paths[t], t)} for t in tasks},
-        "nets": {f"{n['task']}_{n['camera']}": n for n in nets},
-        "timing_s": {"data": round(data_s, 1), "total": round(time.perf_counter() - t0, 1)},
+        "tasks": {**keep(previous.get("tasks", {})), **{t: {"priors": priors(paths[t], t)} for t in tasks}},
+        "nets": {**keep(previous.get("nets", {})), **{f"{n['task']}_{n['camera']}": n for n in nets}},
+        "timing_s": {**previous.get("timing_s", {}), **{t: {"data": round(data_s, 1), "total": round(time.perf_counter() - t0, 1)} for t in tasks}},
     }
     manifest["weights_sha256"] = canonical_hash({k: n["sha256"] for k, n in manifest["nets"].items()})
     with open(out_dir / MANIFEST, "w") as f:
