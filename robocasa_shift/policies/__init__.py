@@ -12,6 +12,7 @@ POLICIES.register("expert", "robocasa_shift.policies.scripted:ExpertPolicy")
 POLICIES.register("random", "robocasa_shift.policies.scripted:RandomPolicy")
 POLICIES.register("replay", "robocasa_shift.policies.replay:ReplayPolicy")
 POLICIES.register("reference", "robocasa_shift.policies.reference:ReferencePolicy")
+POLICIES.register("reference-blind", "robocasa_shift.policies.reference:BlindReferencePolicy")
 
 
 def make_policy(name: str, **options: Any) -> Policy:

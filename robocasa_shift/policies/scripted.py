@@ -30,6 +30,14 @@ def quat_xyzw_to_mat(q: np.ndarray) -> np.ndarray:
     )
 
 
+def closing_axis_yaw(eef_quat_xyzw: np.ndarray, frame: Optional[np.ndarray] = None) -> float:
+    """Heading of the fingers' closing axis (the hand's y axis), in the world or in ``frame``."""
+    axis = quat_xyzw_to_mat(eef_quat_xyzw)[:, 1]
+    if frame is not None:
+        axis = frame.T @ axis
+    return float(np.arctan2(axis[1], axis[0]))
+
+
 def yaw_of_wxyz(q: np.ndarray) -> float:
     w, x, y, z = q
     return float(np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z)))
@@ -89,7 +97,7 @@ class ExpertPolicy(Policy):
     def __init__(self):
         self._plans: Dict[str, List[Phase]] = {
             "Lift": self._pick("cube", lift_to=0.25, retreat=False),
-            "Stack": self._pick("cubeA", lift_to=0.15) + self._place_on_point(self._stack_target),
+            "Stack": self._pick("cubeA", lift_to=0.15, avoid="cubeB") + self._place_on_point(self._stack_target),
             "PickPlaceCan": self._pick("can", lift_to=0.30) + self._place_on_point(self._bin_target, high=0.32),
             "NutAssemblySquare": self._nut_plan(),
         }
@@ -104,7 +112,16 @@ class ExpertPolicy(Policy):
     # -------------------------------------------------------------- plans
 
     @staticmethod
-    def _pick(obj: str, lift_to: float, retreat: bool = True) -> List[Phase]:
+    def _pick(obj: str, lift_to: float, retreat: bool = True, avoid: Optional[str] = None) -> List[Phase]:
+        """Approach, descend, close, lift; with ``avoid``, the fingers close across the line to that
+        object, so they do not land on it when the two stand close together."""
+
+        def yaw(obs, memo) -> float:
+            if avoid is None:
+                return 0.0
+            d = obs.privileged[f"{avoid}_pos"] - obs.privileged[f"{obj}_pos"]
+            return YAW_GAIN * wrap(np.arctan2(d[1], d[0]) + np.pi / 2 - closing_axis_yaw(obs.proprio["robot0_eef_quat"]), np.pi)
+
         def above(obs, memo):
             return obs.privileged[f"{obj}_pos"] + [0, 0, 0.08]
 
@@ -121,8 +138,8 @@ class ExpertPolicy(Policy):
             return np.array([p[0], p[1], table + lift_to])
 
         return [
-            Phase("approach", above, OPEN, reached(0.01, 0.02)),
-            Phase("descend", at, OPEN, reached(0.006, 0.006, max_steps=40)),
+            Phase("approach", above, OPEN, reached(0.01, 0.02), yaw=yaw),
+            Phase("descend", at, OPEN, reached(0.006, 0.006, max_steps=40), yaw=yaw),
             Phase("close", hold, CLOSE, after(10)),
             Phase("lift", up, CLOSE, reached(0.02, 0.02, max_steps=60) if retreat else after(10**6)),
         ]
@@ -168,18 +185,13 @@ class ExpertPolicy(Policy):
         ]
 
     def _nut_plan(self) -> List[Phase]:
-        def gripper_yaw(obs) -> float:
-            # angle of the fingers' closing axis (the hand's y axis) in the world
-            r = quat_xyzw_to_mat(obs.proprio["robot0_eef_quat"])
-            return float(np.arctan2(r[1, 1], r[0, 1]))
-
         def handle_dir(obs) -> float:
             d = obs.privileged["nut_handle_pos"] - obs.privileged["nut_pos"]
             return float(np.arctan2(d[1], d[0]))
 
         def align_to_handle(obs, memo) -> float:
             # fingers close across the handle: closing axis perpendicular to the handle
-            return YAW_GAIN * wrap(handle_dir(obs) + np.pi / 2 - gripper_yaw(obs), np.pi)
+            return YAW_GAIN * wrap(handle_dir(obs) + np.pi / 2 - closing_axis_yaw(obs.proprio["robot0_eef_quat"]), np.pi)
 
         def above_handle(obs, memo):
             return obs.privileged["nut_handle_pos"] + [0, 0, 0.08]

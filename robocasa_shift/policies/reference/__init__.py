@@ -1,5 +1,5 @@
 """The reference policy: learned perception (torch, CPU) and scripted control."""
 
-from .policy import ReferencePolicy, WeightsMissing
+from .policy import BlindReferencePolicy, ReferencePolicy, WeightsMissing
 
-__all__ = ["ReferencePolicy", "WeightsMissing"]
+__all__ = ["BlindReferencePolicy", "ReferencePolicy", "WeightsMissing"]

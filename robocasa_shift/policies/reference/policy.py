@@ -25,6 +25,7 @@ import numpy as np
 
 from ...seeding import rng_state_hash
 from ..base import Observation, Policy
+from ..scripted import YAW_GAIN, closing_axis_yaw, quat_xyzw_to_mat, wrap
 from .data import NET_IMAGE_SIZE, PERCEPTION, resize
 from .train import MANIFEST, WEIGHTS_DIR
 
@@ -138,6 +139,9 @@ class ReferencePolicy(Policy):
             raise ValueError(f"the reference policy was not trained for {obs.instruction!r}; known: {sorted(INSTRUCTIONS.values())}")
         self._perceive(task, obs)
         eef = np.asarray(obs.proprio["robot0_base_to_eef_pos"], dtype=float)
+        # heading of the fingers' closing axis in the base frame (the frame the arm is commanded in)
+        self._closing_yaw = closing_axis_yaw(obs.proprio["robot0_eef_quat"], quat_xyzw_to_mat(obs.proprio["robot0_base_quat"]))
+        self._yaw_rate = 0.0
         target, grip = getattr(self, f"_plan_{task}")(eef)
         self._steps_in_phase += self.chunk
         return self._chunk(eef, target, grip)
@@ -145,6 +149,7 @@ class ReferencePolicy(Policy):
     def _chunk(self, eef: np.ndarray, target: np.ndarray, grip: float) -> np.ndarray:
         actions = np.zeros((self.chunk, 12))
         actions[:, :3] = np.clip(self.gain * (target - eef), -1.0, 1.0)
+        actions[:, 5] = np.clip(self._yaw_rate, -1.0, 1.0)
         noise = self._torch.randn((self.chunk, 3), generator=self.generator, dtype=self._torch.float64).numpy()
         actions[:, :3] = np.clip(actions[:, :3] + self.action_noise * noise, -1.0, 1.0)
         actions[:, GRIPPER] = grip
@@ -162,9 +167,16 @@ class ReferencePolicy(Policy):
     def _third(self, point: str) -> np.ndarray:
         return self._estimates[f"third.{point}"]
 
-    def _grasp(self, eef: np.ndarray, coarse: np.ndarray, point: str, hover: float, first_phase: int = 0):
-        """Phases first_phase..+3: coarse approach, wrist alignment, descent, close. Returns (target, grip) or None."""
-        p = self._phase - first_phase
+    def _grasp(self, eef: np.ndarray, coarse: np.ndarray, point: str, hover: float, avoid: Optional[np.ndarray] = None):
+        """Phases 0-3: coarse approach, wrist alignment, descent, close. Returns (target, grip) or None.
+
+        With ``avoid`` (another object's estimated position), the fingers turn to close across
+        the line to it, so they do not land on it when the two stand close together.
+        """
+        p = self._phase
+        if avoid is not None and p <= 2:
+            d = avoid - coarse
+            self._yaw_rate = YAW_GAIN * wrap(np.arctan2(d[1], d[0]) + np.pi / 2 - self._closing_yaw, np.pi)
         if p == 0:  # coarse: the third-person estimate (or a prior) gets the wrist camera over the object
             target = coarse + [0.0, 0.0, hover]
             err = target - eef
@@ -193,7 +205,7 @@ class ReferencePolicy(Policy):
         return self._memo["grasp_at"] + [0.0, 0.0, 0.2], CLOSE
 
     def _plan_Stack(self, eef):
-        step = self._grasp(eef, self._third("cubeA"), "cubeA", hover=0.06)
+        step = self._grasp(eef, self._third("cubeA"), "cubeA", hover=0.06, avoid=self._third("cubeB"))
         if step is not None:
             return step
         p = self._phase - 4
@@ -249,3 +261,12 @@ class ReferencePolicy(Policy):
             self._advance(self._steps_in_phase >= 8)
             return self._memo["release_at"], OPEN
         return self._memo["release_at"] + [0.0, 0.0, 0.12], OPEN
+
+
+class BlindReferencePolicy(ReferencePolicy):
+    """The reference policy fed blank images: how far scripted control and priors get without perception."""
+
+    name = "reference-blind"
+
+    def __init__(self, **options):
+        super().__init__(**{**options, "blind": True})
