@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from .geometry import axis_angle_quat, quat_mul, quat_to_mat
 from .registry import Registry
 
 FACTOR_KINDS: Registry[type] = Registry("factor kind", "robocasa_shift.factors")
@@ -30,39 +31,6 @@ READBACK_ATOL = 1e-9
 
 class PerturbationError(RuntimeError):
     """A perturbation could not be applied as specified (e.g. no valid base draw)."""
-
-
-# --------------------------------------------------------------------------- quaternions (w, x, y, z)
-
-
-def quat_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    aw, ax, ay, az = a
-    bw, bx, by, bz = b
-    return np.array(
-        [
-            aw * bw - ax * bx - ay * by - az * bz,
-            aw * bx + ax * bw + ay * bz - az * by,
-            aw * by - ax * bz + ay * bw + az * bx,
-            aw * bz + ax * by - ay * bx + az * bw,
-        ]
-    )
-
-
-def axis_angle_quat(axis: Sequence[float], angle_rad: float) -> np.ndarray:
-    axis = np.asarray(axis, dtype=float)
-    axis = axis / np.linalg.norm(axis)
-    return np.concatenate([[np.cos(angle_rad / 2)], np.sin(angle_rad / 2) * axis])
-
-
-def quat_to_mat(q: np.ndarray) -> np.ndarray:
-    w, x, y, z = np.asarray(q, dtype=float) / np.linalg.norm(q)
-    return np.array(
-        [
-            [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
-            [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
-            [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
-        ]
-    )
 
 
 def rotate_in_place(quat: np.ndarray, vertical: np.ndarray, yaw_deg: float, pitch_deg: float) -> np.ndarray:

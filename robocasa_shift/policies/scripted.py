@@ -7,6 +7,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from ..geometry import quat_xyzw_to_mat, wrap
 from .base import NumpySeededPolicy, Observation, Policy
 
 # PandaOmron's 12-D action: arm OSC deltas in the base frame (0:3 position,
@@ -17,17 +18,6 @@ ACTION_DIM = 12
 OPEN, CLOSE = -1.0, 1.0
 POS_GAIN = 10.0  # action 1.0 asks 5 cm per step; this saturates at 10 cm of error
 YAW_GAIN = 3.0
-
-
-def quat_xyzw_to_mat(q: np.ndarray) -> np.ndarray:
-    x, y, z, w = np.asarray(q, dtype=float) / np.linalg.norm(q)
-    return np.array(
-        [
-            [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
-            [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
-            [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
-        ]
-    )
 
 
 def closing_axis_yaw(eef_quat_xyzw: np.ndarray, frame: Optional[np.ndarray] = None) -> float:
@@ -41,11 +31,6 @@ def closing_axis_yaw(eef_quat_xyzw: np.ndarray, frame: Optional[np.ndarray] = No
 def yaw_of_wxyz(q: np.ndarray) -> float:
     w, x, y, z = q
     return float(np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z)))
-
-
-def wrap(angle: float, period: float = 2 * np.pi) -> float:
-    """Angle wrapped into [-period/2, period/2)."""
-    return float((angle + period / 2) % period - period / 2)
 
 
 def arm_action(proprio: Dict[str, np.ndarray], target_world: np.ndarray, grip: float, yaw_rate: float = 0.0) -> np.ndarray:

@@ -18,7 +18,8 @@ import numpy as np
 
 from ...seeding import derive_seed
 from ..base import Observation
-from ..scripted import OPEN, ExpertPolicy, arm_action, quat_xyzw_to_mat
+from ...geometry import quat_xyzw_to_mat
+from ..scripted import OPEN, ExpertPolicy, arm_action
 
 # Seed of all training data; a stream of its own, unrelated to any study seed.
 TRAINING_SEED = 1_000_003

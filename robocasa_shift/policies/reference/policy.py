@@ -25,7 +25,8 @@ import numpy as np
 
 from ...seeding import rng_state_hash
 from ..base import Observation, Policy
-from ..scripted import YAW_GAIN, closing_axis_yaw, quat_xyzw_to_mat, wrap
+from ...geometry import quat_xyzw_to_mat, wrap
+from ..scripted import YAW_GAIN, closing_axis_yaw
 from .data import NET_IMAGE_SIZE, PERCEPTION, resize
 from .train import MANIFEST, WEIGHTS_DIR
 
