@@ -47,6 +47,9 @@ PERCEPTION: Dict[str, Perception] = {
     # robot0_robotview sits above the bins looking back at the robot: it never sees the can,
     # so this task is solved from a learned prior (the mean can position) and the wrist camera.
     "PickPlaceCan": Perception(third_points=(), wrist_points=("can", "bin"), frames=6000, search_hover=0.2),
+    # the handle's direction from the nut's centre gives the nut's yaw
+    "NutAssemblySquare": Perception(third_points=("nut", "nut_handle", "peg"), wrist_points=("nut", "nut_handle", "peg"),
+                                    frames=6000),
 }
 
 

@@ -36,6 +36,7 @@ INSTRUCTIONS = {
     "lift the red cube": "Lift",
     "stack the red cube on the green cube": "Stack",
     "pick the can and place it in its bin": "PickPlaceCan",
+    "put the square nut on the square peg": "NutAssemblySquare",
 }
 # Approximate object sizes a VLA would know from experience (metres).
 CUBE_A_HALF, CUBE_B_HALF = 0.021, 0.025
@@ -168,16 +169,22 @@ class ReferencePolicy(Policy):
     def _third(self, point: str) -> np.ndarray:
         return self._estimates[f"third.{point}"]
 
-    def _grasp(self, eef: np.ndarray, coarse: np.ndarray, point: str, hover: float, avoid: Optional[np.ndarray] = None):
+    def _turn_fingers(self, heading: float) -> None:
+        """Turn the gripper so its fingers close along ``heading`` (base frame; the gripper is symmetric)."""
+        self._yaw_rate = YAW_GAIN * wrap(heading - self._closing_yaw, np.pi)
+
+    def _grasp(self, eef: np.ndarray, coarse: np.ndarray, point: str, hover: float, avoid: Optional[np.ndarray] = None,
+               across: Optional[np.ndarray] = None):
         """Phases 0-3: coarse approach, wrist alignment, descent, close. Returns (target, grip) or None.
 
         With ``avoid`` (another object's estimated position), the fingers turn to close across
-        the line to it, so they do not land on it when the two stand close together.
+        the line to it, so they do not land on it when the two stand close together; with
+        ``across`` (a direction), they close across that direction (a handle).
         """
         p = self._phase
-        if avoid is not None and p <= 2:
-            d = avoid - coarse
-            self._yaw_rate = YAW_GAIN * wrap(np.arctan2(d[1], d[0]) + np.pi / 2 - self._closing_yaw, np.pi)
+        if p <= 2 and (avoid is not None or across is not None):
+            d = across if across is not None else avoid - coarse
+            self._turn_fingers(np.arctan2(d[1], d[0]) + np.pi / 2)
         if p == 0:  # coarse: the third-person estimate (or a prior) gets the wrist camera over the object
             target = coarse + [0.0, 0.0, hover]
             err = target - eef
@@ -256,6 +263,39 @@ class ReferencePolicy(Policy):
         if p == 2:
             target = bin_target + [0.0, 0.0, 0.12]
             self._advance(abs(target[2] - eef[2]) < 0.02 or self._steps_in_phase > 60)
+            return target, CLOSE
+        if p == 3:
+            self._memo.setdefault("release_at", eef.copy())
+            self._advance(self._steps_in_phase >= 8)
+            return self._memo["release_at"], OPEN
+        return self._memo["release_at"] + [0.0, 0.0, 0.12], OPEN
+
+    def _plan_NutAssemblySquare(self, eef):
+        handle_dir = self._third("nut_handle") - self._third("nut")
+        if self._phase == 1:  # closer: the wrist view of the handle is sharper
+            handle_dir = self._wrist("nut_handle") - self._wrist("nut")
+        step = self._grasp(eef, self._third("nut_handle"), "nut_handle", hover=0.06, across=handle_dir)
+        if step is not None:
+            return step
+        p = self._phase - 4
+        held = self._wrist("nut")  # the nut's centre relative to the gripper while held
+        heading = np.arctan2(*(self._wrist("nut_handle") - held)[1::-1])
+        # the square hole fits the peg when the nut's yaw (its handle's heading) is a multiple of 90 degrees
+        self._yaw_rate = -YAW_GAIN * wrap(heading, np.pi / 2) if p in (1, 2) else 0.0
+        peg = self._third("peg")
+        if p == 0:
+            target = self._memo["grasp_at"] + [0.0, 0.0, 0.15]
+            self._advance(abs(target[2] - eef[2]) < 0.02 or self._steps_in_phase > 40)
+            return target, CLOSE
+        if p == 1:  # carry the nut's centre over the peg, squaring it up
+            target = peg - held + [0.0, 0.0, 0.15]
+            err = target - eef
+            square = abs(wrap(heading, np.pi / 2)) < np.deg2rad(3)
+            self._advance(bool(np.linalg.norm(err[:2]) < 0.01 and square) or self._steps_in_phase > 120)
+            return target, CLOSE
+        if p == 2:  # lower it onto the peg
+            target = peg - held + [0.0, 0.0, -0.01]
+            self._advance(abs(target[2] - eef[2]) < 0.01 or self._steps_in_phase > 60)
             return target, CLOSE
         if p == 3:
             self._memo.setdefault("release_at", eef.copy())
