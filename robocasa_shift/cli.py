@@ -206,6 +206,8 @@ def validate_pairing_cmd(task_opts, backend, run_dir, policy, steps):
 def calibrate(task_opts, backend, run_dir, episodes):
     """Model-free severity audit: 3 episodes x 13 conditions per task, no policy; exit 1 on a failed check.
 
+    --task suite takes the tasks that screening retained in RUN_DIR.
+
     Writes RUN_DIR/calibration/ (records.csv, calibration.json, calibration.md and
     a contact sheet per task: rows = conditions, columns = episodes and cameras).
     """
