@@ -13,6 +13,7 @@ POLICIES.register("random", "robocasa_shift.policies.scripted:RandomPolicy")
 POLICIES.register("replay", "robocasa_shift.policies.replay:ReplayPolicy")
 POLICIES.register("reference", "robocasa_shift.policies.reference:ReferencePolicy")
 POLICIES.register("reference-blind", "robocasa_shift.policies.reference:BlindReferencePolicy")
+POLICIES.register("gr00t", "robocasa_shift.policies.gr00t:Gr00tPolicy")
 
 
 def make_policy(name: str, **options: Any) -> Policy:

@@ -281,7 +281,9 @@ class Gr00tClient:
         self.session = session or uuid.uuid4().hex
         self.sockets_created = 0
         self._seq = 0
-        self._context = zmq.Context()
+        # the process-wide context: a private one would block in term() if it were garbage-collected
+        # while a socket of it is still open
+        self._context = zmq.Context.instance()
         self._socket = None
         self._connect()
 
@@ -328,7 +330,7 @@ class Gr00tClient:
         else:
             raise PolicyServerTimeout(
                 f"no reply from the GR00T policy server at {self.endpoint} to '{endpoint}' within "
-                f"{self.timeout_s:g} s ({tries} tries). Check that a server is running there "
+                f"{self.timeout_s:g} s ({tries} {'try' if tries == 1 else 'tries'}). Check that a server is running there "
                 f"(`python -m robocasa_shift.policies.gr00t serve --port {self.port} ...` or GR00T's "
                 f"scripts/inference_service.py --server), that host and port are reachable from this machine "
                 f"(firewall, SSH tunnel), that both sides use the '{self.serializer.name}' serializer, and that "
@@ -377,7 +379,6 @@ class Gr00tClient:
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None
-        self._context.term()
 
 
 # =========================================================================== mapping
@@ -900,6 +901,9 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
             print(json.dumps(_canonical(client.call("ping", requires_input=False))))
             config = client.get_modality_config()
             print(json.dumps({"modality_config_sha256": content_hash(config), "model": _canonical(config.get("model"))}))
+        except PolicyServerError as exc:
+            print(exc, file=sys.stderr)
+            return 2
         finally:
             client.close()
         return 0
