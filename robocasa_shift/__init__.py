@@ -1,12 +1,44 @@
 """robocasa-shift: paired, stage-aware robustness evaluation of robot manipulation policies.
 
-The API the CLI calls; heavy modules (simulators, torch) load only when used.
+The Python API the CLI calls, so a notebook can drive a study too::
+
+    import robocasa_shift as rs
+    rs.run_study("runs/x", ["Lift"], ["clean", "camera:L2"], range(5), policy="reference")
+    summary = rs.analyze(rs.records_frame("runs/x"))
+
+Simulator, torch and plotting imports happen only when a function needs them.
 """
+
+from importlib import import_module
 
 __version__ = "0.1.0"
 
-from .analysis import analyze, write_analysis  # noqa: E402
-from .specs import load_protocol, load_stage_spec  # noqa: E402
-from .study import parse_episodes, plan_keys, run  # noqa: E402
+_API = {
+    "load_protocol": "robocasa_shift.specs:load_protocol",
+    "load_stage_spec": "robocasa_shift.specs:load_stage_spec",
+    "parse_episodes": "robocasa_shift.study:parse_episodes",
+    "plan_keys": "robocasa_shift.study:plan_keys",
+    "run_study": "robocasa_shift.study:run",
+    "Execution": "robocasa_shift.study:Execution",
+    "screen": "robocasa_shift.pipeline:screen",
+    "merge": "robocasa_shift.pipeline:merge",
+    "calibrate": "robocasa_shift.calibration:calibrate",
+    "validate_stages": "robocasa_shift.validation:validate_stages",
+    "validate_pairing": "robocasa_shift.validation:validate_pairing",
+    "records_frame": "robocasa_shift.export:records_frame",
+    "analyze": "robocasa_shift.analysis:analyze",
+    "write_analysis": "robocasa_shift.analysis:write_analysis",
+    "audit_run": "robocasa_shift.audit:audit_run",
+    "compare_runs": "robocasa_shift.compare:compare_runs",
+    "build_report": "robocasa_shift.report:build_report",
+}
 
-__all__ = ["__version__", "analyze", "write_analysis", "load_protocol", "load_stage_spec", "parse_episodes", "plan_keys", "run"]
+
+def __getattr__(name: str):
+    if name not in _API:
+        raise AttributeError(f"module 'robocasa_shift' has no attribute '{name}'")
+    module, attr = _API[name].split(":")
+    return getattr(import_module(module), attr)
+
+
+__all__ = ["__version__", *_API]

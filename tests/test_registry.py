@@ -46,3 +46,15 @@ def test_builtin_registries_know_their_names():
     assert "robosuite" in BACKENDS.names()
     assert {"expert", "random"} <= set(POLICIES.names())
     assert FACTOR_KINDS.names() == ["base_offset", "camera_rotation", "gaussian_blur", "light_scale"]
+
+
+def test_package_api_is_lazy_and_complete():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, robocasa_shift as rs; "
+        "assert callable(rs.run_study) and callable(rs.analyze) and callable(rs.build_report); "
+        "assert not {'mujoco', 'robosuite', 'torch'} & set(sys.modules), sorted(sys.modules)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
