@@ -163,6 +163,14 @@ class ReferencePolicy(Policy):
             self._phase += 1
             self._steps_in_phase = 0
 
+    def _release(self, eef: np.ndarray, first: bool, rise: float):
+        """The last two phases: open the gripper where it is (8 steps), then rise ``rise`` metres."""
+        if first:
+            self._memo.setdefault("release_at", eef.copy())
+            self._advance(self._steps_in_phase >= 8)
+            return self._memo["release_at"], OPEN
+        return self._memo["release_at"] + [0.0, 0.0, rise], OPEN
+
     def _wrist(self, point: str) -> np.ndarray:
         return self._estimates[f"wrist.{point}"]
 
@@ -238,11 +246,7 @@ class ReferencePolicy(Policy):
             target = eef + np.array([rel[0], rel[1], rel[2] + stack_z])
             self._advance(bool(abs(rel[2] + stack_z) < 0.006) or self._steps_in_phase > 40)
             return target, CLOSE
-        if p == 4:  # let go
-            self._memo.setdefault("release_at", eef.copy())
-            self._advance(self._steps_in_phase >= 8)
-            return self._memo["release_at"], OPEN
-        return self._memo["release_at"] + [0.0, 0.0, 0.1], OPEN
+        return self._release(eef, first=p == 4, rise=0.1)
 
     def _plan_PickPlaceCan(self, eef):
         priors = self.manifest["tasks"]["PickPlaceCan"]["priors"]
@@ -264,11 +268,7 @@ class ReferencePolicy(Policy):
             target = bin_target + [0.0, 0.0, 0.12]
             self._advance(abs(target[2] - eef[2]) < 0.02 or self._steps_in_phase > 60)
             return target, CLOSE
-        if p == 3:
-            self._memo.setdefault("release_at", eef.copy())
-            self._advance(self._steps_in_phase >= 8)
-            return self._memo["release_at"], OPEN
-        return self._memo["release_at"] + [0.0, 0.0, 0.12], OPEN
+        return self._release(eef, first=p == 3, rise=0.12)
 
     def _plan_NutAssemblySquare(self, eef):
         handle_dir = self._third("nut_handle") - self._third("nut")
@@ -297,11 +297,7 @@ class ReferencePolicy(Policy):
             target = peg - held + [0.0, 0.0, -0.01]
             self._advance(abs(target[2] - eef[2]) < 0.01 or self._steps_in_phase > 60)
             return target, CLOSE
-        if p == 3:
-            self._memo.setdefault("release_at", eef.copy())
-            self._advance(self._steps_in_phase >= 8)
-            return self._memo["release_at"], OPEN
-        return self._memo["release_at"] + [0.0, 0.0, 0.12], OPEN
+        return self._release(eef, first=p == 3, rise=0.12)
 
 
 class BlindReferencePolicy(ReferencePolicy):
