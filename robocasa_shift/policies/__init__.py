@@ -14,6 +14,7 @@ POLICIES.register("replay", "robocasa_shift.policies.replay:ReplayPolicy")
 POLICIES.register("reference", "robocasa_shift.policies.reference:ReferencePolicy")
 POLICIES.register("reference-blind", "robocasa_shift.policies.reference:BlindReferencePolicy")
 POLICIES.register("gr00t", "robocasa_shift.policies.gr00t:Gr00tPolicy")
+POLICIES.register("openpi", "robocasa_shift.policies.openpi:OpenpiPolicy")
 
 
 def make_policy(name: str, **options: Any) -> Policy:

@@ -1,0 +1,482 @@
+"""The ``openpi`` policy: a client of an openpi websocket policy server (pi0, pi0-FAST, pi0.5).
+
+Protocol (``openpi/serving/websocket_policy_server.py``; client: ``openpi-client``
+0.1.2 on PyPI). One websocket connection per client; frames are binary msgpack
+with numpy arrays encoded by ``openpi_client.msgpack_numpy`` as
+``{b"__ndarray__": True, b"data": raw bytes, b"dtype": dtype.str, b"shape": shape}``.
+On connect the server sends its metadata (a dict, e.g. the checkpoint's
+``policy_metadata``); then each observation dict sent is answered with a dict
+holding ``"actions"`` of shape (T, D) (plus ``server_timing``). A failure is
+answered with a text frame (the server's traceback), after which the server
+closes the connection. There is no reset, seed or health message over the
+socket (``GET /healthz`` over HTTP only).
+
+Observation mapping (LIBERO-style keys, as openpi's examples; all configurable):
+
+- ``observation/image``: the third-person camera, uint8 (H, W, 3), top row
+  first (the embedded backend's ``robot0_robotview``; RoboCasa's
+  ``robot0_agentview_left``). ``observation/wrist_image``: ``robot0_eye_in_hand``.
+  Cameras not in ``camera_map`` are sent as ``observation/<camera>``.
+- ``observation/state``: float32, proprio concatenated in the order of
+  RoboCasa's LeRobot datasets (``observation.state``, 16-D): base position (3),
+  base quaternion (4), end effector position (3) and quaternion (4) relative
+  to the base, gripper joints (2); quaternions x, y, z, w.
+- ``prompt``: the task instruction.
+
+Actions: ``"actions"`` (T, D) -> the 12-D PandaOmron action through a flat
+layout (``ACTION_LAYOUTS``). The default, ``robocasa-lerobot``, is the order of
+RoboCasa's LeRobot datasets and LeRobot's RoboCasa env: base motion (4: x, y,
+yaw, torso), control mode (1), end effector position (3), rotation (3),
+gripper (1); gripper and mode are binarised at 0.5 as RoboCasa's gym wrapper
+does. The first ``n_action_steps`` of each chunk run before the next
+observation (openpi's LIBERO example replans every 5 steps).
+
+Pairing. openpi's server takes no seed: a JAX policy splits one key kept by
+the server process (so actions depend on every request it served, from any
+client), a PyTorch policy draws from torch's global RNG. Such a server is
+recorded as ``"unseeded-server"`` with one warning. Optional convention for
+servers that can do better (robocasa-shift's, not openpi's): metadata
+``{"seeded_reset": true}`` advertises it; the client then sends
+``{"__reset__": {"seed": int}}`` at the start of each rollout, the server seeds
+a generator owned by that connection and answers ``{"rng_fingerprint": str}``
+(a hash of the generator's state), which is recorded. A plain server is never
+sent this message.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .base import Observation, Policy
+from .gr00t import ACTION_DIM, ActionFormatError, PolicyServerError, PolicyServerTimeout, _canonical, content_hash
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 8000
+UNSEEDED = "unseeded-server"
+NOT_RESET = "not-reset"
+SEEDED_RESET_KEY = "seeded_reset"  # in the server's metadata
+RESET_MESSAGE_KEY = "__reset__"  # the client's reset message: {"__reset__": {"seed": int}}
+
+# Harness camera -> openpi observation key(s). Unlisted cameras map to "observation/<camera>".
+DEFAULT_CAMERA_MAP: Dict[str, Tuple[str, ...]] = {
+    "robot0_robotview": ("observation/image",),  # embedded backend
+    "robot0_agentview_left": ("observation/image",),  # RoboCasa
+    "robot0_eye_in_hand": ("observation/wrist_image",),
+}
+# (proprio key, dimension) in the order of RoboCasa's LeRobot ``observation.state`` (16-D).
+ROBOCASA_STATE: Tuple[Tuple[str, int], ...] = (
+    ("robot0_base_pos", 3),
+    ("robot0_base_quat", 4),
+    ("robot0_base_to_eef_pos", 3),
+    ("robot0_base_to_eef_quat", 4),
+    ("robot0_gripper_qpos", 2),
+)
+
+
+@dataclass(frozen=True)
+class FlatSlot:
+    """Where some columns of a flat model action go in the 12-D PandaOmron action."""
+
+    name: str
+    columns: Tuple[int, ...]  # model action columns
+    targets: Tuple[int, ...]  # PandaOmron action index of each column
+    binary: bool = False  # < 0.5 -> -1, else +1 (RoboCasa's gym wrapper)
+
+
+# PandaOmron: arm position 0:3, arm axis-angle 3:6, torso 6, base velocity 7:10, gripper 10, mode 11.
+ACTION_LAYOUTS: Dict[str, Tuple[FlatSlot, ...]] = {
+    # RoboCasa's LeRobot datasets (PandaOmron_modality.json) and LeRobot's RoboCasa env
+    "robocasa-lerobot": (
+        FlatSlot("base_motion", (0, 1, 2, 3), (7, 8, 9, 6)),
+        FlatSlot("control_mode", (4,), (11,), binary=True),
+        FlatSlot("end_effector_position", (5, 6, 7), (0, 1, 2)),
+        FlatSlot("end_effector_rotation", (8, 9, 10), (3, 4, 5)),
+        FlatSlot("gripper_close", (11,), (10,), binary=True),
+    ),
+    # RoboCasa's HDF5 datasets and robocasa.utils.env_utils.convert_action
+    "robocasa-hdf5": (
+        FlatSlot("end_effector_position", (0, 1, 2), (0, 1, 2)),
+        FlatSlot("end_effector_rotation", (3, 4, 5), (3, 4, 5)),
+        FlatSlot("gripper_close", (6,), (10,), binary=True),
+        FlatSlot("base_motion", (7, 8, 9, 10), (7, 8, 9, 6)),
+        FlatSlot("control_mode", (11,), (11,), binary=True),
+    ),
+    # the environment's own action, unchanged
+    "panda-omron": (FlatSlot("action", tuple(range(ACTION_DIM)), tuple(range(ACTION_DIM))),),
+}
+
+LayoutLike = Union[str, Sequence[Union[FlatSlot, Mapping[str, Any]]]]
+
+
+def resolve_layout(layout: LayoutLike) -> Tuple[FlatSlot, ...]:
+    """A layout by name, or from slots (dicts with name, columns, targets, binary; or their JSON).
+
+    Raises:
+        ValueError: the slots do not fill each of the 12 action indices exactly once.
+    """
+    if isinstance(layout, str) and not layout.lstrip().startswith("["):
+        if layout not in ACTION_LAYOUTS:
+            from ..registry import UnknownNameError
+
+            raise UnknownNameError("action layout", layout, sorted(ACTION_LAYOUTS))
+        return ACTION_LAYOUTS[layout]
+    if isinstance(layout, str):
+        layout = json.loads(layout)
+    slots = tuple(s if isinstance(s, FlatSlot) else FlatSlot(str(s["name"]), tuple(s["columns"]), tuple(s["targets"]),
+                                                             bool(s.get("binary", False))) for s in layout)
+    targets = sorted(t for s in slots for t in s.targets)
+    if targets != list(range(ACTION_DIM)) or any(len(s.columns) != len(s.targets) for s in slots):
+        raise ValueError(f"an action layout must map one column to each of the {ACTION_DIM} PandaOmron action "
+                         f"indices exactly once; got targets {targets}")
+    return slots
+
+
+def layout_name(slots: Sequence[FlatSlot]) -> Optional[str]:
+    return next((name for name, known in ACTION_LAYOUTS.items() if tuple(slots) == known), None)
+
+
+def flat_to_actions(chunk: Any, layout: Sequence[FlatSlot], n_action_steps: Optional[int] = None,
+                    source: str = "actions") -> np.ndarray:
+    """The (steps, 12) PandaOmron chunk of a flat (T, D) model action chunk.
+
+    Raises:
+        ActionFormatError: wrong shape, too few steps or non-finite values.
+    """
+    width = 1 + max(c for s in layout for c in s.columns)
+    value = np.asarray(chunk, dtype=np.float64)
+    if value.ndim == 1:
+        value = value[None]
+    if value.ndim != 2 or value.shape[1] != width or len(value) == 0:
+        raise ActionFormatError(
+            f"'{source}' has shape {tuple(np.shape(chunk))}, expected (T, {width}) for this action layout; "
+            "check the server's output transform (openpi's *Outputs slice the model's padded actions to the "
+            "dataset's action dimension) or choose another action_layout"
+        )
+    if not np.all(np.isfinite(value)):
+        raise ActionFormatError(f"'{source}' has non-finite values")
+    steps = len(value)
+    if n_action_steps is not None:
+        if n_action_steps > steps:
+            raise ActionFormatError(f"n_action_steps={n_action_steps} exceeds the chunk of {steps} steps in '{source}'")
+        steps = n_action_steps
+    actions = np.zeros((steps, ACTION_DIM))
+    for slot in layout:
+        part = value[:steps, list(slot.columns)]
+        actions[:, list(slot.targets)] = np.where(part < 0.5, -1.0, 1.0) if slot.binary else part
+    return actions
+
+
+def proprio_vector(obs: Observation, layout: Sequence[Tuple[str, int]], dtype=np.float32) -> np.ndarray:
+    """The proprio keys of ``layout`` concatenated; a missing key or a wrong size raises naming it."""
+    parts = []
+    for key, dim in layout:
+        if key not in obs.proprio:
+            raise KeyError(f"the state needs proprio '{key}', which the backend does not provide; "
+                           f"it provides: {', '.join(sorted(obs.proprio))}")
+        value = np.asarray(obs.proprio[key], dtype=np.float64).reshape(-1)
+        if value.shape != (dim,):
+            raise ValueError(f"proprio '{key}' has {value.size} values, expected {dim}")
+        parts.append(value)
+    return np.concatenate(parts).astype(dtype)
+
+
+def checked_image(camera: str, image: Any) -> np.ndarray:
+    image = np.asarray(image)
+    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"camera {camera!r}: expected a uint8 (H, W, 3) image, got {image.dtype} {image.shape}")
+    return np.ascontiguousarray(image)
+
+
+def _as_camera_map(camera_map) -> Dict[str, Tuple[str, ...]]:
+    if camera_map is None:
+        return dict(DEFAULT_CAMERA_MAP)
+    if isinstance(camera_map, str):  # JSON from a command line
+        camera_map = json.loads(camera_map)
+    return {str(k): ((v,) if isinstance(v, str) else tuple(v)) for k, v in camera_map.items()}
+
+
+def _as_state_layout(state_layout) -> Tuple[Tuple[str, int], ...]:
+    if state_layout is None:
+        return ROBOCASA_STATE
+    if isinstance(state_layout, str):
+        state_layout = json.loads(state_layout)
+    return tuple((str(k), int(d)) for k, d in state_layout)
+
+
+def observation_to_openpi(
+    obs: Observation,
+    camera_map: Mapping[str, Tuple[str, ...]] = DEFAULT_CAMERA_MAP,
+    state_key: str = "observation/state",
+    state_layout: Sequence[Tuple[str, int]] = ROBOCASA_STATE,
+    prompt_key: str = "prompt",
+    instruction: Optional[str] = None,
+) -> Dict[str, Any]:
+    """The observation dict sent to an openpi server (one frame, no batch dimension)."""
+    payload: Dict[str, Any] = {}
+    for camera, image in obs.images.items():
+        for key in camera_map.get(camera, (f"observation/{camera}",)):
+            if key in payload:
+                raise ValueError(f"two cameras map to '{key}'; give camera_map one key per camera")
+            payload[key] = checked_image(camera, image)
+    if state_key:
+        payload[state_key] = proprio_vector(obs, state_layout)
+    payload[prompt_key] = str(instruction if instruction is not None else obs.instruction)
+    return payload
+
+
+# =========================================================================== client
+
+
+def _client_base():
+    try:
+        from openpi_client import msgpack_numpy
+        from openpi_client.websocket_client_policy import WebsocketClientPolicy
+    except ImportError as exc:
+        raise ImportError(f"the openpi client needs openpi-client ({exc}): pip install -e '.[openpi]' "
+                          "(openpi-client==0.1.2, websockets>=13)") from None
+    return WebsocketClientPolicy, msgpack_numpy
+
+
+_CHECK = ("check that an openpi server is running there (openpi: `uv run scripts/serve_policy.py --port PORT "
+          "policy:checkpoint --policy.config=... --policy.dir=...`), that host and port are right and reachable "
+          "from this machine (firewall, SSH tunnel), and that the URI is ws:// (wss:// behind TLS)")
+
+
+def make_client(host: str = "localhost", port: Optional[int] = DEFAULT_PORT, api_key: Optional[str] = None,
+                timeout_s: float = 30.0, connect_timeout_s: float = 10.0):
+    """An ``OpenpiClient``: openpi-client's ``WebsocketClientPolicy`` with timeouts and clear errors."""
+    WebsocketClientPolicy, msgpack_numpy = _client_base()
+
+    class OpenpiClient(WebsocketClientPolicy):
+        """openpi's client, with timeouts on connect and on every reply, clear errors and reconnects.
+
+        openpi-client 0.1.2 waits forever for a reply and turns every failure
+        into a bare exception; a study needs a bounded wait and a message
+        naming the server. After a timeout or a server error the connection
+        is closed (a late reply would otherwise answer the next request);
+        ``reconnect`` opens a new one and refuses a server whose metadata changed.
+        """
+
+        def __init__(self):
+            self.timeout_s, self.connect_timeout_s = float(timeout_s), float(connect_timeout_s)
+            self._metadata_sha256: Optional[str] = None
+            super().__init__(str(host), None if port is None else int(port), api_key)
+            self._metadata_sha256 = content_hash(self._server_metadata)
+
+        @property
+        def uri(self) -> str:
+            return self._uri
+
+        @property
+        def closed(self) -> bool:
+            return self._ws is None
+
+        @property
+        def seeded(self) -> bool:
+            return bool(isinstance(self._server_metadata, dict) and self._server_metadata.get(SEEDED_RESET_KEY))
+
+        def _wait_for_server(self):
+            from websockets.exceptions import ConnectionClosed
+            from websockets.sync.client import connect
+
+            headers = {"Authorization": f"Api-Key {self._api_key}"} if self._api_key else None
+            # websockets >= 17 wants ``legacy=True`` for a connection used outside a ``with`` block
+            legacy = {"legacy": True} if "legacy" in inspect.signature(connect).parameters else {}
+            try:
+                conn = connect(self._uri, compression=None, max_size=None, additional_headers=headers,
+                               open_timeout=self.connect_timeout_s, **legacy)
+            except Exception as exc:  # refused, unreachable, DNS, handshake timeout, HTTP error status
+                raise PolicyServerError(f"cannot connect to the openpi server at {self._uri} "
+                                        f"({type(exc).__name__}: {exc}); {_CHECK}", "connect") from exc
+            try:
+                first = conn.recv(timeout=self.connect_timeout_s)
+            except (TimeoutError, ConnectionClosed) as exc:
+                conn.close()
+                raise PolicyServerTimeout(
+                    f"{self._uri} accepted a websocket connection but sent no metadata within "
+                    f"{self.connect_timeout_s:g} s ({type(exc).__name__}); an openpi policy server sends its "
+                    f"metadata first: {_CHECK}", "connect") from None
+            metadata = msgpack_numpy.unpackb(first) if isinstance(first, bytes) else first
+            if not isinstance(metadata, dict):
+                conn.close()
+                raise PolicyServerError(f"{self._uri} sent {type(metadata).__name__} instead of openpi's metadata "
+                                        f"dict on connect: {str(metadata)[:200]!r}", "connect")
+            return conn, metadata
+
+        def reconnect(self) -> None:
+            self._drop()
+            self._ws, metadata = self._wait_for_server()
+            if self._metadata_sha256 is not None and content_hash(metadata) != self._metadata_sha256:
+                self._drop()
+                raise PolicyServerError(f"the openpi server at {self._uri} now sends different metadata than at the "
+                                        "first connection (another checkpoint?); the run's manifest would be wrong",
+                                        "connect")
+            self._server_metadata = metadata
+
+        def _drop(self) -> None:
+            if self._ws is not None:
+                try:
+                    self._ws.close()
+                finally:
+                    self._ws = None
+
+        def _exchange(self, message: Dict[str, Any], what: str) -> Dict[str, Any]:
+            from websockets.exceptions import ConnectionClosed
+
+            if self._ws is None:
+                raise PolicyServerError(f"the connection to the openpi server at {self._uri} was closed after an "
+                                        "earlier error or timeout; the next reset reconnects", what)
+            try:
+                self._ws.send(self._packer.pack(message))
+                reply = self._ws.recv(timeout=self.timeout_s)
+            except TimeoutError:
+                self._drop()
+                raise PolicyServerTimeout(f"the openpi server at {self._uri} did not answer {what} within "
+                                          f"{self.timeout_s:g} s (the first inference of a JAX server compiles "
+                                          "the model: raise timeout_s); the connection was closed", what) from None
+            except ConnectionClosed as exc:
+                self._drop()
+                raise PolicyServerError(f"the openpi server at {self._uri} closed the connection during {what} "
+                                        f"({exc}); {_CHECK}", what) from None
+            if isinstance(reply, str):  # openpi sends the traceback as text, then closes
+                self._drop()
+                raise PolicyServerError(f"the openpi server at {self._uri} failed {what}:\n{reply}", what, reply)
+            result = msgpack_numpy.unpackb(reply)
+            if not isinstance(result, dict):
+                raise PolicyServerError(f"{what}: expected a dict from {self._uri}, got {type(result).__name__}", what)
+            return result
+
+        def infer(self, obs: Dict) -> Dict:
+            return self._exchange(obs, "infer")
+
+        def reset_seed(self, seed: int) -> Dict[str, Any]:
+            """Seed this connection's generator on a server that advertises ``seeded_reset``."""
+            if not self.seeded:
+                raise PolicyServerError(f"the openpi server at {self._uri} does not advertise '{SEEDED_RESET_KEY}' "
+                                        "in its metadata; a plain openpi server cannot be seeded", "reset")
+            return self._exchange({RESET_MESSAGE_KEY: {"seed": int(seed)}}, "reset")
+
+        def close(self) -> None:
+            self._drop()
+
+    return OpenpiClient()
+
+
+# =========================================================================== policy
+
+
+class OpenpiPolicy(Policy):
+    """An openpi policy server behind a websocket; one observation per ``n_action_steps`` control steps.
+
+    Args:
+        host, port: the server (``host`` may be a full ``ws://`` or ``wss://`` URI, then ``port=None``).
+        api_key: sent as ``Authorization: Api-Key ...`` when the server wants one.
+        timeout_s: for each reply; connect_timeout_s: for the handshake and the metadata.
+        camera_map: harness camera -> openpi observation key(s); a dict or its JSON.
+        state_key: where the proprio vector goes ("" sends none); state_layout: its
+            (proprio key, dimension) list, a list or its JSON.
+        prompt_key: where the instruction goes; instruction: replaces the task's.
+        action_layout: a name in ``ACTION_LAYOUTS`` or a list of slots (see ``resolve_layout``).
+        actions_key: the reply key holding the (T, D) chunk.
+        n_action_steps: steps of each chunk executed before the next observation (None: all).
+        image_size: square render size (openpi's models take 224 x 224).
+    """
+
+    name = "openpi"
+    camera_roles = ("third_person", "wrist")
+    image_size = 224
+    deterministic = False
+
+    def __init__(
+        self,
+        host: str = "localhost",
+        port: Optional[int] = DEFAULT_PORT,
+        api_key: Optional[str] = None,
+        timeout_s: float = 30.0,
+        connect_timeout_s: float = 10.0,
+        camera_map: Union[None, str, Mapping[str, Union[str, Sequence[str]]]] = None,
+        state_key: str = "observation/state",
+        state_layout: Union[None, str, Sequence[Tuple[str, int]]] = None,
+        prompt_key: str = "prompt",
+        instruction: Optional[str] = None,
+        action_layout: LayoutLike = "robocasa-lerobot",
+        actions_key: str = "actions",
+        n_action_steps: Optional[int] = 5,
+        image_size: int = 224,
+    ):
+        self.camera_map = _as_camera_map(camera_map)
+        self.state_key, self.state_layout = state_key, _as_state_layout(state_layout)
+        self.prompt_key, self.instruction = prompt_key, instruction
+        self.layout = resolve_layout(action_layout)
+        self.actions_key = actions_key
+        self.n_action_steps = None if n_action_steps is None else int(n_action_steps)
+        self.image_size = int(image_size)
+        self.client = make_client(host, port, api_key, timeout_s, connect_timeout_s)
+        self._fingerprint = NOT_RESET
+        self._warned_unseeded = False
+
+    def reset(self, seed: int) -> None:
+        if self.client.closed:
+            self.client.reconnect()
+        if not self.client.seeded:
+            if not self._warned_unseeded:
+                warnings.warn(
+                    f"the openpi server at {self.client.uri} takes no seed (no '{SEEDED_RESET_KEY}' in its metadata): "
+                    "its sampling noise depends on every request it served, so paired rollouts cannot be "
+                    "guaranteed on the policy side",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                self._warned_unseeded = True
+            self._fingerprint = UNSEEDED
+            return
+        reply = self.client.reset_seed(seed)
+        fingerprint = reply.get("rng_fingerprint")
+        if not isinstance(fingerprint, str):
+            raise PolicyServerError(f"'reset' of {self.client.uri} returned no rng_fingerprint: {reply!r}", "reset")
+        self._fingerprint = fingerprint
+
+    def rng_fingerprint(self) -> str:
+        return self._fingerprint
+
+    def act(self, obs: Observation) -> np.ndarray:
+        payload = observation_to_openpi(obs, self.camera_map, self.state_key, self.state_layout, self.prompt_key,
+                                        self.instruction)
+        reply = self.client.infer(payload)
+        if self.actions_key not in reply:
+            raise ActionFormatError(f"the server's reply has no '{self.actions_key}'; it has: "
+                                    f"{', '.join(sorted(map(str, reply)))}")
+        return flat_to_actions(reply[self.actions_key], self.layout, self.n_action_steps, self.actions_key)
+
+    def identity(self) -> Dict[str, Any]:
+        from importlib.metadata import version
+
+        server_metadata = self.client.get_server_metadata()
+        return {
+            "name": self.name,
+            "endpoint": self.client.uri,
+            "server_metadata": _canonical(server_metadata),
+            "server_metadata_sha256": content_hash(server_metadata),
+            "seeded_reset": self.client.seeded,
+            "openpi_client_version": version("openpi-client"),
+            "camera_map": {k: list(v) for k, v in sorted(self.camera_map.items())},
+            "state_key": self.state_key,
+            "state_layout": [list(s) for s in self.state_layout],
+            "prompt_key": self.prompt_key,
+            "instruction": self.instruction,
+            "action_layout": layout_name(self.layout) or [asdict(s) for s in self.layout],
+            "actions_key": self.actions_key,
+            "n_action_steps": self.n_action_steps,
+            "image_size": self.image_size,
+        }
+
+    def close(self) -> None:
+        self.client.close()
