@@ -90,3 +90,43 @@ validate-pairing: setup
 
 calibrate: setup
 	$(CLI) calibrate --backend $(BACKEND) --task $(if $(filter all,$(TASKS)),suite,$(TASKS)) --run-dir $(RUN)
+
+# The `robocasa` backend (RoboCasa365 kitchens) runs in its own virtual environment: RoboCasa
+# needs a robosuite newer than PyPI's 1.5.2 (`load_model_on_init`), and both claim the
+# `robosuite` import name. PyPI has that newer robosuite only as the fork praxis-robosuite and
+# RoboCasa's code only as redistributions (rpent-robocasa365, code without assets). rpent's
+# metadata asks for the distribution `robosuite`, which would install PyPI's 1.5.2 over the fork,
+# hence --no-deps for it and its other requirements listed here; the harness itself without the
+# `sim` extra (that pins robosuite==1.5.2) and with numpy<2 as everywhere. Kitchen assets are not
+# installed (~10 GB from box.com, unreachable from this project's machines); where they can be
+# downloaded, `.venv-robocasa/bin/python -m robocasa.scripts.download_kitchen_assets` puts them into
+# the robocasa package, or ROBOCASA_ASSETS_PATH names a complete copy of robocasa/models/assets.
+.PHONY: setup-robocasa test-robocasa
+ROBOCASA_VENV ?= .venv-robocasa
+ROBOCASA_PY := $(ROBOCASA_VENV)/bin/python
+ROBOCASA_PIP_PINS := praxis-robosuite==1.5.2.post1 "mujoco>=3.3,<3.10" "numpy>=1.24,<2"
+ROBOCASA_CODE := rpent-robocasa365==1.0.1
+ROBOCASA_DEPS := "scipy>=1.15" gymnasium h5py imageio lxml opencv-python Pillow pyyaml termcolor tqdm
+
+setup-robocasa: $(ROBOCASA_VENV)/.setup-done
+
+$(ROBOCASA_VENV)/.setup-done: setup.cfg pyproject.toml
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages: $$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+	test -x $(ROBOCASA_PY) || python3 -m venv $(ROBOCASA_VENV)
+	$(ROBOCASA_PY) -m pip install -q --upgrade pip setuptools wheel
+	$(ROBOCASA_PY) -m pip install -q $(ROBOCASA_PIP_PINS) $(ROBOCASA_DEPS)
+	$(ROBOCASA_PY) -m pip install -q --no-deps $(ROBOCASA_CODE)
+	$(ROBOCASA_PY) -m pip install -q -e ".[test]"
+	$(ROBOCASA_PY) -c "import importlib.util as u, os; d=os.path.dirname(u.find_spec('robosuite').origin); p=os.path.join(d,'macros_private.py'); os.path.exists(p) or open(p,'w').write('# robocasa-shift set-up: quieter console, no behaviour change\nCONSOLE_LOGGING_LEVEL = \"ERROR\"\n')"
+	@# the fork must still be the robosuite that imports (nothing above may replace it)
+	$(ROBOCASA_PY) -c "import inspect, robosuite.environments.base as b; assert 'load_model_on_init' in inspect.signature(b.MujocoEnv.__init__).parameters, 'robosuite without load_model_on_init'"
+	$(ROBOCASA_PY) -m pip freeze > $(ROBOCASA_VENV)/versions.txt
+	touch $@
+
+test-robocasa: setup-robocasa
+	$(ROBOCASA_VENV)/bin/pytest -q -p no:cacheprovider tests/test_robocasa.py

@@ -102,12 +102,16 @@ class Study:
         return self._policy
 
     def check_names(self, tasks: Sequence[str], conditions: Sequence[str]) -> None:
-        """Raise UnknownNameError (listing valid names) before anything runs."""
+        """Raise UnknownNameError (listing valid names), or BackendUnavailable, before anything runs."""
         POLICIES.get(self.policy_name)
         for task in tasks:
             self.backend.task(task)
         for cond in conditions:
             specs.parse_condition(cond, self.protocol)
+        # a backend whose simulator or assets may be missing says so here, not in every rollout's record
+        check = getattr(self.backend, "check_available", None)
+        if check is not None:
+            check()
 
     def stage_spec(self, task: str) -> specs.StageSpec:
         return specs.load_stage_spec(self.backend_name, task)

@@ -6,6 +6,7 @@ from ..registry import Registry
 
 BACKENDS: Registry[type] = Registry("backend", "robocasa_shift.backends")
 BACKENDS.register("robosuite", "robocasa_shift.backends.robosuite_backend:RobosuiteBackend")
+BACKENDS.register("robocasa", "robocasa_shift.backends.robocasa_backend:RobocasaBackend")
 
 
 def get_backend(name: str):
