@@ -228,7 +228,7 @@ def calibrate(task_opts, backend, run_dir, episodes):
 
 
 def execution_options(fn):
-    """--executor, --workers, --address, --threads, --shard, --retry-errors, --progress."""
+    """--executor, --workers, --address, --threads, --batch, --shard, --retry-errors, --progress."""
     for option in reversed([
         click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
                      help="local: a process pool on this machine; ray: an existing Ray cluster."),
@@ -236,6 +236,10 @@ def execution_options(fn):
         click.option("--address", default=None, help="Ray cluster address (ray executor); none starts a local Ray."),
         click.option("--threads", type=int, default=None,
                      help="Renderer and torch threads per worker [default: cores / workers]."),
+        click.option("--batch", type=int, default=1, show_default=True,
+                     help="Conditions of one base episode a worker steps in lockstep, with one batched policy "
+                          "call per decision point. Records are unchanged for policies whose outputs do not "
+                          "depend on the batch (reference); the batch size is recorded in commands.jsonl."),
         click.option("--shard", default=None, help="Run only slice i of n (e.g. 0/4) into this run dir; see merge."),
         click.option("--retry-errors", is_flag=True, help="Re-run invalid records; the old ones go to history/."),
         click.option("--progress/--no-progress", default=True, help="Show a progress bar with ETA."),
@@ -244,10 +248,12 @@ def execution_options(fn):
     return fn
 
 
-def _execution(executor, workers, address, threads):
+def _execution(executor, workers, address, threads, batch):
     from .study import Execution
 
-    return Execution(executor=executor, workers=workers, address=address, threads=threads)
+    if batch < 1:
+        raise click.BadParameter(f"must be at least 1, got {batch}", param_hint="--batch")
+    return Execution(executor=executor, workers=workers, address=address, threads=threads, batch=batch)
 
 
 @main.command()
@@ -268,7 +274,7 @@ def _execution(executor, workers, address, threads):
 @execution_options
 @handle_errors
 def run(task_opts, condition_opts, episodes, policy, backend, run_dir, phase, replicates, render_profile,
-        executor, workers, address, threads, shard, retry_errors, progress):
+        executor, workers, address, threads, batch, shard, retry_errors, progress):
     """Run rollouts of one or more tasks under one or more conditions.
 
     \b
@@ -290,7 +296,7 @@ def run(task_opts, condition_opts, episodes, policy, backend, run_dir, phase, re
         retry_errors=retry_errors,
         render_profile=render_profile,
         progress=progress,
-        execution=_execution(executor, workers, address, threads),
+        execution=_execution(executor, workers, address, threads, batch),
         shard=parse_shard(shard),
     )
     _report_run(result, run_dir)
@@ -304,7 +310,7 @@ def run(task_opts, condition_opts, episodes, policy, backend, run_dir, phase, re
               help="Candidate-pool file [default: pools/<backend>.yaml].")
 @execution_options
 @handle_errors
-def screen(policy, backend, run_dir, pool_path, executor, workers, address, threads, shard, retry_errors, progress):
+def screen(policy, backend, run_dir, pool_path, executor, workers, address, threads, batch, shard, retry_errors, progress):
     """Clean-competence screening (paper Table IV) from the frozen candidate pool.
 
     \b
@@ -317,7 +323,7 @@ def screen(policy, backend, run_dir, pool_path, executor, workers, address, thre
 
     if shard:
         raise click.UsageError("screening decides as it goes: run it unsharded")
-    result = run_screen(run_dir, policy, backend, _execution(executor, workers, address, threads), progress, pool_path)
+    result = run_screen(run_dir, policy, backend, _execution(executor, workers, address, threads, batch), progress, pool_path)
     for task, d in result["screening"].items():
         click.echo(f"  {task:<18} {d['successes']:>2}/{d['rollouts']:<2} {d['decision']}")
     click.echo(f"formal suite: {', '.join(result['suite']) or '(empty)'} -> {run_dir}/suite.json")
@@ -340,7 +346,7 @@ def screen(policy, backend, run_dir, pool_path, executor, workers, address, thre
 @execution_options
 @handle_errors
 def formal(task_opts, condition_opts, episodes, policy, backend, run_dir, replicates, dry_run,
-           executor, workers, address, threads, shard, retry_errors, progress):
+           executor, workers, address, threads, batch, shard, retry_errors, progress):
     """The formal matrix: suite x episodes x 13 conditions, every rollout at its official horizon."""
     from .pipeline import estimate, formal_suite
     from .study import Execution, parse_episodes, parse_shard, plan_keys, run as run_study, shard_keys
@@ -353,7 +359,7 @@ def formal(task_opts, condition_opts, episodes, policy, backend, run_dir, replic
     if dry_run:
         keys = shard_keys(plan_keys(tasks, parse_episodes(episodes), conditions, "formal", parse_episodes(replicates)),
                           parse_shard(shard))
-        ex = Execution(executor, workers, address, threads).resolved()
+        ex = Execution(executor, workers, address, threads, batch).resolved()
         est = estimate(run_dir, keys, ex.workers)
         eta = "unknown (no rollouts measured in this run directory yet)" if est["eta_s"] is None else \
             f"{est['eta_s'] / 60:.1f} min with {ex.workers} worker(s)"
@@ -364,7 +370,7 @@ def formal(task_opts, condition_opts, episodes, policy, backend, run_dir, replic
         return
     result = run_study(run_dir, tasks, conditions, parse_episodes(episodes), policy=policy, backend=backend,
                        phase="formal", replicates=parse_episodes(replicates), retry_errors=retry_errors,
-                       progress=progress, execution=_execution(executor, workers, address, threads),
+                       progress=progress, execution=_execution(executor, workers, address, threads, batch),
                        shard=parse_shard(shard))
     _report_run(result, run_dir)
 
@@ -540,6 +546,42 @@ def train_reference(task_opts, data_dir, out_dir, workers, epochs, frames):
     for key, net in manifest["nets"].items():
         click.echo(f"{key:<20} val error {net['val_mean_error_mm']} mm (predict-the-mean {net['predict_mean_error_mm']} mm)")
     click.echo(f"weights sha256 {manifest['weights_sha256']}")
+
+
+@main.command()
+@click.option("--repeats", default=5, show_default=True, help="Interleaved repeats; each figure is median [min, max].")
+@click.option("--steps", default=200, show_default=True, help="Control steps of the in-process rollouts.")
+@click.option("--rollouts", default=8, show_default=True, help="Formal rollouts per pool and repeat (scaling).")
+@click.option("--policy", default=DEFAULT_POLICY, show_default=True, help="Policy of the formal-run pools.")
+@click.option("--out", default="build/bench.json", show_default=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Where the JSON result goes.")
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar with ETA.")
+@handle_errors
+def bench(repeats, steps, rollouts, policy, out, progress):
+    """Benchmark the harness against the simulator's own limit (all figures side by side, one run).
+
+    \b
+    physics_sps        bare robosuite control steps per second, no rendering (one core)
+    render_ms          one 128x128 camera frame
+    reset_ms           between-rollout reset: restore nominal, seeded reset, fingerprint
+    overhead_ratio     harness time per step / bare robosuite loop, same actions and cadence (goal <= 1.05)
+    cadence_speedup_k  observing every k steps vs every step (k = 4, 8)
+    batch_speedup      reference policy: one batched call for 13 conditions vs 13 calls
+    throughput_WxT     formal rollouts per second with W workers of T threads
+    scaling_2_workers  throughput 2x1 / 1x1 (goal >= 1.8)
+    wall_vs_parts      formal wall time per rollout / its physics + render + policy time (goal <= 1.2)
+    rss_mb             peak resident memory per worker
+    """
+    import json
+
+    from .bench import run_bench, table
+
+    result = run_bench(repeats=repeats, steps=steps, rollouts=rollouts, policy=policy, progress=progress)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    click.echo(json.dumps(result["figures"]))
+    click.echo(table(result))
+    click.echo(f"wrote {out}")
 
 
 @main.command(name="policies")

@@ -33,6 +33,7 @@ class WorkerConfig:
     render_profile: str = "fast"
     threads: int = 1
     policy_options: Optional[Dict[str, Any]] = None
+    batch: int = 1
 
 
 def default_threads(workers: int) -> int:
@@ -61,9 +62,33 @@ class _Worker:
         self.parent = os.getppid()
         self.study = Study(config.backend, config.policy, config.render_profile, dict(config.policy_options or {}))
 
-    def run(self, key: RolloutKey) -> Dict[str, Any]:
-        record = self.study.run_key(key)
-        return {"record": record.to_json(), "renderer_info": getattr(self.study, "renderer_info", None), "pid": os.getpid()}
+    def run(self, keys: Sequence[RolloutKey]) -> List[Dict[str, Any]]:
+        """Run one lockstep group (see ``lockstep_groups``); one result per key."""
+        records = self.study.run_keys(keys)
+        info, rss = getattr(self.study, "renderer_info", None), peak_rss_mb()
+        return [{"record": r.to_json(), "renderer_info": info, "pid": os.getpid(), "rss_mb": rss} for r in records]
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (Linux reports KiB)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
+
+
+def lockstep_groups(keys: Sequence[RolloutKey], batch: int) -> List[List[RolloutKey]]:
+    """Task-grouped keys cut into groups of at most ``batch`` that share (task, phase, episode, replicate):
+    the conditions of one base episode, which a worker can step side by side."""
+    groups: List[List[RolloutKey]] = []
+    for key in group_by_task(keys):
+        last = groups[-1] if groups else None
+        same = last and len(last) < batch and (last[0].task, last[0].phase, last[0].episode, last[0].replicate) == (
+            key.task, key.phase, key.episode, key.replicate)
+        if same:
+            last.append(key)
+        else:
+            groups.append([key])
+    return groups
 
 
 _WORKER: Optional[_Worker] = None
@@ -74,10 +99,10 @@ def _init_worker(config: WorkerConfig) -> None:
     _WORKER = _Worker(config)
 
 
-def _run_in_worker(key: RolloutKey) -> Dict[str, Any]:
+def _run_in_worker(keys: Sequence[RolloutKey]) -> List[Dict[str, Any]]:
     if os.getppid() != _WORKER.parent:  # the writer died: stop instead of computing for nobody
         os._exit(0)
-    return _WORKER.run(key)
+    return _WORKER.run(keys)
 
 
 class LocalExecutor:
@@ -98,18 +123,20 @@ class LocalExecutor:
                 apply_threads(self.config.threads)
                 self._inline = _Worker(self.config)
                 self._inline.parent = os.getppid()
-            for key in keys:
-                yield self._inline.run(key)
+            for group in lockstep_groups(keys, self.config.batch):
+                yield from self._inline.run(group)
             return
         if self._pool is None:
             import multiprocessing as mp
 
             self._pool = mp.get_context("spawn").Pool(self.workers, initializer=_init_worker, initargs=(self.config,))
-        # chunksize 1: a worker takes the next key only when done, so tasks stay grouped per worker
-        yield from self._pool.imap_unordered(_run_in_worker, list(keys), chunksize=1)
+        # chunksize 1: a worker takes the next group only when done, so tasks stay grouped per worker
+        for results in self._pool.imap_unordered(_run_in_worker, lockstep_groups(keys, self.config.batch), chunksize=1):
+            yield from results
 
     def describe(self) -> Dict[str, Any]:
-        return {"executor": self.name, "workers": self.workers, "threads_per_worker": self.config.threads}
+        return {"executor": self.name, "workers": self.workers, "threads_per_worker": self.config.threads,
+                "batch": self.config.batch}
 
     def close(self) -> None:
         if self._pool is not None:
@@ -140,4 +167,4 @@ def group_by_task(keys: Sequence[RolloutKey]) -> List[RolloutKey]:
 
 
 __all__ = ["EXECUTORS", "LocalExecutor", "WorkerConfig", "apply_threads", "as_record", "default_threads",
-           "group_by_task", "make_executor"]
+           "group_by_task", "lockstep_groups", "make_executor", "peak_rss_mb"]

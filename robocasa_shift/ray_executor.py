@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Iterator, Optional, Sequence
 
-from .executors import WorkerConfig, _Worker
+from .executors import WorkerConfig, _Worker, lockstep_groups
 from .records import RolloutKey
 
 
@@ -50,7 +50,7 @@ class RayExecutor:
         self._ensure()
         ray = self.ray
         pending = {}
-        queue = list(keys)
+        queue = lockstep_groups(keys, self.config.batch)
         idle = list(self._actors)
         while queue or pending:
             while idle and queue:
@@ -59,11 +59,11 @@ class RayExecutor:
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:
                 idle.append(pending.pop(ref))
-                yield ray.get(ref)
+                yield from ray.get(ref)
 
     def describe(self) -> Dict[str, Any]:
         return {"executor": self.name, "workers": self.workers, "threads_per_worker": self.config.threads,
-                "address": self.address}
+                "batch": self.config.batch, "address": self.address}
 
     def close(self) -> None:
         for actor in self._actors:

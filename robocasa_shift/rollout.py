@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import time
 import traceback
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 from . import seeding
 from .backends.base import cameras_for_roles
 from .perturbations import PerturbationError, applied_perturbation, factor_kind
-from .policies.base import ChunkCursor, Observation, Policy
+from .policies.base import ChunkCursor, Observation, Policy, act_batch
 from .records import Record, RolloutKey
 from .specs import Protocol, StageSpec, parse_condition
 from .stages import StageTracker
@@ -69,6 +69,164 @@ def inject(env, protocol: Protocol, key: RolloutKey) -> Optional[dict]:
     return applied_perturbation(spec, level, env, draw)
 
 
+class Rollout:
+    """One rollout as a small state machine, so that one driver can run it alone and another can
+    run several in lockstep with one batched policy call per decision point.
+
+    ``begin`` resets, fingerprints, injects and seeds; then, until ``done``: ``observe`` when
+    ``wants_observation`` (returns None if the rollout failed), ``load`` the policy's chunk,
+    ``step``; ``finish`` returns the record. Every failure becomes an invalid record.
+    """
+
+    def __init__(self, env, policy: Policy, key: RolloutKey, protocol: Protocol, stage_spec: StageSpec, backend: str,
+                 observer: Optional[Observer] = None, horizon: Optional[int] = None):
+        self.start = time.perf_counter()
+        self.env, self.policy, self.key, self.protocol = env, policy, key, protocol
+        self.horizon = int(horizon or env.task.horizon)
+        self.record = Record(
+            phase=key.phase,
+            task=key.task,
+            episode=key.episode,
+            condition=key.condition,
+            replicate=key.replicate,
+            backend=backend,
+            policy=policy.name,
+            spec_hash=protocol.spec_hash,
+            stage_spec_hash=stage_spec.content_hash,
+            study_seed=protocol.study_seed,
+            env_seed=seeding.env_seed(protocol.study_seed, key.task, key.phase, key.episode),
+            policy_seed=seeding.policy_seed(protocol.study_seed, key.task, key.phase, key.episode, key.replicate),
+            horizon=self.horizon,
+            n_stages=len(stage_spec.subgoals),
+            stage_names=stage_spec.names,
+            stage_steps=[None] * len(stage_spec.subgoals),
+        )
+        self.observer = observer or Observer()
+        self.timing = {"reset_s": 0.0, "physics_s": 0.0, "render_s": 0.0, "policy_s": 0.0, "tracker_s": 0.0}
+        self.tracker = StageTracker(stage_spec)
+        self.cursor = ChunkCursor()
+        self.step_index = 0
+        self.done = False
+        self._phase = "reset"
+
+    def _fail(self, exc: Exception) -> None:
+        if isinstance(exc, RendererError):
+            self.record.fail("renderer", str(exc))
+        elif isinstance(exc, PerturbationError):
+            self.record.fail("perturbation", str(exc))
+        else:
+            kind = getattr(exc, "error_kind", "runtime")
+            self.record.fail(kind, f"during {self._phase}: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}")
+        self.done = True
+
+    def begin(self) -> None:
+        record = self.record
+        try:
+            t0 = time.perf_counter()
+            record.env_fingerprint = prepare_episode(self.env, self.protocol, self.key)
+            self._phase = "perturbation"
+            record.perturbation = inject(self.env, self.protocol, self.key)
+            self.timing["reset_s"] = time.perf_counter() - t0
+            if record.perturbation is not None and not record.perturbation["ok"]:
+                raise PerturbationError(
+                    f"applied parameters differ from the spec by {record.perturbation['max_abs_error']:.3g}"
+                )
+            self.obs_transform = None
+            if record.perturbation is not None:
+                spec = self.protocol.factor(record.perturbation["factor"])
+                kind = factor_kind(spec)
+                if kind.side == "obs":
+                    self.obs_transform = (kind, spec.level(record.perturbation["level"]))
+            self._phase = "policy reset"
+            self.policy.reset(record.policy_seed)
+            record.policy_rng_fingerprint = self.policy.rng_fingerprint()
+            self.cameras = cameras_for_roles(self.env, self.policy.camera_roles)
+            self.roles = {c: ("wrist" if c in self.env.wrist_cameras else "third_person") for c in self.cameras}
+            self.observer.on_start(self.env)
+            self._phase = "rollout"
+            if self.horizon <= 0:
+                self.record.success, self.done = False, True
+        except Exception as exc:
+            self._fail(exc)
+
+    def wants_observation(self) -> bool:
+        return not self.done and self.cursor.empty()
+
+    def observe(self) -> Optional[Observation]:
+        """Render what the policy reads (only its cameras, at its size), after any observation-side factor."""
+        try:
+            t0 = time.perf_counter()
+            images = {}
+            for cam in self.cameras:
+                try:
+                    image = self.env.render(cam, self.policy.image_size)
+                except Exception as exc:
+                    raise RendererError(f"rendering {cam}: {type(exc).__name__}: {exc}") from exc
+                if self.obs_transform is not None:
+                    image = self.obs_transform[0].transform(image, self.obs_transform[1])
+                images[cam] = image
+            self.record.frames_rendered += len(self.cameras)
+            self.observer.on_observation(self.step_index, images)
+            obs = Observation(
+                images=images,
+                camera_roles=self.roles,
+                proprio=self.env.proprio(),
+                instruction=self.env.task.instruction,
+                step=self.step_index,
+                privileged=self.env.privileged_state() if self.policy.privileged else None,
+            )
+            self.timing["render_s"] += time.perf_counter() - t0
+            return obs
+        except Exception as exc:
+            self._fail(exc)
+            return None
+
+    def load(self, chunk: np.ndarray, policy_s: float) -> None:
+        try:
+            self.cursor.load(chunk)
+            self.record.policy_calls += 1
+            self.timing["policy_s"] += policy_s
+        except Exception as exc:
+            self._fail(exc)
+
+    def step(self) -> None:
+        """One control step, then the StageTracker and the official success check on the post-step state."""
+        if self.done:
+            return
+        try:
+            t0 = time.perf_counter()
+            action = self.cursor.next()
+            self.env.step(action)
+            t1 = time.perf_counter()
+            self.step_index += 1
+            latched = self.tracker.update(self.env, self.step_index)
+            success = self.env.is_success()
+            self.timing["tracker_s"] += time.perf_counter() - t1
+            self.timing["physics_s"] += t1 - t0
+            self.record.steps = self.step_index
+            self.observer.on_step(self.step_index, action, self.env, latched)
+            if success:
+                self.record.success = True
+                self.done = True
+            elif self.step_index >= self.horizon:
+                self.record.success = False
+                self.done = True
+        except Exception as exc:
+            self._fail(exc)
+
+    def finish(self) -> Record:
+        record = self.record
+        result = self.tracker.result()
+        record.stage_steps = result.stage_steps
+        record.stages_completed = result.completed
+        record.first_incomplete = result.first_incomplete
+        record.stage_error = result.error
+        record.truncated = bool(record.valid and not record.success and record.steps < self.horizon)
+        record.timing = {k: round(v, 6) for k, v in self.timing.items()}
+        record.wall_s = round(time.perf_counter() - self.start, 6)
+        return record
+
+
 def run_rollout(
     env,
     policy: Policy,
@@ -84,111 +242,52 @@ def run_rollout(
     ``horizon`` overrides the task's official horizon (short smoke tests); the
     record keeps the horizon it ran with, so the audit sees the difference.
     """
-    start = time.perf_counter()
-    horizon = int(horizon or env.task.horizon)
-    record = Record(
-        phase=key.phase,
-        task=key.task,
-        episode=key.episode,
-        condition=key.condition,
-        replicate=key.replicate,
-        backend=backend,
-        policy=policy.name,
-        spec_hash=protocol.spec_hash,
-        stage_spec_hash=stage_spec.content_hash,
-        study_seed=protocol.study_seed,
-        env_seed=seeding.env_seed(protocol.study_seed, key.task, key.phase, key.episode),
-        policy_seed=seeding.policy_seed(protocol.study_seed, key.task, key.phase, key.episode, key.replicate),
-        horizon=horizon,
-        n_stages=len(stage_spec.subgoals),
-        stage_names=stage_spec.names,
-        stage_steps=[None] * len(stage_spec.subgoals),
-    )
-    observer = observer or Observer()
-    timing = {"reset_s": 0.0, "physics_s": 0.0, "render_s": 0.0, "policy_s": 0.0, "tracker_s": 0.0}
-    tracker = StageTracker(stage_spec)
-    phase = "reset"
-    try:
-        t0 = time.perf_counter()
-        record.env_fingerprint = prepare_episode(env, protocol, key)
-        phase = "perturbation"
-        record.perturbation = inject(env, protocol, key)
-        timing["reset_s"] = time.perf_counter() - t0
-        if record.perturbation is not None and not record.perturbation["ok"]:
-            raise PerturbationError(
-                f"applied parameters differ from the spec by {record.perturbation['max_abs_error']:.3g}"
-            )
-        obs_transform = None
-        if record.perturbation is not None:
-            spec = protocol.factor(record.perturbation["factor"])
-            kind = factor_kind(spec)
-            if kind.side == "obs":
-                obs_transform = (kind, spec.level(record.perturbation["level"]))
-
-        phase = "policy reset"
-        policy.reset(record.policy_seed)
-        record.policy_rng_fingerprint = policy.rng_fingerprint()
-
-        cameras = cameras_for_roles(env, policy.camera_roles)
-        roles = {c: ("wrist" if c in env.wrist_cameras else "third_person") for c in cameras}
-        cursor = ChunkCursor()
-        observer.on_start(env)
-        phase = "rollout"
-        for step in range(horizon):
-            if cursor.empty():
-                t0 = time.perf_counter()
-                images = {}
-                for cam in cameras:
-                    try:
-                        image = env.render(cam, policy.image_size)
-                    except Exception as exc:
-                        raise RendererError(f"rendering {cam}: {type(exc).__name__}: {exc}") from exc
-                    if obs_transform is not None:
-                        image = obs_transform[0].transform(image, obs_transform[1])
-                    images[cam] = image
-                record.frames_rendered += len(cameras)
-                observer.on_observation(step, images)
-                obs = Observation(
-                    images=images,
-                    camera_roles=roles,
-                    proprio=env.proprio(),
-                    instruction=env.task.instruction,
-                    step=step,
-                    privileged=env.privileged_state() if policy.privileged else None,
-                )
-                t1 = time.perf_counter()
-                cursor.load(policy.act(obs))
-                record.policy_calls += 1
-                timing["render_s"] += t1 - t0
-                timing["policy_s"] += time.perf_counter() - t1
-            t0 = time.perf_counter()
-            action = cursor.next()
-            env.step(action)
-            t1 = time.perf_counter()
-            latched = tracker.update(env, step + 1)
-            success = env.is_success()
-            timing["tracker_s"] += time.perf_counter() - t1
-            timing["physics_s"] += t1 - t0
-            record.steps = step + 1
-            observer.on_step(step + 1, action, env, latched)
-            if success:
-                record.success = True
+    rollout = Rollout(env, policy, key, protocol, stage_spec, backend, observer, horizon)
+    rollout.begin()
+    while not rollout.done:
+        if rollout.wants_observation():
+            obs = rollout.observe()
+            if obs is None:
                 break
-        else:
-            record.success = False
-    except RendererError as exc:
-        record.fail("renderer", str(exc))
-    except PerturbationError as exc:
-        record.fail("perturbation", str(exc))
-    except Exception as exc:
-        kind = getattr(exc, "error_kind", "runtime")
-        record.fail(kind, f"during {phase}: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}")
-    result = tracker.result()
-    record.stage_steps = result.stage_steps
-    record.stages_completed = result.completed
-    record.first_incomplete = result.first_incomplete
-    record.stage_error = result.error
-    record.truncated = bool(record.valid and not record.success and record.steps < horizon)
-    record.timing = {k: round(v, 6) for k, v in timing.items()}
-    record.wall_s = round(time.perf_counter() - start, 6)
-    return record
+            t0 = time.perf_counter()
+            try:
+                chunk = policy.act(obs)
+            except Exception as exc:
+                rollout._fail(exc)
+                break
+            rollout.load(chunk, time.perf_counter() - t0)
+        rollout.step()
+    return rollout.finish()
+
+
+def run_lockstep(envs: Sequence, policies: Sequence[Policy], keys: Sequence[RolloutKey], protocol: Protocol,
+                 stage_spec: StageSpec, backend: str, horizon: Optional[int] = None) -> List[Record]:
+    """Run several rollouts of one task side by side, one environment and one policy instance each,
+    querying the policies with one batched call (``act_batch``) per decision point.
+
+    Each rollout keeps its own seeded generators, so for a policy whose outputs do not depend on
+    the batch's composition (the reference policy) the records equal those of ``run_rollout``.
+    The call's time is shared equally among the rollouts it served.
+    """
+    rollouts = [Rollout(e, p, k, protocol, stage_spec, backend, horizon=horizon) for e, p, k in zip(envs, policies, keys)]
+    for r in rollouts:
+        r.begin()
+    while True:
+        asking = [r for r in rollouts if r.wants_observation()]
+        observed = [(r, obs) for r in asking for obs in [r.observe()] if obs is not None]
+        if observed:
+            t0 = time.perf_counter()
+            try:
+                chunks = act_batch([r.policy for r, _ in observed], [obs for _, obs in observed])
+            except Exception as exc:
+                for r, _ in observed:
+                    r._fail(exc)
+            else:
+                share = (time.perf_counter() - t0) / len(observed)
+                for (r, _), chunk in zip(observed, chunks):
+                    r.load(chunk, share)
+        active = [r for r in rollouts if not r.done]
+        if not active:
+            return [r.finish() for r in rollouts]
+        for r in active:
+            r.step()

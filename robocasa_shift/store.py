@@ -140,6 +140,17 @@ class RunStore:
                 existing = merged
         return existing
 
+    def note_execution(self, execution: Dict[str, Any]) -> None:
+        """Add an execution setting (executor, workers, threads per worker, batch) to the manifest's list.
+
+        Thread counts change only speed; the batch size can change the records of a policy whose
+        outputs depend on the batch's composition, so both are kept with the run.
+        """
+        manifest = self.manifest() or {}
+        seen = manifest.get("executions", [])
+        if execution not in seen:
+            atomic_write_json(self.manifest_path, {**manifest, "executions": seen + [execution]})
+
     def log_command(self, extra: Optional[Dict[str, Any]] = None) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         entry = {

@@ -14,7 +14,7 @@ from .audit import add_to_plan
 from .backends import get_backend
 from .policies import POLICIES, make_policy
 from .records import Record, RolloutKey
-from .rollout import run_rollout
+from .rollout import run_lockstep, run_rollout
 from .seeding import PHASES
 from .store import RunStore
 
@@ -92,14 +92,18 @@ class Study:
     def __post_init__(self):
         self.protocol = specs.load_protocol(verify=True)
         self.backend = get_backend(self.backend_name)
-        self._policy = None
-        self._envs: Dict[str, Any] = {}
+        self._policies: List[Any] = []
+        self._envs: Dict[str, List[Any]] = {}
 
     @property
     def policy(self):
-        if self._policy is None:
-            self._policy = make_policy(self.policy_name, **self.policy_options)
-        return self._policy
+        return self.policies(1)[0]
+
+    def policies(self, n: int) -> List[Any]:
+        """``n`` policy instances (lockstep rollouts need one each; each has its own generators)."""
+        while len(self._policies) < n:
+            self._policies.append(make_policy(self.policy_name, **self.policy_options))
+        return self._policies[:n]
 
     def check_names(self, tasks: Sequence[str], conditions: Sequence[str]) -> None:
         """Raise UnknownNameError (listing valid names), or BackendUnavailable, before anything runs."""
@@ -117,12 +121,18 @@ class Study:
         return specs.load_stage_spec(self.backend_name, task)
 
     def env(self, task: str):
-        """The live environment of ``task``; one per task, reused across rollouts."""
-        if task not in self._envs:
-            for other in list(self._envs):
-                self._envs.pop(other).close()
-            self._envs[task] = self.backend.make(task, render_profile=self.render_profile)
-        return self._envs[task]
+        """The live environment of ``task``, reused across rollouts."""
+        return self.envs(task, 1)[0]
+
+    def envs(self, task: str, n: int) -> List[Any]:
+        """``n`` live environments of ``task``; switching tasks closes the previous task's."""
+        for other in [t for t in self._envs if t != task]:
+            for env in self._envs.pop(other):
+                env.close()
+        live = self._envs.setdefault(task, [])
+        while len(live) < n:
+            live.append(self.backend.make(task, render_profile=self.render_profile))
+        return live[:n]
 
     def manifest(self, tasks: Sequence[str]) -> Dict[str, Any]:
         return {
@@ -141,10 +151,19 @@ class Study:
         }
 
     def run_key(self, key: RolloutKey) -> Record:
-        env = self.env(key.task)
-        record = run_rollout(env, self.policy, key, self.protocol, self.stage_spec(key.task), self.backend_name)
-        record.renderer = self._renderer_summary(env)
-        return record
+        return self.run_keys([key])[0]
+
+    def run_keys(self, keys: Sequence[RolloutKey]) -> List[Record]:
+        """Run keys of one task: alone, or in lockstep with one batched policy call per decision point."""
+        task = keys[0].task
+        envs, spec = self.envs(task, len(keys)), self.stage_spec(task)
+        if len(keys) == 1:
+            records = [run_rollout(envs[0], self.policy, keys[0], self.protocol, spec, self.backend_name)]
+        else:
+            records = run_lockstep(envs, self.policies(len(keys)), keys, self.protocol, spec, self.backend_name)
+        for record in records:
+            record.renderer = self._renderer_summary(envs[0])
+        return records
 
     def _renderer_summary(self, env) -> str:
         if not hasattr(self, "_renderer"):
@@ -154,11 +173,13 @@ class Study:
         return self._renderer
 
     def close(self) -> None:
-        for env in self._envs.values():
-            env.close()
+        for envs in self._envs.values():
+            for env in envs:
+                env.close()
         self._envs.clear()
-        if self._policy is not None:
-            self._policy.close()
+        for policy in self._policies:
+            policy.close()
+        self._policies.clear()
 
 
 def pending_keys(store: RunStore, keys: Sequence[RolloutKey], retry_errors: bool = False) -> List[RolloutKey]:
@@ -198,6 +219,7 @@ class Execution:
     workers: Optional[int] = None  # default: one per core
     address: Optional[str] = None  # Ray cluster address
     threads: Optional[int] = None  # per worker; default: cores / workers
+    batch: int = 1  # rollouts of one base episode a worker steps in lockstep (one policy call per step for all)
 
     def resolved(self) -> "Execution":
         import os
@@ -205,7 +227,7 @@ class Execution:
         from .executors import default_threads
 
         workers = self.workers or os.cpu_count() or 1
-        return Execution(self.executor, workers, self.address, self.threads or default_threads(workers))
+        return Execution(self.executor, workers, self.address, self.threads or default_threads(workers), self.batch)
 
 
 class RunSession:
@@ -222,6 +244,7 @@ class RunSession:
         self.store.lock()
         try:
             self.store.ensure_manifest(self.study.manifest(self.tasks))
+            self.store.note_execution(dict(self.execution.__dict__))
             self.store.log_command({"execution": self.execution.__dict__})
         except BaseException:
             self.store.unlock()
@@ -241,7 +264,7 @@ class RunSession:
             from .executors import WorkerConfig, make_executor
 
             config = WorkerConfig(self.study.backend_name, self.study.policy_name, self.study.render_profile,
-                                  self.execution.threads, self.study.policy_options)
+                                  self.execution.threads, self.study.policy_options, self.execution.batch)
             self._executor = make_executor(self.execution.executor, config, self.execution.workers, self.execution.address)
         return self._executor
 

@@ -37,7 +37,7 @@ def test_tasks_json():
         (["run", "--task", "Lfit", "--run-dir", "X"], "unknown task 'Lfit' (did you mean 'Lift'?); known: Lift, Stack"),
         (["run", "--task", "Lift", "--condition", "blur:L9", "--run-dir", "X"], "unknown condition 'blur:L9'"),
         (["run", "--task", "Lift", "--policy", "gpt", "--run-dir", "X"], "unknown policy 'gpt'; known: expert"),
-        (["run", "--task", "Lift", "--backend", "isaac", "--run-dir", "X"], "unknown backend 'isaac'; known: robosuite"),
+        (["run", "--task", "Lift", "--backend", "isaac", "--run-dir", "X"], "unknown backend 'isaac'; known: robocasa, robosuite"),
         (["run", "--task", "Lift", "--episodes", "5-2", "--run-dir", "X"], "bad episode range"),
         (["tasks", "--backend", "isaac"], "unknown backend 'isaac'"),
     ],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -60,6 +60,16 @@ class Policy:
         """Hash of the policy's generator states, read back from the generators."""
         return DETERMINISTIC
 
+    @classmethod
+    def act_batch(cls, policies: Sequence["Policy"], observations: Sequence[Observation]) -> List[np.ndarray]:
+        """One decision for several rollouts, each policy instance with its own generators.
+
+        The default asks each instance in turn. A policy with a real per-call cost (a network, a
+        server round trip) overrides it to serve the whole batch in one call; its outputs should
+        not depend on the batch's composition, or records will depend on ``--batch``.
+        """
+        return [p.act(o) for p, o in zip(policies, observations)]
+
     def identity(self) -> Dict[str, Any]:
         """What identifies this policy in a manifest (name, version, weights hash, ...)."""
         return {"name": self.name}
@@ -81,6 +91,14 @@ class NumpySeededPolicy(Policy):
 
     def rng_fingerprint(self) -> str:
         return rng_state_hash(self.rng.bit_generator.state)
+
+
+def act_batch(policies: Sequence[Policy], observations: Sequence[Observation]) -> List[np.ndarray]:
+    """Dispatch a batch to its policy class's ``act_batch`` (one class per batch)."""
+    kinds = {type(p) for p in policies}
+    if len(kinds) != 1:
+        raise ValueError(f"a batch holds one policy class, got {sorted(k.__name__ for k in kinds)}")
+    return kinds.pop().act_batch(policies, observations)
 
 
 @dataclass

@@ -39,11 +39,15 @@ class Perception:
     # The policy first looks from this height above a search point (PickPlaceCan: the source bin);
     # the data-generating expert does the same, so the wrist network sees those views.
     search_hover: Optional[float] = None
+    # Frames rendered along the policy's own clean rollouts after a first training round
+    # (one DAgger round): the wrist network then also knows the views its own mistakes lead to.
+    on_policy_frames: int = 0
 
 
 PERCEPTION: Dict[str, Perception] = {
     "Lift": Perception(third_points=("cube",), wrist_points=("cube",), frames=5000, every=2),
-    "Stack": Perception(third_points=("cubeA", "cubeB"), wrist_points=("cubeA", "cubeB"), frames=6000),
+    "Stack": Perception(third_points=("cubeA", "cubeB"), wrist_points=("cubeA", "cubeB"), frames=6000,
+                        on_policy_frames=3000),
     # robot0_robotview sits above the bins looking back at the robot: it never sees the can,
     # so this task is solved from a learned prior (the mean can position) and the wrist camera.
     "PickPlaceCan": Perception(third_points=(), wrist_points=("can", "bin"), frames=6000, search_hover=0.2),
@@ -122,6 +126,55 @@ def generate(task: str, out: Path, frames: int | None = None, progress: bool = T
     out.parent.mkdir(parents=True, exist_ok=True)
     arrays = {k: np.stack(v) for k, v in buf.items()}
     np.savez(out, **arrays, episodes=np.array(episode))
+    return out
+
+
+def generate_on_policy(task: str, out: Path, weights_dir: Path, frames: int | None = None, progress: bool = True) -> Path:
+    """Render the views the reference policy itself meets, labelled by the simulator (one DAgger round).
+
+    The policy (weights from ``weights_dir``) drives clean rollouts of training episodes, with its
+    own seeded noise; each observation it receives becomes a frame. Deterministic given the weights.
+    """
+    from ...backends import get_backend
+    from .policy import ReferencePolicy
+
+    perception = PERCEPTION[task]
+    frames = frames or perception.on_policy_frames
+    env = get_backend("robosuite").make(task)
+    policy = ReferencePolicy(weights_dir=str(weights_dir))
+    third_cam, wrist_cam = env.third_person_cameras[0], env.wrist_cameras[0]
+    roles = {third_cam: "third_person", wrist_cam: "wrist"}
+    buf: Dict[str, List[np.ndarray]] = {k: [] for k in ("third", "wrist", "third_y", "wrist_y", "prior_y", "episode")}
+    bar = _bar(frames, f"{task} on-policy", progress)
+    episode = 0
+    while len(buf["episode"]) < frames:
+        seed = derive_seed(TRAINING_SEED, stream="reference-on-policy", task=task, episode=episode)
+        env.reset(seed)
+        policy.reset(seed)
+        chunk: List[np.ndarray] = []
+        for step in range(env.task.horizon):
+            if not chunk:
+                proprio = env.proprio()
+                images = {cam: env.render(cam, RENDER_SIZE) for cam in roles}
+                ty, wy, py = labels(env.privileged_state(), proprio, perception)
+                buf["third"].append(resize(images[third_cam]) if perception.third_points else np.zeros((0,), np.uint8))
+                buf["wrist"].append(resize(images[wrist_cam]))
+                buf["third_y"].append(ty)
+                buf["wrist_y"].append(wy)
+                buf["prior_y"].append(py)
+                buf["episode"].append(episode)
+                bar.update(1)
+                if len(buf["episode"]) >= frames:
+                    break
+                chunk = list(policy.act(Observation(images, roles, proprio, env.task.instruction, step)))
+            env.step(chunk.pop(0))
+            if env.is_success():
+                break
+        episode += 1
+    bar.close()
+    env.close()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(out, **{k: np.stack(v) for k, v in buf.items()}, episodes=np.array(episode))
     return out
 
 

@@ -52,6 +52,29 @@ class KeypointNet(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.forward_normalized(images) * self.label_std + self.label_mean
 
+    @torch.no_grad()
+    def predict(self, images: torch.Tensor) -> torch.Tensor:
+        """``forward`` for inference, bit-identical for an image whatever batch it arrives in.
+
+        oneDNN convolutions and BLAS matrix products pick kernels by batch size, which changes
+        the last bits; the native convolution works image by image, and the head's products
+        are written as per-row sums. Batched policy calls therefore give the same actions.
+        """
+        mkldnn = torch.backends.mkldnn
+        enabled, mkldnn.enabled = mkldnn.enabled, False  # restored: training in this process keeps oneDNN
+        try:
+            x = images.permute(0, 3, 1, 2).float() / 255.0 - 0.5
+            h = self.keypoints(self.trunk(x))
+            for layer in self.head:
+                h = _rowwise_linear(layer, h) if isinstance(layer, nn.Linear) else layer(h)
+        finally:
+            mkldnn.enabled = enabled
+        return h * self.label_std + self.label_mean
+
+
+def _rowwise_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return (x[:, None, :] * layer.weight[None]).sum(-1) + layer.bias
+
 
 def state_hash(state: Dict[str, torch.Tensor]) -> str:
     """SHA-256 of a state dict's tensors (names, dtypes, shapes, bytes), independent of file format."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -42,6 +42,10 @@ INSTRUCTIONS = {
 CUBE_A_HALF, CUBE_B_HALF = 0.021, 0.025
 
 
+# Networks by (weights folder, net name), shared by every policy instance in the process.
+_NETS: Dict[tuple, object] = {}
+
+
 class WeightsMissing(RuntimeError):
     pass
 
@@ -60,6 +64,7 @@ class ReferencePolicy(Policy):
         action_noise: float = 0.05,
         dropout: float = 0.1,
         gain: float = 7.0,
+        wrist_gate: float = 0.04,
     ):
         import torch
 
@@ -70,7 +75,7 @@ class ReferencePolicy(Policy):
             raise WeightsMissing(f"no reference weights at {path}; run `make train-reference`")
         self.manifest = json.loads(path.read_text())
         self.blind, self.chunk, self.action_noise, self.dropout, self.gain = blind, chunk, action_noise, dropout, gain
-        self._nets: Dict[str, object] = {}
+        self.wrist_gate = wrist_gate
         self.reset(0)
 
     # ------------------------------------------------------------------ seeding
@@ -94,53 +99,74 @@ class ReferencePolicy(Policy):
             "action_noise": self.action_noise,
             "dropout": self.dropout,
             "gain": self.gain,
+            "wrist_gate": self.wrist_gate,
         }
 
     # ------------------------------------------------------------------ perception
 
     def _net(self, key: str):
-        if key not in self._nets:
+        """A network, loaded once per process and weights folder (policy instances share it)."""
+        cache_key = (str(self.weights_dir), key)
+        if cache_key not in _NETS:
             from .nets import KeypointNet
 
             info = self.manifest["nets"][key]
             net = KeypointNet(info["n_out"])
             net.load_state_dict(self._torch.load(self.weights_dir / info["file"]))
             net.eval()
-            self._nets[key] = net
-        return self._nets[key]
+            _NETS[cache_key] = net
+        return _NETS[cache_key]
 
-    def _estimate(self, task: str, camera: str, image: np.ndarray) -> Dict[str, np.ndarray]:
-        perception = PERCEPTION[task]
-        points = perception.third_points if camera == "third" else perception.wrist_points
-        if not points:
-            return {}
-        if self.blind:
-            image = np.zeros_like(image)
-        x = self._torch.from_numpy(np.ascontiguousarray(resize(image)))[None]
-        with self._torch.no_grad():
-            out = self._net(f"{task}_{camera}")(x)[0].numpy().astype(float)
-        return {p: out[3 * i : 3 * i + 3] for i, p in enumerate(points)}
+    def _task(self, obs: Observation) -> str:
+        task = INSTRUCTIONS.get(obs.instruction)
+        if task is None:
+            raise ValueError(f"the reference policy was not trained for {obs.instruction!r}; known: {sorted(INSTRUCTIONS.values())}")
+        return task
 
-    def _perceive(self, task: str, obs: Observation) -> None:
-        images = {role: obs.images[name] for name, role in obs.camera_roles.items()}
-        fresh = {}
-        for role, camera in (("third_person", "third"), ("wrist", "wrist")):
-            for point, value in self._estimate(task, camera, images[role]).items():
-                fresh[f"{camera}.{point}"] = value
-        # dropout: some estimates are not refreshed this time (never the first ones)
-        keep_old = self._torch.rand(len(fresh), generator=self.generator).numpy() < self.dropout
-        for (key, value), stale in zip(sorted(fresh.items()), keep_old):
+    def _perceive(self, task: str, estimates: Dict[str, np.ndarray]) -> None:
+        """Take in fresh network outputs; dropout keeps some old estimates (never the first ones)."""
+        keep_old = self._torch.rand(len(estimates), generator=self.generator).numpy() < self.dropout
+        for (key, value), stale in zip(sorted(estimates.items()), keep_old):
             if not (stale and key in self._estimates):
                 self._estimates[key] = value
+
+    @classmethod
+    def act_batch(cls, policies: Sequence["ReferencePolicy"], observations: Sequence[Observation]) -> List[np.ndarray]:
+        """One network pass per (task, camera) for the whole batch; each item keeps its own generator.
+
+        ``KeypointNet.predict`` gives an image the same output in any batch, so batched and
+        single calls give identical actions.
+        """
+        tasks = [p._task(obs) for p, obs in zip(policies, observations)]
+        groups: Dict[tuple, List[int]] = {}
+        for i, (p, task) in enumerate(zip(policies, tasks)):
+            for role, camera in (("third_person", "third"), ("wrist", "wrist")):
+                if PERCEPTION[task].third_points if camera == "third" else PERCEPTION[task].wrist_points:
+                    groups.setdefault((str(p.weights_dir), task, role, camera), []).append(i)
+        estimates: List[Dict[str, np.ndarray]] = [{} for _ in policies]
+        for (_, task, role, camera), items in groups.items():
+            images = np.stack([resize(policies[i]._image(observations[i], role)) for i in items])
+            owner = policies[items[0]]
+            out = owner._net(f"{task}_{camera}").predict(owner._torch.from_numpy(images)).numpy().astype(float)
+            perception = PERCEPTION[task]
+            points = perception.third_points if camera == "third" else perception.wrist_points
+            for row, i in zip(out, items):
+                estimates[i].update({f"{camera}.{p}": row[3 * k : 3 * k + 3] for k, p in enumerate(points)})
+        return [p._act(task, obs, est) for p, task, obs, est in zip(policies, tasks, observations, estimates)]
+
+    def _image(self, obs: Observation, role: str) -> np.ndarray:
+        image = next(obs.images[name] for name, r in obs.camera_roles.items() if r == role)
+        return np.zeros_like(image) if self.blind else image
 
     # ------------------------------------------------------------------ control
 
     def act(self, obs: Observation) -> np.ndarray:
-        task = INSTRUCTIONS.get(obs.instruction)
-        if task is None:
-            raise ValueError(f"the reference policy was not trained for {obs.instruction!r}; known: {sorted(INSTRUCTIONS.values())}")
-        self._perceive(task, obs)
+        return self.act_batch([self], [obs])[0]
+
+    def _act(self, task: str, obs: Observation, estimates: Dict[str, np.ndarray]) -> np.ndarray:
+        self._perceive(task, estimates)
         eef = np.asarray(obs.proprio["robot0_base_to_eef_pos"], dtype=float)
+        self._eef = eef
         # heading of the fingers' closing axis in the base frame (the frame the arm is commanded in)
         self._closing_yaw = closing_axis_yaw(obs.proprio["robot0_eef_quat"], quat_xyzw_to_mat(obs.proprio["robot0_base_quat"]))
         self._yaw_rate = 0.0
@@ -172,7 +198,18 @@ class ReferencePolicy(Policy):
         return self._memo["release_at"] + [0.0, 0.0, rise], OPEN
 
     def _wrist(self, point: str) -> np.ndarray:
-        return self._estimates[f"wrist.{point}"]
+        """The wrist estimate of ``point`` relative to the gripper, checked against the third-person one.
+
+        The wrist network is precise near the poses it was trained on and can be far off elsewhere;
+        followed blindly, one bad estimate walks the gripper away until the object leaves the view.
+        When the two cameras disagree by more than ``wrist_gate`` horizontally, the third-person
+        estimate wins.
+        """
+        rel = self._estimates[f"wrist.{point}"]
+        third = self._estimates.get(f"third.{point}")
+        if third is not None and np.linalg.norm((self._eef + rel - third)[:2]) > self.wrist_gate:
+            return third - self._eef
+        return rel
 
     def _third(self, point: str) -> np.ndarray:
         return self._estimates[f"third.{point}"]

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from ...specs import canonical_hash
-from .data import NET_IMAGE_SIZE, PERCEPTION, generate
+from .data import NET_IMAGE_SIZE, PERCEPTION, generate, generate_on_policy
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 MANIFEST = "manifest.json"
@@ -95,16 +95,27 @@ def train_net(images: np.ndarray, targets: np.ndarray, episodes: np.ndarray, con
     }
 
 
+def load_training_set(paths: Sequence[str], camera: str):
+    """Images, targets and episode ids of one camera, concatenated over data files (episode ids kept apart)."""
+    images, targets, episodes, offset = [], [], [], 0
+    for path in paths:
+        data = np.load(path)
+        images.append(data[camera])
+        targets.append(data[f"{camera}_y"])
+        episodes.append(data["episode"] + offset)
+        offset = int(episodes[-1].max()) + 1
+    return np.concatenate(images), np.concatenate(targets), np.concatenate(episodes)
+
+
 def _train_job(args) -> Dict:
     import torch
 
     from .nets import param_count, state_hash, KeypointNet
 
-    task, camera, data_path, out_dir, config = args
-    data = np.load(data_path)
-    images, targets = data[camera], data[f"{camera}_y"]
+    task, camera, data_paths, out_dir, config = args
+    images, targets, episodes = load_training_set(data_paths, camera)
     t0 = time.perf_counter()
-    result = train_net(images, targets, data["episode"], config)
+    result = train_net(images, targets, episodes, config)
     name = f"{task}_{camera}.pt"
     torch.save(result.pop("state"), Path(out_dir) / name)
     state = torch.load(Path(out_dir) / name)
@@ -119,6 +130,7 @@ def _train_job(args) -> Dict:
         "points": list(points),
         "n_out": int(targets.shape[1]),
         "params": param_count(net),
+        "data": [Path(p).name for p in data_paths],
         "dataset_sha256": array_hash(images, targets),
         "train_s": round(time.perf_counter() - t0, 1),
         **result,
@@ -126,8 +138,11 @@ def _train_job(args) -> Dict:
 
 
 def _data_job(args) -> str:
-    task, path, frames, progress = args
-    generate(task, Path(path), frames=frames, progress=progress)
+    task, path, frames, progress, weights_dir = args
+    if weights_dir is None:
+        generate(task, Path(path), frames=frames, progress=progress)
+    else:
+        generate_on_policy(task, Path(path), Path(weights_dir), frames=frames, progress=progress)
     return str(path)
 
 
@@ -149,31 +164,55 @@ def train_reference(
     frames: Optional[int] = None,
     progress: bool = True,
 ) -> Dict:
-    """Generate data (reused if present) and train every net; write ``manifest.json`` beside the weights."""
+    """Generate data (reused if present) and train every net; write ``manifest.json`` beside the weights.
+
+    Round 1 trains on expert data. Tasks with ``on_policy_frames`` then get a second round: the
+    round-1 policy drives its own rollouts, their frames join the expert data, and the nets are
+    retrained from scratch on both (one DAgger round). On-policy data is cached under the hash of
+    the round-1 weights that produced it.
+    """
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    paths = {t: data_dir / f"{t}{'' if frames is None else f'-{frames}'}.npz" for t in tasks}
-    missing = [(t, str(p), frames, progress) for t, p in paths.items() if not p.exists()]
+    suffix = "" if frames is None else f"-{frames}"
+    data = {t: [str(data_dir / f"{t}{suffix}.npz")] for t in tasks}
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(_data_job, missing))
-        data_s = time.perf_counter() - t0
-        jobs = [
-            (t, cam, str(paths[t]), str(out_dir), config)
-            for t in tasks
-            for cam in ("third", "wrist")
-            if (PERCEPTION[t].third_points if cam == "third" else PERCEPTION[t].wrist_points)
-        ]
-        nets = list(pool.map(_train_job, jobs))
+        list(pool.map(_data_job, [(t, p[0], frames, progress, None) for t, p in data.items() if not Path(p[0]).exists()]))
+        nets = _train_round(pool, tasks, data, out_dir, config)
+        manifest = _write_manifest(out_dir, tasks, data, nets, config, t0)
+        second = [t for t in tasks if PERCEPTION[t].on_policy_frames]
+        if second:
+            for t in second:
+                round1 = canonical_hash({k: n["sha256"] for k, n in nets.items() if n["task"] == t})[:12]
+                data[t].append(str(data_dir / f"{t}{suffix}-on-policy-{round1}.npz"))
+            jobs = [(t, data[t][1], frames, progress, str(out_dir)) for t in second if not Path(data[t][1]).exists()]
+            list(pool.map(_data_job, jobs))
+            nets.update(_train_round(pool, second, data, out_dir, config))
+            manifest = _write_manifest(out_dir, tasks, data, nets, config, t0)
+    return manifest
+
+
+def _train_round(pool, tasks, data, out_dir, config) -> Dict[str, Dict]:
+    jobs = [
+        (t, cam, data[t], str(out_dir), config)
+        for t in tasks
+        for cam in ("third", "wrist")
+        if (PERCEPTION[t].third_points if cam == "third" else PERCEPTION[t].wrist_points)
+    ]
+    return {f"{n['task']}_{n['camera']}": n for n in pool.map(_train_job, jobs)}
+
+
+def _write_manifest(out_dir: Path, tasks, data, nets, config, t0) -> Dict:
     # Training a subset of the tasks keeps the other tasks' nets.
     previous = json.loads((out_dir / MANIFEST).read_text()) if (out_dir / MANIFEST).exists() else {}
     keep = lambda d: {k: v for k, v in d.items() if k.split("_")[0] not in tasks}  # noqa: E731
+    elapsed = round(time.perf_counter() - t0, 1)
     manifest = {
         "image_size": NET_IMAGE_SIZE,
         "config": config.__dict__,
-        "tasks": {**keep(previous.get("tasks", {})), **{t: {"priors": priors(paths[t], t)} for t in tasks}},
-        "nets": {**keep(previous.get("nets", {})), **{f"{n['task']}_{n['camera']}": n for n in nets}},
-        "timing_s": {**previous.get("timing_s", {}), **{t: {"data": round(data_s, 1), "total": round(time.perf_counter() - t0, 1)} for t in tasks}},
+        "tasks": {**keep(previous.get("tasks", {})), **{t: {"priors": priors(Path(data[t][0]), t)} for t in tasks}},
+        "nets": {**keep(previous.get("nets", {})), **nets},
+        "timing_s": {**previous.get("timing_s", {}), **{t: {"total": elapsed} for t in tasks}},
     }
     manifest["weights_sha256"] = canonical_hash({k: n["sha256"] for k, n in manifest["nets"].items()})
     with open(out_dir / MANIFEST, "w") as f:

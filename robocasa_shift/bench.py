@@ -1,0 +1,299 @@
+"""``make bench``: the harness against the simulator's own limit, measured side by side in one run.
+
+Every figure is measured in the same process (or the same pools) with the
+repeats interleaved, so a slow minute on the machine affects all of them
+alike; each is reported as median, min and max over the repeats.
+
+- ``physics_sps``: bare ``robosuite`` stepping, no rendering.
+- ``render_ms``: one camera frame at the policy's size.
+- ``reset_ms``: the between-rollout reset (restore nominal, seeded reset, fingerprint).
+- ``overhead_ratio``: harness time per control step / a bare robosuite loop with
+  the same environment, the same actions (recorded from the harness rollout) and
+  the same rendering cadence and cameras, in the same process.
+- ``cadence_speedup``: a harness rollout reading one observation per chunk of
+  k steps vs the same rollout reading one every step.
+- ``batch_speedup``: the reference policy queried once for the 13 conditions
+  of a base episode vs once per condition (policy time only); and
+  ``lockstep_speedup_13``: the 13 rollouts (40 steps each) stepped in lockstep
+  with batched calls vs one after another (everything included).
+- ``scaling_2_workers``: formal-run throughput with 2 single-threaded workers /
+  1 single-threaded worker, beside 1 worker with 2 threads; ``rss_mb`` per
+  worker and ``wall_vs_parts`` (wall time per rollout / its physics + render +
+  policy time) come from the same runs.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from typing import Callable, Dict, List, Sequence
+
+import numpy as np
+
+from .executors import WorkerConfig, apply_threads
+
+BENCH_TASK = "Lift"
+FORMAL_CONDITIONS = ("clean", "illumination:L2", "camera:L2", "blur:L2")
+
+
+class FixedActions:
+    """A policy with no cost of its own: plays fixed actions in chunks of ``chunk``, reading both cameras."""
+
+    name = "bench-fixed-actions"
+    camera_roles = ("third_person", "wrist")
+    image_size = 128
+    privileged = False
+    deterministic = True
+
+    def __init__(self, actions: np.ndarray, chunk: int):
+        self.actions, self.chunk, self._next = actions, chunk, 0
+
+    def reset(self, seed: int) -> None:
+        self._next = 0
+
+    def act(self, obs) -> np.ndarray:
+        chunk = self.actions[self._next : self._next + self.chunk]
+        self._next += len(chunk)
+        return chunk
+
+    def rng_fingerprint(self) -> str:
+        return "deterministic"
+
+
+def summary(values: Sequence[float], digits: int = 3) -> Dict[str, float]:
+    return {"median": round(float(np.median(values)), digits), "min": round(float(np.min(values)), digits),
+            "max": round(float(np.max(values)), digits), "n": len(values)}
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+class InProcess:
+    """The single-process measurements, all on one live environment of the embedded backend."""
+
+    def __init__(self, env, steps: int):
+        from . import specs
+
+        self.protocol = specs.load_protocol()
+        self.stage_spec = specs.load_stage_spec("robosuite", env.task.name)
+        self.env = env
+        self.steps = steps
+        rng = np.random.default_rng(0)
+        self.actions = np.clip(rng.normal(0.0, 0.5, (steps, self.env.action_dim)), -1, 1)
+        self.actions[:, 6:] = 0.0  # arm and gripper only; the base stays put
+        self.cameras = list(self.env.third_person_cameras) + list(self.env.wrist_cameras)
+
+    def key(self, condition: str = "clean"):
+        from .records import RolloutKey
+
+        return RolloutKey("formal", self.env.task.name, 0, condition, 0)
+
+    def physics_sps(self) -> float:
+        self.env.reset(1)
+        raw = self.env.raw
+        return self.steps / _timed(lambda: [raw.step(a) for a in self.actions])
+
+    def render_ms(self, frames: int = 20) -> float:
+        self.env.reset(1)
+        cam = self.cameras[0]
+        return 1000 * _timed(lambda: [self.env.render(cam, 128) for _ in range(frames)]) / frames
+
+    def reset_ms(self, resets: int = 5) -> float:
+        from .rollout import prepare_episode
+
+        key = self.key()
+        return 1000 * _timed(lambda: [prepare_episode(self.env, self.protocol, key) for _ in range(resets)]) / resets
+
+    def harness(self, chunk: int, condition: str = "clean") -> tuple:
+        """(seconds per control step, steps, final qpos) of a full harness rollout of the fixed actions."""
+        from .rollout import run_rollout
+
+        policy = FixedActions(self.actions, chunk)
+        t0 = time.perf_counter()
+        record = run_rollout(self.env, policy, self.key(condition), self.protocol, self.stage_spec, "robosuite",
+                             horizon=self.steps)
+        if not record.valid:
+            raise RuntimeError(f"benchmark rollout failed: {record.error}")
+        return (time.perf_counter() - t0) / record.steps, record.steps, self.env.data.qpos.copy()
+
+    def bare(self, chunk: int, steps: int) -> tuple:
+        """(seconds per control step, final qpos) of plain robosuite from the harness rollout's seed:
+        seeded reset, then step, rendering the same cameras every ``chunk`` steps."""
+        from . import seeding
+
+        env, raw = self.env, self.env.raw
+        ctx = env._render_context()
+        cam_ids = [raw.sim.model.camera_name2id(c) for c in self.cameras]
+        seed = seeding.env_seed(self.protocol.study_seed, self.env.task.name, "formal", 0)
+        t0 = time.perf_counter()
+        env.reset(seed)  # robosuite's own reset with its generators replaced (it has no reset(seed))
+        for i in range(steps):
+            if i % chunk == 0:
+                for cam in cam_ids:
+                    ctx.render(width=128, height=128, camera_id=cam)
+                    ctx.read_pixels(128, 128)
+            raw.step(self.actions[i])
+        return (time.perf_counter() - t0) / steps, env.data.qpos.copy()
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class BatchBench:
+    """The reference policy for the 13 conditions of one base episode: one batched call vs 13 calls."""
+
+    def __init__(self, env, conditions: Sequence[str]):
+        from .policies.base import Observation
+        from .policies.reference import ReferencePolicy
+
+        env.reset(1)
+        images = {c: env.render(c, 128) for c in list(env.third_person_cameras) + list(env.wrist_cameras)}
+        roles = {c: ("wrist" if c in env.wrist_cameras else "third_person") for c in images}
+        self.obs = [Observation(images, roles, env.proprio(), env.task.instruction, 0) for _ in conditions]
+        self.policies = [ReferencePolicy() for _ in conditions]
+        from .backends import get_backend
+
+        self.extra_envs = [get_backend("robosuite").make(env.task.name) for _ in conditions[1:]]
+
+    def lockstep(self, local: "InProcess", keys, horizon: int) -> tuple:
+        """(seconds for ``keys`` one after another, seconds for the same keys in lockstep), same horizon."""
+        from .rollout import run_lockstep, run_rollout
+
+        envs = [local.env] + [self.extra_envs[i] for i in range(len(keys) - 1)]
+        t_single = _timed(lambda: [run_rollout(local.env, self.policies[0], k, local.protocol, local.stage_spec,
+                                               "robosuite", horizon=horizon) for k in keys])
+        t_lock = _timed(lambda: run_lockstep(envs, self.policies[: len(keys)], keys, local.protocol, local.stage_spec,
+                                             "robosuite", horizon=horizon))
+        return t_single, t_lock
+
+    def one_by_one(self, calls: int = 10) -> float:
+        for i, p in enumerate(self.policies):
+            p.reset(i)
+        return _timed(lambda: [[p.act(o) for p, o in zip(self.policies, self.obs)] for _ in range(calls)])
+
+    def batched(self, calls: int = 10) -> float:
+        from .policies.base import act_batch
+
+        for i, p in enumerate(self.policies):
+            p.reset(i)
+        return _timed(lambda: [act_batch(self.policies, self.obs) for _ in range(calls)])
+
+
+class Pool:
+    """A pool of real formal-run workers (the local executor's), started once and timed warm."""
+
+    def __init__(self, workers: int, threads: int, policy: str):
+        import multiprocessing as mp
+
+        from .executors import _init_worker
+
+        self.label = f"{workers}x{threads}"
+        self.workers = workers
+        self.pool = mp.get_context("spawn").Pool(
+            workers, initializer=_init_worker, initargs=(WorkerConfig("robosuite", policy, threads=threads),))
+
+    def run(self, keys) -> tuple:
+        """(rollouts per second, results) for ``keys``, after the pool is warm."""
+        from .executors import _run_in_worker
+
+        t0 = time.perf_counter()
+        results = [r for group in self.pool.imap_unordered(_run_in_worker, [[k] for k in keys], chunksize=1) for r in group]
+        return len(keys) / (time.perf_counter() - t0), results
+
+    def close(self) -> None:
+        self.pool.terminate()
+        self.pool.join()
+
+
+def formal_keys(task: str, episodes: Sequence[int]) -> List:
+    from .records import RolloutKey
+
+    return [RolloutKey("formal", task, e, c, 0) for e in episodes for c in FORMAL_CONDITIONS]
+
+
+def run_bench(repeats: int = 5, steps: int = 200, rollouts: int = 8, policy: str = "reference",
+              task: str = BENCH_TASK, progress: bool = True) -> Dict:
+    """Measure everything (``repeats`` interleaved repeats); return the JSON-able result."""
+    from tqdm import tqdm
+
+    from .executors import as_record
+
+    apply_threads(1)  # the in-process figures are per core; the pools choose their own threads
+    from .backends import get_backend
+
+    local = InProcess(get_backend("robosuite").make(task), steps)
+    conditions = ["clean"] + [f"{f}:L{level}" for f in ("illumination", "camera", "base", "blur") for level in (1, 2, 3)]
+    batch = BatchBench(local.env, conditions)
+    conditions_keys = [local.key(c) for c in conditions]
+    pools = [Pool(1, 1, policy), Pool(2, 1, policy), Pool(1, 2, policy)]  # 2x1 is the default on 2 cores
+    warm_keys = formal_keys(task, [100, 101])
+    for pool in pools:  # start workers, build environments, load networks
+        pool.run(warm_keys)
+    m: Dict[str, List[float]] = {}
+    add = lambda name, value: m.setdefault(name, []).append(float(value))  # noqa: E731
+    parts: List[float] = []
+    rss: Dict[str, List[float]] = {}
+    bar = tqdm(total=repeats, desc="bench", unit="repeat", disable=not progress, dynamic_ncols=True)
+    for r in range(repeats):
+        add("physics_sps", local.physics_sps())
+        add("render_ms", local.render_ms())
+        add("reset_ms", local.reset_ms())
+        per_step = {}
+        for chunk in (1, 4, 8):
+            per_step[chunk], n, _ = local.harness(chunk)
+        bare4, _ = local.bare(4, n)
+        add("overhead_ratio", per_step[4] / bare4)
+        add("cadence_speedup_4", per_step[1] / per_step[4])
+        add("cadence_speedup_8", per_step[1] / per_step[8])
+        add("batch_speedup", batch.one_by_one() / batch.batched())
+        single, lock = batch.lockstep(local, conditions_keys, horizon=40)
+        add("lockstep_speedup_13", single / lock)
+        keys = formal_keys(task, range(r * rollouts, (r + 1) * rollouts))[:rollouts]
+        for pool in pools:
+            rate, results = pool.run(keys)
+            add(f"throughput_{pool.label}", rate)
+            for res in results:
+                rss.setdefault(pool.label, []).append(res["rss_mb"])
+            if pool.label == "1x1":
+                records = [as_record(res) for res in results]
+                busy = sum(rec.timing["physics_s"] + rec.timing["render_s"] + rec.timing["policy_s"] for rec in records)
+                parts.append(len(keys) / rate / (busy / len(records)))
+        add("scaling_2_workers", m["throughput_2x1"][-1] / m["throughput_1x1"][-1])
+        bar.update(1)
+    bar.close()
+    for pool in pools:
+        pool.close()
+    for env in batch.extra_envs:
+        env.close()
+    local.close()
+    figures = {name: summary(values) for name, values in m.items()}
+    figures["wall_vs_parts"] = summary(parts)
+    figures["rss_mb"] = {label: summary(v, 1) for label, v in rss.items()}
+    return {
+        "task": task,
+        "policy": policy,
+        "repeats": repeats,
+        "steps_per_rollout": steps,
+        "rollouts_per_repeat": rollouts,
+        "conditions": list(FORMAL_CONDITIONS),
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "in_process_threads": 1,
+        "figures": figures,
+        "goals": {"overhead_ratio": "<= 1.05", "scaling_2_workers": ">= 1.8", "wall_vs_parts": "<= 1.2"},
+    }
+
+
+def table(result: Dict) -> str:
+    lines = [f"{'figure':<26}{'median':>10}{'min':>10}{'max':>10}"]
+    for name, s in result["figures"].items():
+        items = s.items() if "median" not in s else [("", s)]
+        for label, v in items:
+            lines.append(f"{(name + (' ' + label if label else '')):<26}{v['median']:>10}{v['min']:>10}{v['max']:>10}")
+    return "\n".join(lines)
+

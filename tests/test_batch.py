@@ -1,0 +1,70 @@
+"""Batched policy calls and lockstep rollouts: same records as one rollout at a time."""
+
+import json
+
+import numpy as np
+import pytest
+
+from robocasa_shift.executors import lockstep_groups
+from robocasa_shift.records import RolloutKey
+
+
+def test_lockstep_groups_hold_conditions_of_one_base_episode():
+    keys = [RolloutKey("formal", t, e, c) for t in ("Lift", "Stack") for e in (0, 1) for c in ("clean", "blur:L1", "base:L2")]
+    groups = lockstep_groups(list(reversed(keys)), batch=2)
+    assert sorted(k for g in groups for k in g) == sorted(keys)  # nothing lost, nothing duplicated
+    for group in groups:
+        assert 1 <= len(group) <= 2
+        assert len({(k.task, k.phase, k.episode, k.replicate) for k in group}) == 1
+    assert [len(g) for g in lockstep_groups(keys, batch=1)] == [1] * len(keys)
+    assert len(lockstep_groups(keys, batch=13)) == 4  # 2 tasks x 2 episodes
+
+
+def test_keypoint_net_output_does_not_depend_on_the_batch():
+    torch = pytest.importorskip("torch")
+    from robocasa_shift.policies.reference.nets import KeypointNet
+
+    torch.manual_seed(0)
+    net = KeypointNet(6).eval()
+    images = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (13, 96, 96, 3), dtype=np.uint8))
+    batched = net.predict(images)
+    alone = torch.cat([net.predict(images[i : i + 1]) for i in range(len(images))])
+    assert torch.equal(batched, alone)
+    assert torch.equal(net.predict(images[3:9])[2], batched[5])
+    assert float((batched - net(images)).abs().max()) < 1e-5  # the training-time forward, up to the last bits
+
+
+def _records(run_dir):
+    out = {}
+    for path in sorted(run_dir.glob("records/**/*.json")):
+        rec = json.loads(path.read_text())
+        out[path.name] = {k: v for k, v in rec.items() if k not in ("timing", "wall_s")}
+    return out
+
+
+@pytest.mark.sim
+@pytest.mark.slow
+def test_batched_run_writes_the_records_of_an_unbatched_run(tmp_path):
+    from robocasa_shift.study import Execution, run
+
+    conditions = ["clean", "blur:L2", "illumination:L1"]
+    for batch in (1, 3):
+        run(tmp_path / f"b{batch}", ["Lift"], conditions, [0], policy="reference", progress=False,
+            execution=Execution(workers=1, batch=batch))
+    one, three = _records(tmp_path / "b1"), _records(tmp_path / "b3")
+    assert len(one) == 3 and one == three
+    assert all(r["valid"] and r["policy_calls"] > 0 for r in one.values())
+    manifest = json.loads((tmp_path / "b3" / "manifest.json").read_text())
+    assert manifest["executions"][0]["batch"] == 3
+
+
+@pytest.mark.sim
+def test_bench_compares_like_with_like(lift_env):
+    """The bare loop the overhead is measured against ends in the harness rollout's exact state."""
+    from robocasa_shift.bench import InProcess
+
+    local = InProcess(lift_env, steps=24)
+    _, steps, harness_qpos = local.harness(4)
+    _, bare_qpos = local.bare(4, steps)
+    assert steps == 24 and np.array_equal(harness_qpos, bare_qpos)
+    assert local.physics_sps() > 0 and local.render_ms() > 0
