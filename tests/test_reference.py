@@ -91,6 +91,24 @@ def test_training_is_bit_reproducible(tmp_path):
 
 
 @pytest.mark.sim
+def test_on_policy_round_renders_what_the_policy_sees_reproducibly(tmp_path):
+    from robocasa_shift.policies.reference.data import generate_on_policy
+    from robocasa_shift.policies.reference.train import WEIGHTS_DIR, load_training_set
+
+    a = np.load(generate_on_policy("Lift", tmp_path / "a.npz", WEIGHTS_DIR, frames=30, progress=False))
+    b = np.load(generate_on_policy("Lift", tmp_path / "b.npz", WEIGHTS_DIR, frames=30, progress=False))
+    for key in ("third", "wrist", "third_y", "wrist_y", "episode"):
+        np.testing.assert_array_equal(a[key], b[key])
+    assert a["wrist"].shape == (30, 96, 96, 3) and a["wrist_y"].shape == (30, 3)
+    # the policy closes in on the cube: its wrist labels (cube relative to the gripper) shrink
+    first = np.flatnonzero(a["episode"] == 0)
+    assert np.linalg.norm(a["wrist_y"][first[-1]]) < np.linalg.norm(a["wrist_y"][first[0]])
+    # expert and on-policy files concatenate with their episodes kept apart
+    images, targets, episodes = load_training_set([str(tmp_path / "a.npz"), str(tmp_path / "b.npz")], "wrist")
+    assert len(images) == 60 and len(np.unique(episodes)) == 2 * len(np.unique(a["episode"]))
+
+
+@pytest.mark.sim
 def test_reference_lifts_the_cube_from_images(tmp_path):
     from robocasa_shift.backends import get_backend
     from robocasa_shift.records import RolloutKey
