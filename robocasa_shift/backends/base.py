@@ -50,6 +50,23 @@ class Env(Protocol):
     def close(self) -> None: ...
 
 
+class TaskTable:
+    """``task_names`` and ``task`` for a backend whose tasks are a class-level ``tasks`` mapping
+    (name -> an object with ``info() -> TaskInfo``); unknown names list the valid ones."""
+
+    tasks: Mapping[str, Any] = {}
+
+    def task_names(self) -> List[str]:
+        return list(self.tasks)
+
+    def task(self, name: str) -> TaskInfo:
+        if name not in self.tasks:
+            from ..registry import UnknownNameError
+
+            raise UnknownNameError("task", name, list(self.tasks))
+        return self.tasks[name].info()
+
+
 class Backend(Protocol):
     name: str
 

@@ -58,7 +58,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..stages import predicate
-from .base import BackendUnavailable, TaskInfo
+from .base import BackendUnavailable, TaskInfo, TaskTable
 from .robosuite_backend import RENDER_PROFILES, RobosuiteEnv, _hash_arrays
 
 ROBOT = "PandaOmron"
@@ -626,20 +626,12 @@ def _check_horizon(task: RobocasaTask) -> None:
         )
 
 
-class RobocasaBackend:
+class RobocasaBackend(TaskTable):
     """RoboCasa365's 16 Composite-Seen target tasks on PandaOmron."""
 
     name = "robocasa"
 
-    def task_names(self) -> List[str]:
-        return list(TASKS)
-
-    def task(self, name: str) -> TaskInfo:
-        if name not in TASKS:
-            from ..registry import UnknownNameError
-
-            raise UnknownNameError("task", name, list(TASKS))
-        return TASKS[name].info()
+    tasks = TASKS
 
     def check_available(self) -> None:
         check_available()

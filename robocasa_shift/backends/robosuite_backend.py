@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional
 import numpy as np
 
 from ..stages import predicate
-from .base import BackendUnavailable, TaskInfo
+from .base import BackendUnavailable, TaskInfo, TaskTable
 
 ROBOT = "PandaOmron"
 CONTROL_FREQ_HZ = 20
@@ -455,20 +455,12 @@ class RobosuiteEnv:
         self.raw.close()
 
 
-class RobosuiteBackend:
+class RobosuiteBackend(TaskTable):
     """Tasks Lift, Stack, PickPlaceCan and NutAssemblySquare on PandaOmron."""
 
     name = "robosuite"
 
-    def task_names(self) -> List[str]:
-        return list(TASKS)
-
-    def task(self, name: str) -> TaskInfo:
-        if name not in TASKS:
-            from ..registry import UnknownNameError
-
-            raise UnknownNameError("task", name, list(TASKS))
-        return TASKS[name].info()
+    tasks = TASKS
 
     def make(self, task: str, render_profile: str = "fast") -> RobosuiteEnv:
         self.task(task)

@@ -79,36 +79,61 @@ def resize(image: np.ndarray) -> np.ndarray:
     return cv2.resize(image, (NET_IMAGE_SIZE, NET_IMAGE_SIZE), interpolation=cv2.INTER_AREA)
 
 
+class TrainingSet:
+    """Frames of one task with their simulator labels, collected as they are rendered, saved as one npz."""
+
+    def __init__(self, task: str, frames: int, desc: str, progress: bool):
+        self.perception, self.frames = PERCEPTION[task], frames
+        self.columns: Dict[str, List[np.ndarray]] = {k: [] for k in ("third", "wrist", "third_y", "wrist_y", "prior_y", "episode")}
+        self.bar = _bar(frames, desc, progress)
+
+    def full(self) -> bool:
+        return len(self.columns["episode"]) >= self.frames
+
+    def add(self, env, episode: int, images: Optional[Dict[str, np.ndarray]] = None) -> None:
+        """One frame of ``env``'s current state: both cameras (rendered unless given) and the labels."""
+        images = images or {}
+        third_cam, wrist_cam = env.third_person_cameras[0], env.wrist_cameras[0]
+        ty, wy, py = labels(env.privileged_state(), env.proprio(), self.perception)
+        third = images[third_cam] if third_cam in images else (
+            env.render(third_cam, RENDER_SIZE) if self.perception.third_points else None)
+        wrist = images[wrist_cam] if wrist_cam in images else env.render(wrist_cam, RENDER_SIZE)
+        c = self.columns
+        c["third"].append(resize(third) if self.perception.third_points else np.zeros((0,), np.uint8))
+        c["wrist"].append(resize(wrist))
+        c["third_y"].append(ty)
+        c["wrist_y"].append(wy)
+        c["prior_y"].append(py)
+        c["episode"].append(episode)
+        self.bar.update(1)
+
+    def save(self, out: Path, episodes: int) -> Path:
+        self.bar.close()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(out, **{k: np.stack(v) for k, v in self.columns.items()}, episodes=np.array(episodes))
+        return out
+
+
 def generate(task: str, out: Path, frames: int | None = None, progress: bool = True) -> Path:
     """Render a task's training set into ``out`` (npz). Deterministic given the code and seeds."""
     from ...backends import get_backend
 
     perception = PERCEPTION[task]
-    frames = frames or perception.frames
+    data = TrainingSet(task, frames or perception.frames, task, progress)
     env = get_backend("robosuite").make(task)
     expert = ExpertPolicy()
-    third_cam, wrist_cam = env.third_person_cameras[0], env.wrist_cameras[0]
-    buf: Dict[str, List[np.ndarray]] = {k: [] for k in ("third", "wrist", "third_y", "wrist_y", "prior_y", "episode")}
-    bar = _bar(frames, task, progress)
     episode = 0
-    while len(buf["episode"]) < frames:
+    while not data.full():
         env.reset(derive_seed(TRAINING_SEED, stream="reference-data", task=task, episode=episode))
         expert.reset(0)
         noise = np.random.default_rng(derive_seed(TRAINING_SEED, stream="reference-noise", task=task, episode=episode))
         searching = perception.search_hover is not None
         for step in range(env.task.horizon):
-            proprio, privileged = env.proprio(), env.privileged_state()
             if step % perception.every == 0:
-                ty, wy, py = labels(privileged, proprio, perception)
-                buf["third"].append(resize(env.render(third_cam, RENDER_SIZE)) if perception.third_points else np.zeros((0,), np.uint8))
-                buf["wrist"].append(resize(env.render(wrist_cam, RENDER_SIZE)))
-                buf["third_y"].append(ty)
-                buf["wrist_y"].append(wy)
-                buf["prior_y"].append(py)
-                buf["episode"].append(episode)
-                bar.update(1)
-                if len(buf["episode"]) >= frames:
+                data.add(env, episode)
+                if data.full():
                     break
+            proprio, privileged = env.proprio(), env.privileged_state()
             if searching:
                 target = privileged["source_bin_pos"] + [0.0, 0.0, perception.search_hover]
                 searching = np.linalg.norm(target - proprio["robot0_eef_pos"]) > 0.02 and step < 60
@@ -121,12 +146,8 @@ def generate(task: str, out: Path, frames: int | None = None, progress: bool = T
             if env.is_success():
                 break
         episode += 1
-    bar.close()
     env.close()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    arrays = {k: np.stack(v) for k, v in buf.items()}
-    np.savez(out, **arrays, episodes=np.array(episode))
-    return out
+    return data.save(out, episode)
 
 
 def generate_on_policy(task: str, out: Path, weights_dir: Path, frames: int | None = None, progress: bool = True) -> Path:
@@ -138,44 +159,29 @@ def generate_on_policy(task: str, out: Path, weights_dir: Path, frames: int | No
     from ...backends import get_backend
     from .policy import ReferencePolicy
 
-    perception = PERCEPTION[task]
-    frames = frames or perception.on_policy_frames
+    data = TrainingSet(task, frames or PERCEPTION[task].on_policy_frames, f"{task} on-policy", progress)
     env = get_backend("robosuite").make(task)
     policy = ReferencePolicy(weights_dir=str(weights_dir))
-    third_cam, wrist_cam = env.third_person_cameras[0], env.wrist_cameras[0]
-    roles = {third_cam: "third_person", wrist_cam: "wrist"}
-    buf: Dict[str, List[np.ndarray]] = {k: [] for k in ("third", "wrist", "third_y", "wrist_y", "prior_y", "episode")}
-    bar = _bar(frames, f"{task} on-policy", progress)
+    roles = {env.third_person_cameras[0]: "third_person", env.wrist_cameras[0]: "wrist"}
     episode = 0
-    while len(buf["episode"]) < frames:
+    while not data.full():
         seed = derive_seed(TRAINING_SEED, stream="reference-on-policy", task=task, episode=episode)
         env.reset(seed)
         policy.reset(seed)
         chunk: List[np.ndarray] = []
         for step in range(env.task.horizon):
             if not chunk:
-                proprio = env.proprio()
                 images = {cam: env.render(cam, RENDER_SIZE) for cam in roles}
-                ty, wy, py = labels(env.privileged_state(), proprio, perception)
-                buf["third"].append(resize(images[third_cam]) if perception.third_points else np.zeros((0,), np.uint8))
-                buf["wrist"].append(resize(images[wrist_cam]))
-                buf["third_y"].append(ty)
-                buf["wrist_y"].append(wy)
-                buf["prior_y"].append(py)
-                buf["episode"].append(episode)
-                bar.update(1)
-                if len(buf["episode"]) >= frames:
+                data.add(env, episode, images)
+                if data.full():
                     break
-                chunk = list(policy.act(Observation(images, roles, proprio, env.task.instruction, step)))
+                chunk = list(policy.act(Observation(images, roles, env.proprio(), env.task.instruction, step)))
             env.step(chunk.pop(0))
             if env.is_success():
                 break
         episode += 1
-    bar.close()
     env.close()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(out, **{k: np.stack(v) for k, v in buf.items()}, episodes=np.array(episode))
-    return out
+    return data.save(out, episode)
 
 
 def _bar(total: int, task: str, enabled: bool):
