@@ -16,7 +16,7 @@ RUN ?= runs/study
 # Debian's chromium: the report tests open the HTML report in it, headless.
 APT_PACKAGES := libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6 chromium
 
-.PHONY: setup test test-fast demo run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate screen formal audit report
+.PHONY: setup test test-fast demo run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate screen formal audit report setup-lerobot test-lerobot
 
 setup: $(VENV)/.setup-done
 
@@ -29,7 +29,7 @@ $(VENV)/.setup-done: setup.cfg pyproject.toml
 	fi
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q -e ".[sim,policy,report,cluster,gr00t,test]"
+	$(PY) -m pip install -q -e ".[sim,policy,report,cluster,gr00t,openpi,test]"
 	@# robosuite warns on every import until a private macro file exists. Ours only quiets the
 	@# console; the macros that change rollouts are recorded in every manifest (env_config.macros).
 	$(PY) -c "import importlib.util as u, os; d=os.path.dirname(u.find_spec('robosuite').origin); p=os.path.join(d,'macros_private.py'); os.path.exists(p) or open(p,'w').write('# robocasa-shift set-up: quieter console, no behaviour change\nCONSOLE_LOGGING_LEVEL = \"ERROR\"\n')"
@@ -130,3 +130,44 @@ $(ROBOCASA_VENV)/.setup-done: setup.cfg pyproject.toml
 
 test-robocasa: setup-robocasa
 	$(ROBOCASA_VENV)/bin/pytest -q -p no:cacheprovider tests/test_robocasa.py
+
+# The `lerobot` policy runs in its own virtual environment: LeRobot 0.4.4 (the newest for
+# Python 3.11) needs torch<2.11, the main venv pins torch 2.13.0. LeRobot's own requirements
+# cannot be met beside this project's numpy<2: rerun-sdk>=0.24 (its visualisation, never
+# imported by policies) needs numpy>=2. So lerobot is installed without dependencies and its
+# requirements, less rerun-sdk, are listed here (opencv-python-headless 4.11 and pyarrow 25
+# are the newest that work with numpy<2). PyPI's torch wheel is the CUDA build (several GB;
+# it runs on CPU); PyTorch's CPU index is used instead when it can be reached.
+LEROBOT_VENV ?= .venv-lerobot
+LEROBOT_PY := $(LEROBOT_VENV)/bin/python
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+LEROBOT_REQUIREMENTS := torch==2.9.1 torchvision==0.24.1 \
+  "datasets>=4.0.0,<5.0.0" "diffusers>=0.27.2,<0.36.0" "huggingface-hub[cli,hf-transfer]>=0.34.2,<0.36.0" \
+  "accelerate>=1.10.0,<2.0.0" "setuptools>=71.0.0,<81.0.0" "cmake>=3.29.0.1,<4.2.0" "einops>=0.8.0,<0.9.0" \
+  opencv-python-headless==4.11.0.86 "av>=15.0.0,<16.0.0" "jsonlines>=4.0.0,<5.0.0" "packaging>=24.2,<26.0" \
+  "pynput>=1.7.7,<1.9.0" "pyserial>=3.5,<4.0" "wandb>=0.24.0,<0.25.0" "torchcodec>=0.2.1,<0.11.0" \
+  draccus==0.10.0 "gymnasium>=1.1.1,<2.0.0" "deepdiff>=7.0.1,<9.0.0" "imageio[ffmpeg]>=2.34.0,<3.0.0" \
+  "termcolor>=2.4.0,<4.0.0" "pyarrow<26"
+
+setup-lerobot: $(LEROBOT_VENV)/.setup-done
+
+$(LEROBOT_VENV)/.setup-done: setup.cfg pyproject.toml
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages: $$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+	test -x $(LEROBOT_PY) || python3 -m venv $(LEROBOT_VENV)
+	$(LEROBOT_PY) -m pip install -q --upgrade pip setuptools wheel
+	@index=""; \
+	if $(LEROBOT_PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=10)" 2>/dev/null; then \
+	  index="--extra-index-url $(TORCH_CPU_INDEX)"; echo "torch from $(TORCH_CPU_INDEX)"; \
+	else echo "$(TORCH_CPU_INDEX) unreachable: torch from PyPI"; fi; \
+	set -x; $(LEROBOT_PY) -m pip install -q $$index -e ".[sim,test]" $(LEROBOT_REQUIREMENTS)
+	$(LEROBOT_PY) -m pip install -q --no-deps lerobot==0.4.4
+	$(LEROBOT_PY) -c "import importlib.util as u, os; d=os.path.dirname(u.find_spec('robosuite').origin); p=os.path.join(d,'macros_private.py'); os.path.exists(p) or open(p,'w').write('# robocasa-shift set-up: quieter console, no behaviour change\nCONSOLE_LOGGING_LEVEL = \"ERROR\"\n')"
+	touch $@
+
+test-lerobot: setup-lerobot
+	$(LEROBOT_VENV)/bin/pytest -q -p no:cacheprovider tests/test_lerobot.py

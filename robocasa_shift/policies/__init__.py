@@ -15,6 +15,7 @@ POLICIES.register("reference", "robocasa_shift.policies.reference:ReferencePolic
 POLICIES.register("reference-blind", "robocasa_shift.policies.reference:BlindReferencePolicy")
 POLICIES.register("gr00t", "robocasa_shift.policies.gr00t:Gr00tPolicy")
 POLICIES.register("openpi", "robocasa_shift.policies.openpi:OpenpiPolicy")
+POLICIES.register("lerobot", "robocasa_shift.policies.lerobot:LeRobotPolicy")
 
 
 def make_policy(name: str, **options: Any) -> Policy:

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import logging
 import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
@@ -56,8 +55,6 @@ import numpy as np
 
 from .base import Observation, Policy
 from .gr00t import ACTION_DIM, ActionFormatError, PolicyServerError, PolicyServerTimeout, _canonical, content_hash
-
-log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8000
 UNSEEDED = "unseeded-server"

@@ -1,0 +1,303 @@
+"""The ``lerobot`` policy: a LeRobot checkpoint (ACT, diffusion, pi0, SmolVLA, ...) run in this process.
+
+LeRobot 0.4.4 needs torch<2.11 while this project pins torch 2.13.0, so it
+lives in its own virtual environment (``make setup-lerobot``; tests: ``make
+test-lerobot``).
+
+Loading. ``checkpoint`` is a local directory written by ``save_pretrained``:
+``config.json`` (whose ``type`` picks the class through
+``lerobot.policies.factory.get_policy_class``), ``model.safetensors`` and, since
+LeRobot 0.4, ``policy_preprocessor.json`` / ``policy_postprocessor.json`` with
+their state files (normalisation statistics), loaded with
+``make_pre_post_processors(config, pretrained_path=checkpoint)``. A checkpoint
+without them (LeRobot < 0.4) is refused: run LeRobot's
+``lerobot.processor.migrate_policy_normalization`` on it first.
+
+Observation, as LeRobot's RoboCasa env delivers it (``lerobot/envs/robocasa.py``)
+and LeRobot's evaluation loop prepares it (``preprocess_observation``, then the
+preprocessor): ``observation.images.<camera>`` (float32 (1, 3, H, W) in [0, 1],
+top row first), ``observation.state`` (float32 (1, 16): base position (3),
+base quaternion (4), end effector position (3) and quaternion (4) relative to
+the base, gripper joints (2)), ``task`` (the instruction). Only the image keys
+the checkpoint's ``input_features`` list are sent, rendered at their size. The
+embedded backend's third-person ``robot0_robotview`` feeds both
+``robot0_agentview_left`` and ``robot0_agentview_right``.
+
+Actions: 12-D in LeRobot's RoboCasa order (base motion 4, control mode 1, end
+effector position 3, rotation 3, gripper 1) -> the PandaOmron action
+(``openpi.ACTION_LAYOUTS``). ``mode="step"`` calls ``select_action`` at every
+control step, as LeRobot's evaluation loop does (the policy keeps its own
+action queue and observation history); ``mode="chunk"`` calls
+``predict_action_chunk`` once per ``n_action_steps`` (one render per chunk;
+policies that read an observation history, such as diffusion, refuse it).
+
+Seeding. LeRobot's samplers (diffusion's DDPM noise, flow matching in pi0 and
+SmolVLA) draw from torch's GLOBAL generator, and ``torch.manual_seed`` would
+leak into everything else in the process. Instead ``reset(seed)`` makes a
+private generator state; every call into the model runs inside
+``torch.random.fork_rng`` with that state installed as the global one, and
+the state the call left behind is stored back. The actions are a function of
+the seed and the observations only, the caller's global RNG is never touched,
+and ``rng_fingerprint`` hashes the stored state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from ..seeding import rng_state_hash
+from .base import Observation, Policy
+from .openpi import (
+    LayoutLike,
+    _as_state_layout,
+    checked_image,
+    flat_to_actions,
+    layout_name,
+    proprio_vector,
+    resolve_layout,
+)
+
+NOT_RESET = "not-reset"
+IMAGE_PREFIX = "observation.images."
+STATE_KEY = "observation.state"
+# Harness camera -> LeRobot camera names (the part after "observation.images.").
+DEFAULT_CAMERA_MAP: Dict[str, Tuple[str, ...]] = {
+    # embedded backend: one third-person camera stands in for both agentview cameras
+    "robot0_robotview": ("robot0_agentview_left", "robot0_agentview_right"),
+    "robot0_eye_in_hand": ("robot0_eye_in_hand",),
+    # RoboCasa: identity
+    "robot0_agentview_left": ("robot0_agentview_left",),
+    "robot0_agentview_right": ("robot0_agentview_right",),
+}
+# Policies whose predict_action_chunk stacks an observation history kept by select_action.
+HISTORY_TYPES = frozenset({"diffusion", "tdmpc", "vqbet"})
+
+
+def directory_digest(root: Union[str, Path], block: int = 1 << 20) -> str:
+    """sha256 over every file's relative path, size and content (streamed), in sorted order."""
+    root = Path(root)
+    h = hashlib.sha256()
+    for file in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(f"{file.relative_to(root).as_posix()}\0{file.stat().st_size}\0".encode())
+        with file.open("rb") as f:
+            for chunk in iter(lambda: f.read(block), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+class PolicyRNG:
+    """A private torch generator state, installed as the global one only around a call into the model."""
+
+    def __init__(self, torch, device: str):
+        self.torch = torch
+        dev = torch.device(device)
+        self.cuda_index = (dev.index or 0) if dev.type == "cuda" else None
+        self.cpu_state = None
+        self.cuda_state = None
+
+    def seed(self, seed: int) -> None:
+        torch = self.torch
+        self.cpu_state = torch.Generator().manual_seed(int(seed) % 2**63).get_state()
+        if self.cuda_index is not None:
+            gen = torch.Generator(device=f"cuda:{self.cuda_index}").manual_seed(int(seed) % 2**63)
+            self.cuda_state = gen.get_state()
+
+    def fingerprint(self) -> str:
+        if self.cpu_state is None:
+            return NOT_RESET
+        states = [self.cpu_state.numpy()] + ([self.cuda_state.numpy()] if self.cuda_state is not None else [])
+        return rng_state_hash(*states)
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` with this state as the global torch RNG; the state it leaves is kept, the caller's restored."""
+        if self.cpu_state is None:
+            raise RuntimeError("the lerobot policy was never reset: call reset(seed) before act")
+        torch = self.torch
+        devices = [self.cuda_index] if self.cuda_index is not None else []
+        with torch.random.fork_rng(devices=devices):
+            torch.set_rng_state(self.cpu_state)
+            if self.cuda_index is not None:
+                torch.cuda.set_rng_state(self.cuda_state, self.cuda_index)
+            try:
+                return fn()
+            finally:
+                self.cpu_state = torch.get_rng_state()
+                if self.cuda_index is not None:
+                    self.cuda_state = torch.cuda.get_rng_state(self.cuda_index)
+
+
+def _as_camera_map(camera_map) -> Dict[str, Tuple[str, ...]]:
+    if camera_map is None:
+        return dict(DEFAULT_CAMERA_MAP)
+    if isinstance(camera_map, str):
+        camera_map = json.loads(camera_map)
+    return {str(k): ((v,) if isinstance(v, str) else tuple(v)) for k, v in camera_map.items()}
+
+
+class LeRobotPolicy(Policy):
+    """A local LeRobot checkpoint, in process.
+
+    Args:
+        checkpoint: the directory ``save_pretrained`` wrote (config.json, model.safetensors, processors).
+        device: torch device ("cpu", "cuda", "cuda:1").
+        mode: "step" (``select_action`` each control step) or "chunk" (``predict_action_chunk``).
+        n_action_steps: in chunk mode, steps of each chunk run (default: the config's ``n_action_steps``).
+        camera_map: harness camera -> LeRobot camera name(s); a dict or its JSON.
+        state_layout: (proprio key, dimension) list for ``observation.state`` (default: RoboCasa's 16-D).
+        action_layout: a name in ``openpi.ACTION_LAYOUTS`` or a list of slots.
+        instruction: replaces the task's instruction (sent as ``task``).
+        image_size: render size (default: the size of the checkpoint's image features).
+    """
+
+    name = "lerobot"
+    camera_roles = ("third_person", "wrist")
+    deterministic = False
+
+    def __init__(
+        self,
+        checkpoint: Union[str, Path],
+        device: str = "cpu",
+        mode: str = "step",
+        n_action_steps: Optional[int] = None,
+        camera_map: Union[None, str, Mapping[str, Union[str, Sequence[str]]]] = None,
+        state_layout: Union[None, str, Sequence[Tuple[str, int]]] = None,
+        action_layout: LayoutLike = "robocasa-lerobot",
+        instruction: Optional[str] = None,
+        image_size: Optional[int] = None,
+    ):
+        try:
+            import lerobot
+            import torch
+            from lerobot.configs.policies import PreTrainedConfig
+            from lerobot.envs.utils import preprocess_observation
+            from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+        except ImportError as exc:
+            raise ImportError(f"lerobot is not importable here ({exc}): it needs its own venv (torch<2.11); build it "
+                              "with `make setup-lerobot` and run .venv-lerobot/bin/robocasa-shift") from None
+        self.torch, self._preprocess_observation = torch, preprocess_observation
+        self.checkpoint = Path(checkpoint)
+        for name in ("config.json", "model.safetensors"):
+            if not (self.checkpoint / name).is_file():
+                raise FileNotFoundError(f"{self.checkpoint} has no {name}: pass the directory a LeRobot "
+                                        "policy's save_pretrained wrote (e.g. .../checkpoints/last/pretrained_model)")
+        if mode not in ("step", "chunk"):
+            raise ValueError(f"mode must be 'step' or 'chunk', got {mode!r}")
+        self.mode, self.device = mode, str(device)
+        self.lerobot_version, self.torch_version = lerobot.__version__, torch.__version__
+
+        config = PreTrainedConfig.from_pretrained(self.checkpoint, local_files_only=True)
+        config.device = self.device
+        self.config, self.policy_type = config, config.type
+        self.model = get_policy_class(config.type).from_pretrained(self.checkpoint, config=config,
+                                                                   local_files_only=True)
+        self.model.to(self.device).eval()
+        processors = [self.checkpoint / f"policy_{k}processor.json" for k in ("pre", "post")]
+        if not all(p.is_file() for p in processors):
+            raise FileNotFoundError(
+                f"{self.checkpoint} has no {processors[0].name} / {processors[1].name} (a checkpoint from "
+                "LeRobot < 0.4, which kept normalisation inside the model): convert it with "
+                "`python -m lerobot.processor.migrate_policy_normalization --pretrained-path ...`")
+        self.preprocessor, self.postprocessor = make_pre_post_processors(
+            config, pretrained_path=str(self.checkpoint),
+            preprocessor_overrides={"device_processor": {"device": self.device}})
+
+        if mode == "chunk" and config.type in HISTORY_TYPES:
+            raise ValueError(f"a '{config.type}' policy keeps an observation history in select_action; "
+                             "run it with mode='step'")
+        self.n_action_steps = int(n_action_steps or getattr(config, "n_action_steps", 1))
+        self.camera_map = _as_camera_map(camera_map)
+        self.state_layout = _as_state_layout(state_layout)
+        self.layout = resolve_layout(action_layout)
+        self.instruction = instruction
+        self.image_keys = list(config.image_features)
+        bad = [k for k in self.image_keys if not k.startswith(IMAGE_PREFIX)]
+        if bad or config.env_state_feature is not None:
+            raise ValueError(f"unsupported input features {bad or ['observation.environment_state']}: the adapter "
+                             f"feeds '{IMAGE_PREFIX}<camera>' images and '{STATE_KEY}'")
+        shapes = {tuple(f.shape) for f in config.image_features.values()}
+        if image_size is None:
+            if len(shapes) != 1 or next(iter(shapes))[1] != next(iter(shapes))[2]:
+                raise ValueError(f"image features of several or non-square sizes {sorted(shapes)}: pass image_size")
+            image_size = next(iter(shapes))[1]
+        self.image_size = int(image_size)
+        self.uses_state = config.robot_state_feature is not None
+        if self.uses_state:
+            want = tuple(config.robot_state_feature.shape)
+            have = (sum(d for _, d in self.state_layout),)
+            if want != have:
+                raise ValueError(f"the checkpoint's {STATE_KEY} has shape {want}, state_layout gives {have}")
+        self.rng = PolicyRNG(torch, self.device)
+        self._digest: Optional[str] = None
+
+    # ------------------------------------------------------------------ protocol
+
+    def reset(self, seed: int) -> None:
+        self.rng.seed(seed)
+        self.model.reset()  # action queues, observation history
+        for pipeline in (self.preprocessor, self.postprocessor):
+            pipeline.reset()
+
+    def rng_fingerprint(self) -> str:
+        return self.rng.fingerprint()
+
+    def batch(self, obs: Observation) -> Dict[str, Any]:
+        """The batch LeRobot's evaluation loop would build (before the preprocessor)."""
+        wanted = {k[len(IMAGE_PREFIX):] for k in self.image_keys}
+        pixels: Dict[str, np.ndarray] = {}
+        for camera, image in obs.images.items():
+            for name in self.camera_map.get(camera, (camera,)):
+                if name in wanted:
+                    pixels[name] = checked_image(camera, image)
+        missing = sorted(wanted - set(pixels))
+        if missing:
+            raise KeyError(f"the checkpoint reads cameras {missing}, which no rendered camera maps to "
+                           f"(rendered: {sorted(obs.images)}); set camera_map")
+        raw: Dict[str, Any] = {"pixels": pixels}
+        if self.uses_state:
+            raw["agent_pos"] = proprio_vector(obs, self.state_layout)
+        batch = self._preprocess_observation(raw)
+        batch["task"] = [str(self.instruction if self.instruction is not None else obs.instruction)]
+        return batch
+
+    def act(self, obs: Observation) -> np.ndarray:
+        torch = self.torch
+
+        def infer():
+            batch = self.preprocessor(self.batch(obs))
+            with torch.inference_mode():
+                if self.mode == "step":
+                    action = self.model.select_action(batch)
+                else:
+                    action = self.model.predict_action_chunk(batch)[:, : self.n_action_steps]
+            return self.postprocessor(action)
+
+        action = self.rng.run(infer).to("cpu").numpy()
+        chunk = action[0] if action.ndim == 3 else action  # (1, T, D) chunk or (1, D) step
+        return flat_to_actions(chunk, self.layout, None, f"{self.policy_type} action")
+
+    def identity(self) -> Dict[str, Any]:
+        if self._digest is None:
+            self._digest = directory_digest(self.checkpoint)
+        return {
+            "name": self.name,
+            "checkpoint": str(self.checkpoint.resolve()),
+            "checkpoint_sha256": self._digest,
+            "policy_type": self.policy_type,
+            "lerobot_version": self.lerobot_version,
+            "torch_version": self.torch_version,
+            "device": self.device,
+            "mode": self.mode,
+            "n_action_steps": self.n_action_steps,
+            "image_keys": self.image_keys,
+            "image_size": self.image_size,
+            "camera_map": {k: list(v) for k, v in sorted(self.camera_map.items())},
+            "state_layout": [list(s) for s in self.state_layout] if self.uses_state else None,
+            "action_layout": layout_name(self.layout) or [asdict(s) for s in self.layout],
+            "instruction": self.instruction,
+        }
