@@ -16,7 +16,7 @@ RUN ?= runs/study
 # Debian's chromium: the report tests open the HTML report in it, headless.
 APT_PACKAGES := libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6 chromium
 
-.PHONY: setup test test-fast demo run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate screen formal audit report setup-lerobot test-lerobot
+.PHONY: bench setup test test-fast demo run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate screen formal audit report setup-lerobot test-lerobot
 
 setup: $(VENV)/.setup-done
 
@@ -78,6 +78,10 @@ clean-venv:
 	rm -rf $(VENV)
 
 # Regenerate the reference policy's weights (data rendering + training, ~30-45 min on 2 cores).
+# Performance: the harness against the simulator's own limit, side by side (~10 min on 2 cores).
+bench: setup
+	$(CLI) bench --out build/bench.json
+
 train-reference: setup
 	$(CLI) train-reference --workers $(WORKERS)
 
