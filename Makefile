@@ -77,11 +77,11 @@ conditions tasks: setup
 clean-venv:
 	rm -rf $(VENV)
 
-# Regenerate the reference policy's weights (data rendering + training, ~30-45 min on 2 cores).
 # Performance: the harness against the simulator's own limit, side by side (~10 min on 2 cores).
 bench: setup
 	$(CLI) bench --out build/bench.json
 
+# Regenerate the reference policy's weights (data rendering + training, ~30-45 min on 2 cores).
 train-reference: setup
 	$(CLI) train-reference --workers $(WORKERS)
 
