@@ -34,11 +34,13 @@ def handle_errors(fn):
         from .backends.base import BackendUnavailable
         from .analysis import AnalysisError
         from .store import RunDirError
+        from .policies import PolicyOptionError
         from .study import BadInput
 
         try:
             return fn(*args, **kwargs)
-        except (UnknownNameError, specs.SpecError, specs.FrozenSpecError, BadInput, AnalysisError) as exc:
+        except (UnknownNameError, specs.SpecError, specs.FrozenSpecError, BadInput, AnalysisError,
+                PolicyOptionError) as exc:
             _fail(str(exc), 2)
         except BackendUnavailable as exc:
             _fail(str(exc), 3)
@@ -248,6 +250,24 @@ def execution_options(fn):
     return fn
 
 
+POLICY_OPTION = click.option(
+    "--policy-option", "policy_option_opts", multiple=True, metavar="KEY=VALUE",
+    help="Option for the policy's constructor, repeatable; values are YAML "
+         "(e.g. --policy-option checkpoint=ckpt/ --policy-option port=8000). Recorded in the manifest.")
+
+
+def _policy_options(opts) -> dict:
+    import yaml
+
+    options = {}
+    for text in opts:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected KEY=VALUE, got {text!r}", param_hint="--policy-option")
+        options[key.strip()] = yaml.safe_load(value)
+    return options
+
+
 def _execution(executor, workers, address, threads, batch):
     from .study import Execution
 
@@ -271,10 +291,11 @@ def _execution(executor, workers, address, threads, batch):
               help="Policy-seed replicates, e.g. 0-1 for a clean-vs-clean noise floor.")
 @click.option("--render-profile", type=click.Choice(["fast", "default"]), default="fast", show_default=True,
               help="fast: no shadows, reflections or multisampling.")
+@POLICY_OPTION
 @execution_options
 @handle_errors
 def run(task_opts, condition_opts, episodes, policy, backend, run_dir, phase, replicates, render_profile,
-        executor, workers, address, threads, batch, shard, retry_errors, progress):
+        policy_option_opts, executor, workers, address, threads, batch, shard, retry_errors, progress):
     """Run rollouts of one or more tasks under one or more conditions.
 
     \b
@@ -298,6 +319,7 @@ def run(task_opts, condition_opts, episodes, policy, backend, run_dir, phase, re
         progress=progress,
         execution=_execution(executor, workers, address, threads, batch),
         shard=parse_shard(shard),
+        policy_options=_policy_options(policy_option_opts),
     )
     _report_run(result, run_dir)
 
@@ -308,9 +330,10 @@ def run(task_opts, condition_opts, episodes, policy, backend, run_dir, phase, re
 @RUN_DIR_OPTION
 @click.option("--pool", "pool_path", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Candidate-pool file [default: pools/<backend>.yaml].")
+@POLICY_OPTION
 @execution_options
 @handle_errors
-def screen(policy, backend, run_dir, pool_path, executor, workers, address, threads, batch, shard, retry_errors, progress):
+def screen(policy, backend, run_dir, pool_path, policy_option_opts, executor, workers, address, threads, batch, shard, retry_errors, progress):
     """Clean-competence screening (paper Table IV) from the frozen candidate pool.
 
     \b
@@ -323,7 +346,8 @@ def screen(policy, backend, run_dir, pool_path, executor, workers, address, thre
 
     if shard:
         raise click.UsageError("screening decides as it goes: run it unsharded")
-    result = run_screen(run_dir, policy, backend, _execution(executor, workers, address, threads, batch), progress, pool_path)
+    result = run_screen(run_dir, policy, backend, _execution(executor, workers, address, threads, batch), progress, pool_path,
+                        _policy_options(policy_option_opts))
     for task, d in result["screening"].items():
         click.echo(f"  {task:<18} {d['successes']:>2}/{d['rollouts']:<2} {d['decision']}")
     click.echo(f"formal suite: {', '.join(result['suite']) or '(empty)'} -> {run_dir}/suite.json")
@@ -343,9 +367,10 @@ def screen(policy, backend, run_dir, pool_path, executor, workers, address, thre
 @click.option("--replicates", default="0", show_default=True,
               help="Policy-seed replicates; 0-1 adds a clean-vs-clean noise floor (use with --condition clean).")
 @click.option("--dry-run", is_flag=True, help="Print the rollout count and an ETA from measured rollout times.")
+@POLICY_OPTION
 @execution_options
 @handle_errors
-def formal(task_opts, condition_opts, episodes, policy, backend, run_dir, replicates, dry_run,
+def formal(task_opts, condition_opts, episodes, policy, backend, run_dir, replicates, dry_run, policy_option_opts,
            executor, workers, address, threads, batch, shard, retry_errors, progress):
     """The formal matrix: suite x episodes x 13 conditions, every rollout at its official horizon."""
     from .pipeline import estimate, formal_suite
@@ -371,7 +396,7 @@ def formal(task_opts, condition_opts, episodes, policy, backend, run_dir, replic
     result = run_study(run_dir, tasks, conditions, parse_episodes(episodes), policy=policy, backend=backend,
                        phase="formal", replicates=parse_episodes(replicates), retry_errors=retry_errors,
                        progress=progress, execution=_execution(executor, workers, address, threads, batch),
-                       shard=parse_shard(shard))
+                       shard=parse_shard(shard), policy_options=_policy_options(policy_option_opts))
     _report_run(result, run_dir)
 
 

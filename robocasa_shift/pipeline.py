@@ -90,10 +90,11 @@ def _outcomes(store: RunStore, tasks: Sequence[str], n: int) -> Dict[str, List[b
 
 
 def screen(run_dir: Path | str, policy: str, backend: str = "robosuite", execution: Execution = Execution(),
-           progress: bool = True, pool_path: Optional[Path] = None) -> Dict[str, Any]:
+           progress: bool = True, pool_path: Optional[Path] = None,
+           policy_options: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Clean-competence screening with the pool's N+M schedule; writes the table and the formal suite."""
     pool = load_pool(backend, pool_path)
-    study = Study(backend_name=backend, policy_name=policy)
+    study = Study(backend_name=backend, policy_name=policy, policy_options=dict(policy_options or {}))
     study.check_names(pool.candidates, ["clean"])
     with RunSession(run_dir, study, pool.candidates, execution, progress) as session:
 

@@ -12,7 +12,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 from . import specs
 from .audit import add_to_plan
 from .backends import get_backend
-from .policies import POLICIES, make_policy
+from .policies import check_policy_options, make_policy
 from .records import Record, RolloutKey
 from .rollout import run_lockstep, run_rollout
 from .seeding import PHASES
@@ -106,8 +106,8 @@ class Study:
         return self._policies[:n]
 
     def check_names(self, tasks: Sequence[str], conditions: Sequence[str]) -> None:
-        """Raise UnknownNameError (listing valid names), or BackendUnavailable, before anything runs."""
-        POLICIES.get(self.policy_name)
+        """Raise UnknownNameError (listing valid names), PolicyOptionError or BackendUnavailable before anything runs."""
+        check_policy_options(self.policy_name, self.policy_options)
         for task in tasks:
             self.backend.task(task)
         for cond in conditions:

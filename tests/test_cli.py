@@ -40,6 +40,10 @@ def test_tasks_json():
         (["run", "--task", "Lift", "--backend", "isaac", "--run-dir", "X"], "unknown backend 'isaac'; known: robocasa, robosuite"),
         (["run", "--task", "Lift", "--episodes", "5-2", "--run-dir", "X"], "bad episode range"),
         (["tasks", "--backend", "isaac"], "unknown backend 'isaac'"),
+        (["run", "--task", "Lift", "--policy-option", "bogus=1", "--run-dir", "X"],
+         "policy 'reference' takes no option 'bogus'; its options: weights_dir, blind"),
+        (["run", "--task", "Lift", "--policy-option", "gain", "--run-dir", "X"], "expected KEY=VALUE, got 'gain'"),
+        (["run", "--task", "Lift", "--batch", "0", "--run-dir", "X"], "must be at least 1"),
     ],
 )
 def test_bad_names_exit_2_with_the_valid_ones(tmp_path, args, message):
@@ -90,3 +94,15 @@ def test_tampered_spec_refuses_to_run(tmp_path, spec_copy):
     assert proc.returncode == 2
     assert "frozen sha256:" in proc.stderr and "current sha256:" in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_policy_options_are_typed_yaml_and_reach_the_manifest(tmp_path):
+    from robocasa_shift.cli import _policy_options
+    from robocasa_shift.study import Study
+
+    options = _policy_options(["gain=6.5", "blind=true", "weights_dir=some/dir/", "chunk=8"])
+    assert options == {"gain": 6.5, "blind": True, "weights_dir": "some/dir/", "chunk": 8}
+    study = Study("robosuite", "reference", policy_options={"gain": 6.5, "chunk": 8})
+    manifest = study.manifest(["Lift"])
+    assert manifest["policy_options"] == {"gain": 6.5, "chunk": 8}
+    assert manifest["policy"]["gain"] == 6.5 and manifest["policy"]["chunk"] == 8

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Dict
 
 from ..registry import Registry
 from .base import Observation, Policy
@@ -18,9 +18,27 @@ POLICIES.register("openpi", "robocasa_shift.policies.openpi:OpenpiPolicy")
 POLICIES.register("lerobot", "robocasa_shift.policies.lerobot:LeRobotPolicy")
 
 
+class PolicyOptionError(ValueError):
+    """An option the policy's constructor does not take."""
+
+
 def make_policy(name: str, **options: Any) -> Policy:
-    """An instance of the policy registered under ``name``."""
-    return POLICIES.get(name)(**options)
+    """An instance of the policy registered under ``name``; unknown options list the valid ones."""
+    return check_policy_options(name, options)(**options)
 
 
-__all__ = ["POLICIES", "Observation", "Policy", "make_policy"]
+def check_policy_options(name: str, options: Dict[str, Any]) -> type:
+    """The policy class registered under ``name``, after checking that its constructor takes ``options``."""
+    import inspect
+
+    cls = POLICIES.get(name)
+    params = inspect.signature(cls.__init__).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    known = [n for n, p in params.items() if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = sorted(set(options) - set(known))
+    if unknown and not takes_any:
+        raise PolicyOptionError(f"policy {name!r} takes no option {unknown[0]!r}; its options: {', '.join(known) or '(none)'}")
+    return cls
+
+
+__all__ = ["POLICIES", "Observation", "Policy", "PolicyOptionError", "check_policy_options", "make_policy"]
