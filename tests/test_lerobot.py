@@ -12,6 +12,8 @@ import json
 import numpy as np
 import pytest
 
+from helpers import paired_lift_rollouts
+
 pytest.importorskip("lerobot", reason="lerobot is not installed in this venv; run `make setup-lerobot test-lerobot`")
 import torch  # noqa: E402
 
@@ -165,31 +167,8 @@ def test_clear_errors_for_checkpoints_and_observations_that_do_not_fit(checkpoin
 
 @pytest.mark.sim
 def test_paired_rollouts_through_the_lerobot_policy(checkpoints, lift_env, protocol):
-    from robocasa_shift import specs
-    from robocasa_shift.records import RolloutKey
-    from robocasa_shift.rollout import Observer, run_rollout
-
-    class Recorder(Observer):
-        def __init__(self):
-            self.actions = []
-
-        def on_step(self, step, action, env, latched):
-            self.actions.append(np.array(action))
-
-    stage_spec = specs.load_stage_spec("robosuite", "Lift")
     policy = LeRobotPolicy(checkpoints["diffusion"])
-    runs = {}
-    for name, condition in [("clean", "clean"), ("camera", "camera:L2"), ("clean_again", "clean")]:
-        recorder = Recorder()
-        record = run_rollout(lift_env, policy, RolloutKey("formal", "Lift", 0, condition), protocol, stage_spec,
-                             "robosuite", observer=recorder, horizon=12)
-        assert record.valid, record.error
-        runs[name] = (record, np.array(recorder.actions))
-    clean, camera, again = (runs[k][0] for k in ("clean", "camera", "clean_again"))
+    runs = paired_lift_rollouts(lift_env, policy, protocol, horizon=12)
+    clean = runs["clean"][0]
     assert clean.steps == 12 and clean.policy_calls == 12  # select_action at every step
-    assert clean.env_fingerprint == camera.env_fingerprint == again.env_fingerprint
-    assert clean.policy_rng_fingerprint == camera.policy_rng_fingerprint == again.policy_rng_fingerprint
     assert clean.policy_rng_fingerprint == torch_fingerprint(clean.policy_seed)
-    assert runs["clean"][1].shape == (12, 12)
-    assert np.array_equal(runs["clean"][1], runs["clean_again"][1])
-    assert not np.array_equal(runs["clean"][1], runs["camera"][1])  # the moved camera reaches the model
