@@ -13,6 +13,8 @@ It stands in for a vision-language-action model in the embedded study:
   only by ``reset(seed)``; its fingerprint is read back from that generator.
 - ``blind=True`` feeds blank images (the ablation that shows how much of its
   success comes from perception).
+- ``act_batch`` serves several rollouts with one network pass per camera; the
+  networks' ``predict`` is batch-invariant, so batching never changes actions.
 """
 
 from __future__ import annotations
