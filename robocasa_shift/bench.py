@@ -160,6 +160,9 @@ class BatchBench:
         from .backends import get_backend
 
         self.extra_envs = [get_backend("robosuite").make(env.task.name) for _ in conditions[1:]]
+        for extra in self.extra_envs:  # create their render contexts outside the timings
+            extra.reset(1)
+            extra.render(extra.third_person_cameras[0], 128)
 
     def lockstep(self, local: "InProcess", keys, horizon: int) -> tuple:
         """(seconds for ``keys`` one after another, seconds for the same keys in lockstep), same horizon."""

@@ -70,7 +70,15 @@ class _Worker:
 
 
 def peak_rss_mb() -> float:
-    """This process's peak resident memory (Linux reports KiB)."""
+    """This process's peak resident memory. ``VmHWM``, not ``ru_maxrss``: a spawned worker's
+    ``ru_maxrss`` keeps its parent's peak across ``exec``."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024.0, 1)
+    except OSError:
+        pass
     import resource
 
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
