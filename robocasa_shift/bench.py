@@ -266,7 +266,7 @@ def run_bench(repeats: int = 5, steps: int = 200, rollouts: int = 8, policy: str
             if pool.label == "1x1":
                 records = [as_record(res) for res in results]
                 busy = sum(rec.timing["physics_s"] + rec.timing["render_s"] + rec.timing["policy_s"] for rec in records)
-                parts.append(len(keys) / rate / (busy / len(records)))
+                parts.append((1.0 / rate) / (busy / len(records)))  # wall per rollout / its parts
         add("scaling_2_workers", m["throughput_2x1"][-1] / m["throughput_1x1"][-1])
         bar.update(1)
     bar.close()
