@@ -168,7 +168,7 @@ class BatchBench:
         """(seconds for ``keys`` one after another, seconds for the same keys in lockstep), same horizon."""
         from .rollout import run_lockstep, run_rollout
 
-        envs = [local.env] + [self.extra_envs[i] for i in range(len(keys) - 1)]
+        envs = [local.env] + self.extra_envs[: len(keys) - 1]
         t_single = _timed(lambda: [run_rollout(local.env, self.policies[0], k, local.protocol, local.stage_spec,
                                                "robosuite", horizon=horizon) for k in keys])
         t_lock = _timed(lambda: run_lockstep(envs, self.policies[: len(keys)], keys, local.protocol, local.stage_spec,

@@ -109,7 +109,8 @@ class Rollout:
         self.done = False
         self._phase = "reset"
 
-    def _fail(self, exc: Exception) -> None:
+    def fail(self, exc: Exception) -> None:
+        """End the rollout as an invalid record that carries the error (drivers call it too)."""
         if isinstance(exc, RendererError):
             self.record.fail("renderer", str(exc))
         elif isinstance(exc, PerturbationError):
@@ -147,7 +148,7 @@ class Rollout:
             if self.horizon <= 0:
                 self.record.success, self.done = False, True
         except Exception as exc:
-            self._fail(exc)
+            self.fail(exc)
 
     def wants_observation(self) -> bool:
         return not self.done and self.cursor.empty()
@@ -178,7 +179,7 @@ class Rollout:
             self.timing["render_s"] += time.perf_counter() - t0
             return obs
         except Exception as exc:
-            self._fail(exc)
+            self.fail(exc)
             return None
 
     def load(self, chunk: np.ndarray, policy_s: float) -> None:
@@ -187,7 +188,7 @@ class Rollout:
             self.record.policy_calls += 1
             self.timing["policy_s"] += policy_s
         except Exception as exc:
-            self._fail(exc)
+            self.fail(exc)
 
     def step(self) -> None:
         """One control step, then the StageTracker and the official success check on the post-step state."""
@@ -212,7 +213,7 @@ class Rollout:
                 self.record.success = False
                 self.done = True
         except Exception as exc:
-            self._fail(exc)
+            self.fail(exc)
 
     def finish(self) -> Record:
         record = self.record
@@ -253,7 +254,7 @@ def run_rollout(
             try:
                 chunk = policy.act(obs)
             except Exception as exc:
-                rollout._fail(exc)
+                rollout.fail(exc)
                 break
             rollout.load(chunk, time.perf_counter() - t0)
         rollout.step()
@@ -281,7 +282,7 @@ def run_lockstep(envs: Sequence, policies: Sequence[Policy], keys: Sequence[Roll
                 chunks = act_batch([r.policy for r, _ in observed], [obs for _, obs in observed])
             except Exception as exc:
                 for r, _ in observed:
-                    r._fail(exc)
+                    r.fail(exc)
             else:
                 share = (time.perf_counter() - t0) / len(observed)
                 for (r, _), chunk in zip(observed, chunks):
