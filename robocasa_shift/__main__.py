@@ -1,3 +1,3 @@
-from .cli import main
+from robocasa_shift.cli import main
 
 main()

@@ -31,7 +31,7 @@ from typing import Callable, Dict, List, Sequence
 
 import numpy as np
 
-from .executors import WorkerConfig, apply_threads
+from robocasa_shift.study.executors import WorkerConfig, apply_threads
 
 BENCH_TASK = "Lift"
 # Mild conditions, under which the reference policy's rollouts have similar lengths: the scaling
@@ -78,7 +78,7 @@ class InProcess:
     """The single-process measurements, all on one live environment of the embedded backend."""
 
     def __init__(self, env, steps: int):
-        from . import specs
+        from robocasa_shift import specs
 
         self.protocol = specs.load_protocol()
         self.stage_spec = specs.load_stage_spec("robosuite", env.task.name)
@@ -90,7 +90,7 @@ class InProcess:
         self.cameras = list(self.env.third_person_cameras) + list(self.env.wrist_cameras)
 
     def key(self, condition: str = "clean"):
-        from .records import RolloutKey
+        from robocasa_shift.engine.records import RolloutKey
 
         return RolloutKey("formal", self.env.task.name, 0, condition, 0)
 
@@ -105,14 +105,14 @@ class InProcess:
         return 1000 * _timed(lambda: [self.env.render(cam, 128) for _ in range(frames)]) / frames
 
     def reset_ms(self, resets: int = 5) -> float:
-        from .rollout import prepare_episode
+        from robocasa_shift.engine.rollout import prepare_episode
 
         key = self.key()
         return 1000 * _timed(lambda: [prepare_episode(self.env, self.protocol, key) for _ in range(resets)]) / resets
 
     def harness(self, chunk: int, condition: str = "clean") -> tuple:
         """(seconds per control step, steps, final qpos) of a full harness rollout of the fixed actions."""
-        from .rollout import run_rollout
+        from robocasa_shift.engine.rollout import run_rollout
 
         policy = FixedActions(self.actions, chunk)
         t0 = time.perf_counter()
@@ -125,7 +125,7 @@ class InProcess:
     def bare(self, chunk: int, steps: int) -> tuple:
         """(seconds per control step, final qpos) of plain robosuite from the harness rollout's seed:
         seeded reset, then step, rendering the same cameras every ``chunk`` steps."""
-        from . import seeding
+        from robocasa_shift import seeding
 
         env, raw = self.env, self.env.raw
         ctx = env._render_context()
@@ -149,15 +149,15 @@ class BatchBench:
     """The reference policy for the 13 conditions of one base episode: one batched call vs 13 calls."""
 
     def __init__(self, env, conditions: Sequence[str]):
-        from .policies.base import Observation
-        from .policies.reference import ReferencePolicy
+        from robocasa_shift.policies.base import Observation
+        from robocasa_shift.policies.reference import ReferencePolicy
 
         env.reset(1)
         images = {c: env.render(c, 128) for c in list(env.third_person_cameras) + list(env.wrist_cameras)}
         roles = {c: ("wrist" if c in env.wrist_cameras else "third_person") for c in images}
         self.obs = [Observation(images, roles, env.proprio(), env.task.instruction, 0) for _ in conditions]
         self.policies = [ReferencePolicy() for _ in conditions]
-        from .backends import get_backend
+        from robocasa_shift.backends import get_backend
 
         self.extra_envs = [get_backend("robosuite").make(env.task.name) for _ in conditions[1:]]
         for extra in self.extra_envs:  # create their render contexts outside the timings
@@ -166,7 +166,7 @@ class BatchBench:
 
     def lockstep(self, local: "InProcess", keys, horizon: int) -> tuple:
         """(seconds for ``keys`` one after another, seconds for the same keys in lockstep), same horizon."""
-        from .rollout import run_lockstep, run_rollout
+        from robocasa_shift.engine.rollout import run_lockstep, run_rollout
 
         envs = [local.env] + self.extra_envs[: len(keys) - 1]
         t_single = _timed(lambda: [run_rollout(local.env, self.policies[0], k, local.protocol, local.stage_spec,
@@ -181,7 +181,7 @@ class BatchBench:
         return _timed(lambda: [[p.act(o) for p, o in zip(self.policies, self.obs)] for _ in range(calls)])
 
     def batched(self, calls: int = 10) -> float:
-        from .policies.base import act_batch
+        from robocasa_shift.policies.base import act_batch
 
         for i, p in enumerate(self.policies):
             p.reset(i)
@@ -194,7 +194,7 @@ class Pool:
     def __init__(self, workers: int, threads: int, policy: str):
         import multiprocessing as mp
 
-        from .executors import _init_worker
+        from robocasa_shift.study.executors import _init_worker
 
         self.label = f"{workers}x{threads}"
         self.workers = workers
@@ -203,7 +203,7 @@ class Pool:
 
     def run(self, keys) -> tuple:
         """(rollouts per second, results) for ``keys``, after the pool is warm."""
-        from .executors import _run_in_worker
+        from robocasa_shift.study.executors import _run_in_worker
 
         t0 = time.perf_counter()
         results = [r for group in self.pool.imap_unordered(_run_in_worker, [[k] for k in keys], chunksize=1) for r in group]
@@ -215,7 +215,7 @@ class Pool:
 
 
 def formal_keys(task: str, episodes: Sequence[int]) -> List:
-    from .records import RolloutKey
+    from robocasa_shift.engine.records import RolloutKey
 
     return [RolloutKey("formal", task, e, c, 0) for e in episodes for c in FORMAL_CONDITIONS]
 
@@ -225,10 +225,10 @@ def run_bench(repeats: int = 5, steps: int = 200, rollouts: int = 8, policy: str
     """Measure everything (``repeats`` interleaved repeats); return the JSON-able result."""
     from tqdm import tqdm
 
-    from .executors import as_record
+    from robocasa_shift.study.executors import as_record
 
     apply_threads(1)  # the in-process figures are per core; the pools choose their own threads
-    from .backends import get_backend
+    from robocasa_shift.backends import get_backend
 
     local = InProcess(get_backend("robosuite").make(task), steps)
     conditions = ["clean"] + [f"{f}:L{level}" for f in ("illumination", "camera", "base", "blur") for level in (1, 2, 3)]

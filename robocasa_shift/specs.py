@@ -93,7 +93,7 @@ class FactorSpec:
 
     def level(self, name: str) -> Dict[str, float]:
         if name not in self.levels:
-            from .registry import UnknownNameError
+            from robocasa_shift.registry import UnknownNameError
 
             raise UnknownNameError(f"level of factor '{self.factor}'", name, list(self.levels))
         return dict(self.levels[name])
@@ -118,7 +118,7 @@ class Protocol:
 
     def factor(self, name: str) -> FactorSpec:
         if name not in self.factors:
-            from .registry import UnknownNameError
+            from robocasa_shift.registry import UnknownNameError
 
             raise UnknownNameError("factor", name, list(self.factors))
         return self.factors[name]
@@ -138,7 +138,7 @@ def _load_factor(path: Path, level_names: Tuple[str, ...]) -> FactorSpec:
     if sorted(levels) != sorted(level_names):
         raise SpecError(path, "levels", f"expected exactly {list(level_names)}, got {list(levels)}")
 
-    from .perturbations import FACTOR_KINDS
+    from robocasa_shift.engine.perturbations import FACTOR_KINDS
 
     try:
         kind_cls = FACTOR_KINDS.get(kind)
@@ -279,7 +279,7 @@ def freeze(directory: Path | str | None = None) -> List[str]:
 def parse_condition(condition: str, protocol: Protocol) -> Tuple[Optional[str], Optional[str]]:
     """``'clean'`` -> (None, None); ``'camera:L2'`` -> ('camera', 'L2'). Unknown names list the valid ones."""
     if condition not in protocol.conditions:
-        from .registry import UnknownNameError
+        from robocasa_shift.registry import UnknownNameError
 
         raise UnknownNameError("condition", condition, protocol.conditions)
     if condition == CLEAN:

@@ -33,8 +33,8 @@ def paired_lift_rollouts(env, policy, protocol, horizon: int):
     import numpy as np
 
     from robocasa_shift import specs
-    from robocasa_shift.records import RolloutKey
-    from robocasa_shift.rollout import Observer, run_rollout
+    from robocasa_shift.engine.records import RolloutKey
+    from robocasa_shift.engine.rollout import Observer, run_rollout
 
     class Recorder(Observer):
         def __init__(self):

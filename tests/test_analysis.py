@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from robocasa_shift.analysis import (
+from robocasa_shift.analysis.measures import (
     AnalysisError,
     analyze,
     holm_adjust,

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from robocasa_shift.audit import audit_run
+from robocasa_shift.checks.audit import audit_run
 
 from helpers import cli
 
@@ -15,7 +15,7 @@ CONDITIONS = ["clean", "camera:L1", "camera:L3", "base:L2", "blur:L1"]
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
-    from robocasa_shift.study import Execution, run
+    from robocasa_shift.study.runner import Execution, run
 
     run_dir = tmp_path_factory.mktemp("audit") / "run"
     run(run_dir, ["Lift"], CONDITIONS, [0, 1], policy="expert", progress=False, execution=Execution(workers=1))

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from robocasa_shift.executors import lockstep_groups
-from robocasa_shift.records import RolloutKey
+from robocasa_shift.study.executors import lockstep_groups
+from robocasa_shift.engine.records import RolloutKey
 
 
 def test_lockstep_groups_hold_conditions_of_one_base_episode():
@@ -46,7 +46,7 @@ def _records(run_dir):
 @pytest.mark.sim
 @pytest.mark.slow
 def test_batched_run_writes_the_records_of_an_unbatched_run(tmp_path):
-    from robocasa_shift.study import Execution, run
+    from robocasa_shift.study.runner import Execution, run
 
     conditions = ["clean", "blur:L2", "illumination:L1"]
     for batch in (1, 3):

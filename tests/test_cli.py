@@ -98,7 +98,7 @@ def test_tampered_spec_refuses_to_run(tmp_path, spec_copy):
 
 def test_policy_options_are_typed_yaml_and_reach_the_manifest(tmp_path):
     from robocasa_shift.cli import _policy_options
-    from robocasa_shift.study import Study
+    from robocasa_shift.study.runner import Study
 
     options = _policy_options(["gain=6.5", "blind=true", "weights_dir=some/dir/", "chunk=8"])
     assert options == {"gain": 6.5, "blind": True, "weights_dir": "some/dir/", "chunk": 8}

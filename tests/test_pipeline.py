@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from robocasa_shift.pipeline import Pool, load_pool, screening_decisions
-from robocasa_shift.records import RolloutKey, comparable
-from robocasa_shift.store import RunStore
+from robocasa_shift.study.pipeline import Pool, load_pool, screening_decisions
+from robocasa_shift.engine.records import RolloutKey, comparable
+from robocasa_shift.study.store import RunStore
 
 from helpers import ROOT, cli
 
@@ -45,7 +45,7 @@ def test_embedded_pool_file():
 
 
 def test_shards_are_disjoint_deterministic_and_cover_the_plan():
-    from robocasa_shift.study import plan_keys, shard_keys
+    from robocasa_shift.study.runner import plan_keys, shard_keys
 
     keys = plan_keys(["Lift", "Stack"], range(5), ["clean", "blur:L1", "camera:L2"])
     shards = [shard_keys(keys, (i, 3)) for i in range(3)]

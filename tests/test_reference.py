@@ -111,8 +111,8 @@ def test_on_policy_round_renders_what_the_policy_sees_reproducibly(tmp_path):
 @pytest.mark.sim
 def test_reference_lifts_the_cube_from_images(tmp_path):
     from robocasa_shift.backends import get_backend
-    from robocasa_shift.records import RolloutKey
-    from robocasa_shift.rollout import run_rollout
+    from robocasa_shift.engine.records import RolloutKey
+    from robocasa_shift.engine.rollout import run_rollout
     from robocasa_shift.specs import load_protocol, load_stage_spec
 
     env = get_backend("robosuite").make("Lift")

@@ -40,7 +40,7 @@ def test_decorator_returns_the_class():
 
 def test_builtin_registries_know_their_names():
     from robocasa_shift.backends import BACKENDS
-    from robocasa_shift.perturbations import FACTOR_KINDS
+    from robocasa_shift.engine.perturbations import FACTOR_KINDS
     from robocasa_shift.policies import POLICIES
 
     assert "robosuite" in BACKENDS.names()

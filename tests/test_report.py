@@ -39,8 +39,8 @@ class FinickyPolicy(ExpertPolicy):
 
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory):
-    from robocasa_shift.report import build_report
-    from robocasa_shift.study import Execution, run
+    from robocasa_shift.analysis.report import build_report
+    from robocasa_shift.study.runner import Execution, run
 
     if "finicky" not in POLICIES:
         POLICIES.register("finicky", FinickyPolicy)

@@ -26,8 +26,8 @@ from robocasa_shift import specs
 from robocasa_shift.backends import get_backend
 from robocasa_shift.backends import robocasa_backend as rb
 from robocasa_shift.backends.base import BackendUnavailable
-from robocasa_shift.pipeline import load_pool
-from robocasa_shift.stages import PREDICATES
+from robocasa_shift.study.pipeline import load_pool
+from robocasa_shift.engine.stages import PREDICATES
 
 FORMAL = ["PreSoakPan", "RinseSinkBasin", "WashLettuce", "StackBowlsCabinet"]
 
@@ -425,7 +425,7 @@ def test_kitchen_snapshot_round_trip_is_bit_exact(kitchen):
 
 
 def test_kitchen_perturbation_hooks(kitchen, protocol):
-    from robocasa_shift.perturbations import applied_perturbation, factor_kind
+    from robocasa_shift.engine.perturbations import applied_perturbation, factor_kind
     from robocasa_shift.seeding import draw_rng
 
     kitchen.reset(SEED)

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from robocasa_shift import seeding
-from robocasa_shift.perturbations import BaseOffset, CameraRotation, LightScale
+from robocasa_shift.engine.perturbations import BaseOffset, CameraRotation, LightScale
 from robocasa_shift.policies import POLICIES, make_policy
-from robocasa_shift.records import RolloutKey
-from robocasa_shift.rollout import inject, prepare_episode, run_rollout
+from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.engine.rollout import inject, prepare_episode, run_rollout
 from robocasa_shift.specs import load_stage_spec
-from robocasa_shift.stages import StageTracker
+from robocasa_shift.engine.stages import StageTracker
 
 from helpers import run_python
 
@@ -98,7 +98,7 @@ def test_illumination_darkens_monotonically(lift_env, protocol):
 
 
 def test_blur_lowers_sharpness_monotonically(lift_env, protocol):
-    from robocasa_shift.perturbations import GaussianBlur
+    from robocasa_shift.engine.perturbations import GaussianBlur
 
     prepare_episode(lift_env, protocol, key())
     img = lift_env.render("robot0_robotview", 128)
@@ -249,8 +249,8 @@ import numpy as np, json
 from robocasa_shift.backends import get_backend
 from robocasa_shift import specs
 from robocasa_shift.policies import make_policy
-from robocasa_shift.records import RolloutKey
-from robocasa_shift.rollout import run_rollout
+from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.engine.rollout import run_rollout
 env = get_backend('robosuite').make('Lift')
 rec = run_rollout(env, make_policy('random'), RolloutKey('formal', 'Lift', 6, 'clean'), specs.load_protocol(),
                   specs.load_stage_spec('robosuite', 'Lift'), 'robosuite', horizon=20)
@@ -290,8 +290,8 @@ class CrashPolicy:
 
 
 def test_a_crashing_rollout_becomes_an_invalid_record_and_the_run_goes_on(tmp_path):
-    from robocasa_shift.store import RunStore
-    from robocasa_shift.study import Execution, run
+    from robocasa_shift.study.store import RunStore
+    from robocasa_shift.study.runner import Execution, run
 
     if "crash-at-5" not in POLICIES:
         POLICIES.register("crash-at-5", CrashPolicy)
@@ -305,8 +305,8 @@ def test_a_crashing_rollout_becomes_an_invalid_record_and_the_run_goes_on(tmp_pa
 
 
 def test_resume_skips_recorded_keys_and_keeps_them(tmp_path):
-    from robocasa_shift.store import RunStore
-    from robocasa_shift.study import Execution, run
+    from robocasa_shift.study.store import RunStore
+    from robocasa_shift.study.runner import Execution, run
 
     run_dir = tmp_path / "run"
     first = run(run_dir, ["Lift"], ["clean"], [0, 1], policy="expert", progress=False, execution=Execution(workers=1))

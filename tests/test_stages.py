@@ -3,7 +3,7 @@
 import pytest
 
 from robocasa_shift.specs import StageSpec, Subgoal
-from robocasa_shift.stages import PREDICATES, StageTracker, predicate
+from robocasa_shift.engine.stages import PREDICATES, StageTracker, predicate
 
 
 class FakeState:

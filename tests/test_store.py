@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from robocasa_shift.records import Record, RolloutKey
-from robocasa_shift.store import RunDirError, RunDirLocked, RunStore
+from robocasa_shift.engine.records import Record, RolloutKey
+from robocasa_shift.study.store import RunDirError, RunDirLocked, RunStore
 
 from helpers import ROOT
 
@@ -26,7 +26,7 @@ def record(episode=0, condition="clean", valid=True):
 
 def hold_lock(run_dir):
     code = (
-        "import sys, time; from robocasa_shift.store import RunStore; "
+        "import sys, time; from robocasa_shift.study.store import RunStore; "
         f"s = RunStore({str(run_dir)!r}).lock(); print('locked', flush=True); time.sleep(60)"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)

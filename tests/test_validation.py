@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from robocasa_shift.demos import load_demo
+from robocasa_shift.engine.demos import load_demo
 from robocasa_shift.policies import make_policy
 
 from helpers import cli
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.sim
 
 
 def test_validate_stages_replays_demos_and_runs_negative_controls(tmp_path):
-    from robocasa_shift.validation import validate_stages
+    from robocasa_shift.checks.validation import validate_stages
 
     report = validate_stages(tmp_path, ["Lift"], n_demos=2, n_random=1)
     task = report["tasks"]["Lift"]
@@ -32,7 +32,7 @@ def test_validate_stages_fails_a_predicate_that_always_holds(tmp_path, monkeypat
     import shutil
 
     from robocasa_shift import specs
-    from robocasa_shift.validation import validate_stages
+    from robocasa_shift.checks.validation import validate_stages
 
     stage_dir = tmp_path / "stage_specs"
     shutil.copytree(specs.STAGE_SPECS_DIR, stage_dir)
@@ -46,9 +46,9 @@ def test_validate_stages_fails_a_predicate_that_always_holds(tmp_path, monkeypat
 
 def test_replay_policy_reproduces_a_demonstration(tmp_path):
     from robocasa_shift.backends import get_backend
-    from robocasa_shift.demos import record_demo
-    from robocasa_shift.records import RolloutKey
-    from robocasa_shift.rollout import run_rollout
+    from robocasa_shift.engine.demos import record_demo
+    from robocasa_shift.engine.records import RolloutKey
+    from robocasa_shift.engine.rollout import run_rollout
     from robocasa_shift.specs import load_protocol, load_stage_spec
 
     protocol, spec = load_protocol(), load_stage_spec("robosuite", "Lift")
@@ -61,7 +61,7 @@ def test_replay_policy_reproduces_a_demonstration(tmp_path):
 
 
 def test_validate_pairing_with_a_stochastic_and_a_deterministic_policy(tmp_path):
-    from robocasa_shift.validation import validate_pairing
+    from robocasa_shift.checks.validation import validate_pairing
 
     report = validate_pairing(tmp_path, ["Lift"], policy="random", episodes=(0,), steps=25)
     lift = report["tasks"]["Lift"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..registry import Registry
+from robocasa_shift.registry import Registry
 
 BACKENDS: Registry[type] = Registry("backend", "robocasa_shift.backends")
 BACKENDS.register("robosuite", "robocasa_shift.backends.robosuite_backend:RobosuiteBackend")

@@ -61,7 +61,7 @@ class TaskTable:
 
     def task(self, name: str) -> TaskInfo:
         if name not in self.tasks:
-            from ..registry import UnknownNameError
+            from robocasa_shift.registry import UnknownNameError
 
             raise UnknownNameError("task", name, list(self.tasks))
         return self.tasks[name].info()
@@ -80,7 +80,7 @@ def cameras_for_roles(env: Env, roles: Sequence[str]) -> List[str]:
     """Camera names for the roles a policy reads, third-person first."""
     unknown = [r for r in roles if r not in CAMERA_ROLES]
     if unknown:
-        from ..registry import UnknownNameError
+        from robocasa_shift.registry import UnknownNameError
 
         raise UnknownNameError("camera role", unknown[0], list(CAMERA_ROLES))
     names: List[str] = []

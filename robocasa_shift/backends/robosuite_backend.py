@@ -25,8 +25,8 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from ..stages import predicate
-from .base import BackendUnavailable, TaskInfo, TaskTable
+from robocasa_shift.engine.stages import predicate
+from robocasa_shift.backends.base import BackendUnavailable, TaskInfo, TaskTable
 
 ROBOT = "PandaOmron"
 CONTROL_FREQ_HZ = 20
@@ -140,7 +140,7 @@ class RobosuiteEnv:
 
     def __init__(self, task: RobosuiteTask, render_profile: str = "fast"):
         if render_profile not in RENDER_PROFILES:
-            from ..registry import UnknownNameError
+            from robocasa_shift.registry import UnknownNameError
 
             raise UnknownNameError("render profile", render_profile, list(RENDER_PROFILES))
         suite = _import_robosuite()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from ..registry import Registry
-from .base import Observation, Policy
+from robocasa_shift.registry import Registry
+from robocasa_shift.policies.base import Observation, Policy
 
 POLICIES: Registry[type] = Registry("policy", "robocasa_shift.policies")
 POLICIES.register("expert", "robocasa_shift.policies.scripted:ExpertPolicy")

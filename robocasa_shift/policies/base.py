@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..seeding import rng_state_hash
+from robocasa_shift.seeding import rng_state_hash
 
 DETERMINISTIC = "deterministic"
 

@@ -56,8 +56,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import numpy as np
 
-from ..seeding import rng_state_hash
-from .base import Observation, Policy
+from robocasa_shift.seeding import rng_state_hash
+from robocasa_shift.policies.base import Observation, Policy
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ class Serializer:
         if isinstance(name, Serializer):
             return name
         if name not in SERIALIZERS:
-            from ..registry import UnknownNameError
+            from robocasa_shift.registry import UnknownNameError
 
             raise UnknownNameError("GR00T serializer", name, sorted(SERIALIZERS))
         return SERIALIZERS[name]

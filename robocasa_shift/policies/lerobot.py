@@ -51,9 +51,9 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Unio
 
 import numpy as np
 
-from ..seeding import rng_state_hash
-from .base import Observation, Policy
-from .openpi import (
+from robocasa_shift.seeding import rng_state_hash
+from robocasa_shift.policies.base import Observation, Policy
+from robocasa_shift.policies.openpi import (
     LayoutLike,
     _as_state_layout,
     checked_image,

@@ -12,14 +12,14 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from .base import Policy
+from robocasa_shift.policies.base import Policy
 
 
 class ReplayPolicy(Policy):
     name = "replay"
 
     def __init__(self, demo_dir: str = "demos"):
-        from ..demos import load_demo
+        from robocasa_shift.engine.demos import load_demo
 
         self.demo_dir = Path(demo_dir)
         self._demos: Dict[int, np.ndarray] = {}

@@ -7,8 +7,8 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from ..geometry import quat_xyzw_to_mat, wrap
-from .base import NumpySeededPolicy, Observation, Policy
+from robocasa_shift.geometry import quat_xyzw_to_mat, wrap
+from robocasa_shift.policies.base import NumpySeededPolicy, Observation, Policy
 
 # PandaOmron's 12-D action: arm OSC deltas in the base frame (0:3 position,
 # 3:6 axis-angle), torso (6), base velocity (7:10), gripper (10, +1 closes),

@@ -1,5 +1,5 @@
 """The reference policy: learned perception (torch, CPU) and scripted control."""
 
-from .policy import BlindReferencePolicy, ReferencePolicy, WeightsMissing
+from robocasa_shift.policies.reference.policy import BlindReferencePolicy, ReferencePolicy, WeightsMissing
 
 __all__ = ["BlindReferencePolicy", "ReferencePolicy", "WeightsMissing"]

@@ -25,12 +25,12 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ...seeding import rng_state_hash
-from ..base import Observation, Policy
-from ...geometry import quat_xyzw_to_mat, wrap
-from ..scripted import YAW_GAIN, closing_axis_yaw
-from .data import NET_IMAGE_SIZE, PERCEPTION, resize
-from .train import MANIFEST, WEIGHTS_DIR
+from robocasa_shift.seeding import rng_state_hash
+from robocasa_shift.policies.base import Observation, Policy
+from robocasa_shift.geometry import quat_xyzw_to_mat, wrap
+from robocasa_shift.policies.scripted import YAW_GAIN, closing_axis_yaw
+from robocasa_shift.policies.reference.data import NET_IMAGE_SIZE, PERCEPTION, resize
+from robocasa_shift.policies.reference.train import MANIFEST, WEIGHTS_DIR
 
 GRIPPER, MODE = 10, 11
 OPEN, CLOSE = -1.0, 1.0
@@ -110,7 +110,7 @@ class ReferencePolicy(Policy):
         """A network, loaded once per process and weights folder (policy instances share it)."""
         cache_key = (str(self.weights_dir), key)
         if cache_key not in _NETS:
-            from .nets import KeypointNet
+            from robocasa_shift.policies.reference.nets import KeypointNet
 
             info = self.manifest["nets"][key]
             net = KeypointNet(info["n_out"])

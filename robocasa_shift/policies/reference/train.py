@@ -17,8 +17,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ...specs import canonical_hash
-from .data import NET_IMAGE_SIZE, PERCEPTION, generate, generate_on_policy
+from robocasa_shift.specs import canonical_hash
+from robocasa_shift.policies.reference.data import NET_IMAGE_SIZE, PERCEPTION, generate, generate_on_policy
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 MANIFEST = "manifest.json"
@@ -49,7 +49,7 @@ def train_net(images: np.ndarray, targets: np.ndarray, episodes: np.ndarray, con
     """Train one KeypointNet; return its state dict and validation metrics (held-out episodes)."""
     import torch
 
-    from .nets import KeypointNet
+    from robocasa_shift.policies.reference.nets import KeypointNet
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
@@ -110,7 +110,7 @@ def load_training_set(paths: Sequence[str], camera: str):
 def _train_job(args) -> Dict:
     import torch
 
-    from .nets import param_count, state_hash, KeypointNet
+    from robocasa_shift.policies.reference.nets import param_count, state_hash, KeypointNet
 
     task, camera, data_paths, out_dir, config = args
     images, targets, episodes = load_training_set(data_paths, camera)

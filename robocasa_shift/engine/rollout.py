@@ -20,13 +20,13 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from . import seeding
-from .backends.base import cameras_for_roles
-from .perturbations import PerturbationError, applied_perturbation, factor_kind
-from .policies.base import ChunkCursor, Observation, Policy, act_batch
-from .records import Record, RolloutKey
-from .specs import Protocol, StageSpec, parse_condition
-from .stages import StageTracker
+from robocasa_shift import seeding
+from robocasa_shift.backends.base import cameras_for_roles
+from robocasa_shift.engine.perturbations import PerturbationError, applied_perturbation, factor_kind
+from robocasa_shift.policies.base import ChunkCursor, Observation, Policy, act_batch
+from robocasa_shift.engine.records import Record, RolloutKey
+from robocasa_shift.specs import Protocol, StageSpec, parse_condition
+from robocasa_shift.engine.stages import StageTracker
 
 
 class RendererError(RuntimeError):

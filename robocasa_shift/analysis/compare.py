@@ -16,9 +16,9 @@ from typing import Any, Dict, List
 import numpy as np
 import pandas as pd
 
-from .analysis import AnalysisError, _condition_rng, _percentile_interval, holm_adjust, mcnemar_exact_p, normalize, order_conditions
-from .export import records_frame
-from .store import RunStore
+from robocasa_shift.analysis.measures import AnalysisError, _condition_rng, _percentile_interval, holm_adjust, mcnemar_exact_p, normalize, order_conditions
+from robocasa_shift.analysis.export import records_frame
+from robocasa_shift.study.store import RunStore
 
 
 def compare_runs(run_a: Path | str, run_b: Path | str, phase: str = "formal", n_boot: int = 10000,

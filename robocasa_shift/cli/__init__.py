@@ -15,8 +15,8 @@ from typing import List
 
 import click
 
-from . import specs
-from .registry import UnknownNameError
+from robocasa_shift import specs
+from robocasa_shift.registry import UnknownNameError
 
 DEFAULT_POLICY = "reference"
 
@@ -31,11 +31,11 @@ def handle_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from .backends.base import BackendUnavailable
-        from .analysis import AnalysisError
-        from .store import RunDirError
-        from .policies import PolicyOptionError
-        from .study import BadInput
+        from robocasa_shift.backends.base import BackendUnavailable
+        from robocasa_shift.analysis.measures import AnalysisError
+        from robocasa_shift.study.store import RunDirError
+        from robocasa_shift.policies import PolicyOptionError
+        from robocasa_shift.study.runner import BadInput
 
         try:
             return fn(*args, **kwargs)
@@ -87,7 +87,7 @@ def main():
 @handle_errors
 def conditions(as_json):
     """List the 13 conditions with their frozen parameters and spec hash."""
-    from .perturbations import describe_conditions
+    from robocasa_shift.engine.perturbations import describe_conditions
 
     protocol = specs.load_protocol(verify=True)
     rows = describe_conditions(protocol)
@@ -111,7 +111,7 @@ def conditions(as_json):
 @handle_errors
 def tasks(backend, as_json):
     """List a backend's tasks with their official horizon and ordered subgoals."""
-    from .backends import get_backend
+    from robocasa_shift.backends import get_backend
 
     b = get_backend(backend)
     rows = []
@@ -137,7 +137,7 @@ def tasks(backend, as_json):
 
 
 def _tasks_of(backend: str, task_opts) -> List[str]:
-    from .backends import get_backend
+    from robocasa_shift.backends import get_backend
 
     return _split(task_opts, get_backend(backend).task_names())
 
@@ -172,7 +172,7 @@ def validate_stages_cmd(task_opts, backend, run_dir, n_demos, n_random):
     the initial states, and random rollouts never reach the last milestone.
     Writes RUN_DIR/validation/stages.json and stages.md.
     """
-    from .validation import validate_stages
+    from robocasa_shift.checks.validation import validate_stages
 
     report = validate_stages(run_dir, _tasks_of(backend, task_opts), backend, n_demos=n_demos, n_random=n_random)
     _finish(report, "stage validation", run_dir / "validation" / "stages.md")
@@ -193,7 +193,7 @@ def validate_pairing_cmd(task_opts, backend, run_dir, policy, steps):
     differently (N/A for a deterministic policy); with the shared seed, identically.
     Writes RUN_DIR/validation/pairing.json and pairing.md.
     """
-    from .validation import validate_pairing
+    from robocasa_shift.checks.validation import validate_pairing
 
     report = validate_pairing(run_dir, _tasks_of(backend, task_opts), policy=policy, backend=backend, steps=steps)
     _finish(report, "pairing validation", run_dir / "validation" / "pairing.md")
@@ -213,12 +213,12 @@ def calibrate(task_opts, backend, run_dir, episodes):
     Writes RUN_DIR/calibration/ (records.csv, calibration.json, calibration.md and
     a contact sheet per task: rows = conditions, columns = episodes and cameras).
     """
-    from .calibration import calibrate as run_calibration
-    from .study import parse_episodes
+    from robocasa_shift.checks.calibration import calibrate as run_calibration
+    from robocasa_shift.study.runner import parse_episodes
 
     tasks = _tasks_of(backend, task_opts)
     if "suite" in task_opts:  # the tasks screening retained in this run directory
-        from .pipeline import formal_suite
+        from robocasa_shift.study.pipeline import formal_suite
 
         tasks = formal_suite(run_dir) or []
         if not tasks:
@@ -269,7 +269,7 @@ def _policy_options(opts) -> dict:
 
 
 def _execution(executor, workers, address, threads, batch):
-    from .study import Execution
+    from robocasa_shift.study.runner import Execution
 
     if batch < 1:
         raise click.BadParameter(f"must be at least 1, got {batch}", param_hint="--batch")
@@ -302,7 +302,7 @@ def run(task_opts, condition_opts, episodes, policy, backend, run_dir, phase, re
     Example: 13 conditions x 5 base episodes of Lift with the scripted expert
       robocasa-shift run --task Lift --condition all --episodes 0-4 --policy expert --run-dir runs/lift
     """
-    from .study import parse_episodes, parse_shard, run as run_study
+    from robocasa_shift.study.runner import parse_episodes, parse_shard, run as run_study
 
     protocol = specs.load_protocol(verify=True)
     result = run_study(
@@ -342,7 +342,7 @@ def screen(policy, backend, run_dir, pool_path, policy_option_opts, executor, wo
     schedule activates the reserve candidates when too few qualify. Writes
     RUN_DIR/screening/ (table) and RUN_DIR/suite.json (the formal suite).
     """
-    from .pipeline import screen as run_screen
+    from robocasa_shift.study.pipeline import screen as run_screen
 
     if shard:
         raise click.UsageError("screening decides as it goes: run it unsharded")
@@ -373,8 +373,8 @@ def screen(policy, backend, run_dir, pool_path, policy_option_opts, executor, wo
 def formal(task_opts, condition_opts, episodes, policy, backend, run_dir, replicates, dry_run, policy_option_opts,
            executor, workers, address, threads, batch, shard, retry_errors, progress):
     """The formal matrix: suite x episodes x 13 conditions, every rollout at its official horizon."""
-    from .pipeline import estimate, formal_suite
-    from .study import Execution, parse_episodes, parse_shard, plan_keys, run as run_study, shard_keys
+    from robocasa_shift.study.pipeline import estimate, formal_suite
+    from robocasa_shift.study.runner import Execution, parse_episodes, parse_shard, plan_keys, run as run_study, shard_keys
 
     protocol = specs.load_protocol(verify=True)
     tasks = _tasks_of(backend, task_opts) if task_opts else formal_suite(run_dir)
@@ -406,7 +406,7 @@ def formal(task_opts, condition_opts, episodes, policy, backend, run_dir, replic
 @handle_errors
 def merge(out, sources):
     """Combine shard run directories (--shard i/n) into OUT; refuses mismatched manifests and duplicate keys."""
-    from .pipeline import merge as merge_runs
+    from robocasa_shift.study.pipeline import merge as merge_runs
 
     result = merge_runs(out, sources)
     click.echo(f"{result['records']} records from {result['sources']} run directories -> {out}")
@@ -425,7 +425,7 @@ def _report_run(result: dict, run_dir: Path) -> None:
 @handle_errors
 def export(run_dir, out):
     """Write a run's records as the records table (CSV, one row per rollout)."""
-    from .export import export_records
+    from robocasa_shift.analysis.export import export_records
 
     n = export_records(run_dir, out)
     click.echo(f"{n} records -> {out}")
@@ -443,7 +443,7 @@ def audit(run_dir):
     StageTracker errors, unexpected truncations); each failing check names its
     rollouts. Writes RUN_DIR/audit.json and RUN_DIR/audit.md.
     """
-    from .audit import audit_run
+    from robocasa_shift.checks.audit import audit_run
 
     report = audit_run(run_dir)
     for task, t in report["tasks"].items():
@@ -472,7 +472,7 @@ def analyze(records, out_dir, phase, bootstrap_seed, n_boot):
     n_stages, stages_completed, first_incomplete; optional: valid, phase,
     replicate, spec_hash, stage_error.
     """
-    from .analysis import load_records, write_analysis
+    from robocasa_shift.analysis.measures import load_records, write_analysis
 
     summary = write_analysis(load_records(records), out_dir, phase=phase, n_boot=n_boot, bootstrap_seed=bootstrap_seed)
     click.echo(f"{len(summary['tasks'])} tasks, {len(summary['conditions'])} conditions -> {out_dir}/summary.json")
@@ -503,7 +503,7 @@ def report(run_dir, videos_per_kind, bootstrap_seed):
     Videos re-run the selected pairs with frame capture; the page says whether
     each re-run reproduced the recorded outcome and subgoal steps exactly.
     """
-    from .report import build_report
+    from robocasa_shift.analysis.report import build_report
 
     page = build_report(run_dir, videos_per_kind=videos_per_kind, bootstrap_seed=bootstrap_seed)
     click.echo(f"report -> {page}")
@@ -523,7 +523,7 @@ def compare(run_a, run_b, out_dir, bootstrap_seed):
     paired success and stage-depth differences with bootstrap CIs, and McNemar
     on the discordant pairs (Holm-adjusted).
     """
-    from .compare import write_comparison
+    from robocasa_shift.analysis.compare import write_comparison
 
     out_dir = out_dir or run_a / f"compare-{run_b.name}"
     result = write_comparison(run_a, run_b, out_dir, bootstrap_seed=bootstrap_seed)
@@ -563,8 +563,8 @@ def train_reference(task_opts, data_dir, out_dir, workers, epochs, frames):
     """
     from dataclasses import replace
 
-    from .policies.reference.data import PERCEPTION
-    from .policies.reference.train import WEIGHTS_DIR, TrainConfig, train_reference as train
+    from robocasa_shift.policies.reference.data import PERCEPTION
+    from robocasa_shift.policies.reference.train import WEIGHTS_DIR, TrainConfig, train_reference as train
 
     config = TrainConfig() if epochs is None else replace(TrainConfig(), epochs=epochs)
     manifest = train(_split(task_opts, list(PERCEPTION)), data_dir, out_dir or WEIGHTS_DIR, workers, config, frames)
@@ -599,7 +599,7 @@ def bench(repeats, steps, rollouts, policy, out, progress):
     """
     import json
 
-    from .bench import run_bench, table
+    from robocasa_shift.bench import run_bench, table
 
     result = run_bench(repeats=repeats, steps=steps, rollouts=rollouts, policy=policy, progress=progress)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -612,7 +612,7 @@ def bench(repeats, steps, rollouts, policy, out, progress):
 @main.command(name="policies")
 def list_policies():
     """List registered policies."""
-    from .policies import POLICIES
+    from robocasa_shift.policies import POLICIES
 
     click.echo("\n".join(POLICIES.names()))
 

@@ -23,8 +23,8 @@ from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
-from .records import Record, RolloutKey
-from .rollout import Observer, run_rollout
+from robocasa_shift.engine.records import Record, RolloutKey
+from robocasa_shift.engine.rollout import Observer, run_rollout
 
 FORMAT = 1
 

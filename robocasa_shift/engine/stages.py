@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from .registry import Registry
-from .specs import StageSpec
+from robocasa_shift.registry import Registry
+from robocasa_shift.specs import StageSpec
 
 # Keys are "<backend>.<predicate>"; values are functions (env, **args) -> bool.
 PREDICATES: Registry[Callable[..., bool]] = Registry("predicate", "robocasa_shift.predicates")

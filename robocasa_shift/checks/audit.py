@@ -19,10 +19,10 @@ from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
-from . import seeding, specs
-from .perturbations import READBACK_ATOL, BaseOffset, max_abs_difference
-from .records import RolloutKey
-from .store import RunStore
+from robocasa_shift import seeding, specs
+from robocasa_shift.engine.perturbations import READBACK_ATOL, BaseOffset, max_abs_difference
+from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.study.store import RunStore
 
 # Checks whose count must be zero, in the order of the paper's Table VII.
 ZERO_CHECKS = (
@@ -215,7 +215,7 @@ def read_plan(run_dir: Path | str) -> List[RolloutKey]:
 
 
 def add_to_plan(run_dir: Path | str, keys: List[RolloutKey]) -> None:
-    from .store import atomic_write_json
+    from robocasa_shift.study.store import atomic_write_json
 
     merged = sorted(set(read_plan(run_dir)) | set(keys))
     atomic_write_json(Path(run_dir) / PLAN, {"keys": [k.id for k in merged]})

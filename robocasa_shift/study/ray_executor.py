@@ -9,10 +9,11 @@ Without an address a local Ray instance is started for the run.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Sequence
 
-from .executors import WorkerConfig, _Worker, lockstep_groups
-from .records import RolloutKey
+from robocasa_shift.study.executors import WorkerConfig, _Worker, lockstep_groups
+from robocasa_shift.engine.records import RolloutKey
 
 
 class RayExecutor:
@@ -22,7 +23,7 @@ class RayExecutor:
         try:
             import ray
         except ImportError:
-            from .backends.base import BackendUnavailable
+            from robocasa_shift.backends.base import BackendUnavailable
 
             raise BackendUnavailable("the ray executor needs Ray: pip install 'ray>=2.40'") from None
         self.ray, self.config, self.workers, self.address = ray, config, max(1, int(workers)), address
@@ -33,7 +34,7 @@ class RayExecutor:
         ray = self.ray
         if not ray.is_initialized():
             # the workers must import this package: ship the checkout's root on the path
-            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            root = str(Path(__file__).resolve().parents[2])
             env = {"env_vars": {"PYTHONPATH": root, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}}
             if self.address:
                 ray.init(address=self.address, runtime_env=env, log_to_driver=False)

@@ -17,8 +17,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-from .records import Record, RolloutKey
-from .registry import Registry
+from robocasa_shift.engine.records import Record, RolloutKey
+from robocasa_shift.registry import Registry
 
 EXECUTORS: Registry[type] = Registry("executor", "robocasa_shift.executors")
 THREAD_VARIABLES = ("LP_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -57,7 +57,7 @@ class _Worker:
 
     def __init__(self, config: WorkerConfig):
         apply_threads(config.threads)
-        from .study import Study
+        from robocasa_shift.study.runner import Study
 
         self.parent = os.getppid()
         self.study = Study(config.backend, config.policy, config.render_profile, dict(config.policy_options or {}))
@@ -157,7 +157,7 @@ class LocalExecutor:
 
 
 EXECUTORS.register("local", LocalExecutor)
-EXECUTORS.register("ray", "robocasa_shift.ray_executor:RayExecutor")
+EXECUTORS.register("ray", "robocasa_shift.study.ray_executor:RayExecutor")
 
 
 def make_executor(name: str, config: WorkerConfig, workers: int, address: Optional[str] = None):

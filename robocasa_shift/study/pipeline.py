@@ -10,11 +10,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from . import specs
-from .audit import add_to_plan, read_plan
-from .records import RolloutKey
-from .study import Execution, RunSession, Study, pending_keys, plan_keys
-from .store import IDENTITY_FIELDS, RunDirError, RunStore, atomic_write_json
+from robocasa_shift import specs
+from robocasa_shift.checks.audit import add_to_plan, read_plan
+from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.study.runner import Execution, RunSession, Study, pending_keys, plan_keys
+from robocasa_shift.study.store import IDENTITY_FIELDS, RunDirError, RunStore, atomic_write_json
 
 POOLS_DIR = specs.PROJECT_ROOT / "pools"
 

@@ -9,14 +9,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from . import specs
-from .audit import add_to_plan
-from .backends import get_backend
-from .policies import check_policy_options, make_policy
-from .records import Record, RolloutKey
-from .rollout import run_lockstep, run_rollout
-from .seeding import PHASES
-from .store import RunStore
+from robocasa_shift import specs
+from robocasa_shift.checks.audit import add_to_plan
+from robocasa_shift.backends import get_backend
+from robocasa_shift.policies import check_policy_options, make_policy
+from robocasa_shift.engine.records import Record, RolloutKey
+from robocasa_shift.engine.rollout import run_lockstep, run_rollout
+from robocasa_shift.seeding import PHASES
+from robocasa_shift.study.store import RunStore
 
 SEED_RULE = (
     "env seed = derive_seed(study_seed, stream=env, task, phase, episode); "
@@ -59,7 +59,7 @@ def plan_keys(
 ) -> List[RolloutKey]:
     """Keys in execution order: task, episode, replicate, then condition (clean first)."""
     if phase not in PHASES:
-        from .registry import UnknownNameError
+        from robocasa_shift.registry import UnknownNameError
 
         raise UnknownNameError("phase", phase, list(PHASES))
     episodes = list(episodes)
@@ -224,7 +224,7 @@ class Execution:
     def resolved(self) -> "Execution":
         import os
 
-        from .executors import default_threads
+        from robocasa_shift.study.executors import default_threads
 
         workers = self.workers or os.cpu_count() or 1
         return Execution(self.executor, workers, self.address, self.threads or default_threads(workers), self.batch)
@@ -261,7 +261,7 @@ class RunSession:
 
     def executor(self):
         if self._executor is None:
-            from .executors import WorkerConfig, make_executor
+            from robocasa_shift.study.executors import WorkerConfig, make_executor
 
             config = WorkerConfig(self.study.backend_name, self.study.policy_name, self.study.render_profile,
                                   self.execution.threads, self.study.policy_options, self.execution.batch)
@@ -270,7 +270,7 @@ class RunSession:
 
     def execute(self, keys: Sequence[RolloutKey], retry_errors: bool = False, desc: str = "rollouts") -> Dict[str, Any]:
         """Plan ``keys``, run the ones not yet recorded, write each record as it arrives."""
-        from .executors import as_record, group_by_task
+        from robocasa_shift.study.executors import as_record, group_by_task
 
         add_to_plan(self.store.root, list(keys))
         todo = group_by_task(pending_keys(self.store, keys, retry_errors))

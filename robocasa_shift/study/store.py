@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
-from .records import Record, RolloutKey
+from robocasa_shift.engine.records import Record, RolloutKey
 
 MANIFEST = "manifest.json"
 # Manifest fields that must agree between every command writing to one run directory.

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .records import to_row
-from .store import RunStore
+from robocasa_shift.engine.records import to_row
+from robocasa_shift.study.store import RunStore
 
 
 def records_frame(run_dir: Path | str) -> pd.DataFrame:

@@ -19,8 +19,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .geometry import axis_angle_quat, quat_mul, quat_to_mat
-from .registry import Registry
+from robocasa_shift.geometry import axis_angle_quat, quat_mul, quat_to_mat
+from robocasa_shift.registry import Registry
 
 FACTOR_KINDS: Registry[type] = Registry("factor kind", "robocasa_shift.factors")
 

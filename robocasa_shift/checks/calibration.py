@@ -19,11 +19,11 @@ from typing import Any, Dict, List, Sequence
 
 import numpy as np
 
-from . import specs
-from .backends import get_backend
-from .perturbations import PerturbationError, factor_kind
-from .records import RolloutKey
-from .rollout import inject, prepare_episode
+from robocasa_shift import specs
+from robocasa_shift.backends import get_backend
+from robocasa_shift.engine.perturbations import PerturbationError, factor_kind
+from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.engine.rollout import inject, prepare_episode
 
 MIN_IMAGE_STD = 2.0  # a frame with less spread than this (0-255 scale) is blank
 MIN_CAMERA_CHANGE = 0.5  # mean absolute pixel change that counts as "the image moved"

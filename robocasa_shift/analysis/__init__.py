@@ -1,0 +1,1 @@
+"""Measures, comparisons and reports over a table of records; importable without a simulator."""

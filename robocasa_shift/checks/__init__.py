@@ -1,0 +1,1 @@
+"""The protocol's checks: stage and pairing validation, severity calibration, the integrity audit."""
