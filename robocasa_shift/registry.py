@@ -9,29 +9,13 @@ happen only when the entry is used.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from importlib import metadata
 from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, TypeVar, Union
 
+from robocasa_shift.errors import DuplicateNameError, UnknownNameError
+
 T = TypeVar("T")
-
-
-class UnknownNameError(KeyError):
-    """A name that is not in a registry; the message lists the valid names."""
-
-    def __init__(self, kind: str, name: str, known: List[str]):
-        self.kind, self.name, self.known = kind, name, known
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        super().__init__(f"unknown {kind} '{name}'{hint}; known: {', '.join(known) or '(none)'}")
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return self.args[0]
-
-
-class DuplicateNameError(ValueError):
-    pass
 
 
 def _resolve(target: str) -> Any:

@@ -21,23 +21,13 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import yaml
 
+from robocasa_shift.errors import FrozenSpecError, SpecError
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PERTURBATIONS_DIR = Path(os.environ.get("ROBOCASA_SHIFT_PERTURBATIONS", PROJECT_ROOT / "perturbations"))
 STAGE_SPECS_DIR = Path(os.environ.get("ROBOCASA_SHIFT_STAGE_SPECS", PROJECT_ROOT / "stage_specs"))
 LOCK_NAME = "spec.lock"
 CLEAN = "clean"
-
-
-class SpecError(ValueError):
-    """A malformed spec file; the message names the file and the field."""
-
-    def __init__(self, path: Path | str, field_name: str, problem: str):
-        self.path, self.field, self.problem = str(path), field_name, problem
-        super().__init__(f"{path}: field '{field_name}': {problem}")
-
-
-class FrozenSpecError(RuntimeError):
-    """A frozen spec whose content changed without a version bump, or was never frozen."""
 
 
 def canonical_hash(content: Any) -> str:
@@ -78,6 +68,8 @@ def _require(content: Mapping, path: Path, name: str, kind: type | Tuple[type, .
 
 
 @dataclass(frozen=True)
+
+
 class FactorSpec:
     """One perturbation factor: its code kind, its random draw and its frozen levels."""
 
@@ -93,13 +85,15 @@ class FactorSpec:
 
     def level(self, name: str) -> Dict[str, float]:
         if name not in self.levels:
-            from robocasa_shift.registry import UnknownNameError
+            from robocasa_shift.errors import UnknownNameError
 
             raise UnknownNameError(f"level of factor '{self.factor}'", name, list(self.levels))
         return dict(self.levels[name])
 
 
 @dataclass(frozen=True)
+
+
 class Protocol:
     """The frozen study: seed, factors and levels. ``spec_hash`` identifies it."""
 
@@ -118,7 +112,7 @@ class Protocol:
 
     def factor(self, name: str) -> FactorSpec:
         if name not in self.factors:
-            from robocasa_shift.registry import UnknownNameError
+            from robocasa_shift.errors import UnknownNameError
 
             raise UnknownNameError("factor", name, list(self.factors))
         return self.factors[name]
@@ -279,7 +273,7 @@ def freeze(directory: Path | str | None = None) -> List[str]:
 def parse_condition(condition: str, protocol: Protocol) -> Tuple[Optional[str], Optional[str]]:
     """``'clean'`` -> (None, None); ``'camera:L2'`` -> ('camera', 'L2'). Unknown names list the valid ones."""
     if condition not in protocol.conditions:
-        from robocasa_shift.registry import UnknownNameError
+        from robocasa_shift.errors import UnknownNameError
 
         raise UnknownNameError("condition", condition, protocol.conditions)
     if condition == CLEAN:
@@ -292,6 +286,8 @@ def parse_condition(condition: str, protocol: Protocol) -> Tuple[Optional[str], 
 
 
 @dataclass(frozen=True)
+
+
 class Subgoal:
     id: str
     description: str
@@ -300,6 +296,8 @@ class Subgoal:
 
 
 @dataclass(frozen=True)
+
+
 class StageSpec:
     """Ordered subgoals of one task, each a named simulator-state predicate."""
 

@@ -4,10 +4,9 @@ import json
 import shutil
 
 import pytest
+from helpers import cli
 
 from robocasa_shift.checks.audit import audit_run
-
-from helpers import cli
 
 pytestmark = pytest.mark.sim
 CONDITIONS = ["clean", "camera:L1", "camera:L3", "base:L2", "blur:L1"]

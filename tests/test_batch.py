@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from robocasa_shift.study.executors import lockstep_groups
 from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.study.executors import lockstep_groups
 
 
 def test_lockstep_groups_hold_conditions_of_one_base_episode():

@@ -2,7 +2,6 @@ import json
 
 import pandas as pd
 import pytest
-
 from helpers import cli
 
 

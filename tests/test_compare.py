@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from helpers import cli
 
 pytestmark = pytest.mark.sim

@@ -13,10 +13,9 @@ import warnings
 import msgpack
 import numpy as np
 import pytest
-
-from helpers import paired_lift_rollouts
 import torch
 import zmq
+from helpers import paired_lift_rollouts
 
 from robocasa_shift.policies.base import Observation
 from robocasa_shift.policies.gr00t import (

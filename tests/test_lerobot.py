@@ -11,7 +11,6 @@ import json
 
 import numpy as np
 import pytest
-
 from helpers import paired_lift_rollouts
 
 pytest.importorskip("lerobot", reason="lerobot is not installed in this venv; run `make setup-lerobot test-lerobot`")

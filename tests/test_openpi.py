@@ -18,7 +18,6 @@ import warnings
 import msgpack
 import numpy as np
 import pytest
-
 from helpers import paired_lift_rollouts
 
 pytest.importorskip("openpi_client", reason="openpi-client is not installed: pip install -e '.[openpi]'")

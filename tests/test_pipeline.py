@@ -6,15 +6,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-
-from robocasa_shift.study.pipeline import Pool, load_pool, screening_decisions
-from robocasa_shift.engine.records import RolloutKey, comparable
-from robocasa_shift.study.store import RunStore
-
 from helpers import ROOT, cli
+
+from robocasa_shift.engine.records import RolloutKey, comparable
+from robocasa_shift.study.pipeline import Pool, load_pool, screening_decisions
+from robocasa_shift.study.store import RunStore
 
 
 def pool(**kw):

@@ -1,6 +1,7 @@
 import pytest
 
-from robocasa_shift.registry import DuplicateNameError, Registry, UnknownNameError
+from robocasa_shift.errors import DuplicateNameError, UnknownNameError
+from robocasa_shift.registry import Registry
 
 
 def test_duplicate_name_raises():

@@ -4,7 +4,6 @@ import json
 import shutil
 import subprocess
 
-import numpy as np
 import pytest
 
 from robocasa_shift.policies import POLICIES

@@ -5,16 +5,15 @@ import json
 import cv2
 import numpy as np
 import pytest
+from helpers import run_python
 
 from robocasa_shift import seeding
 from robocasa_shift.engine.perturbations import BaseOffset, CameraRotation, LightScale
-from robocasa_shift.policies import POLICIES, make_policy
 from robocasa_shift.engine.records import RolloutKey
 from robocasa_shift.engine.rollout import inject, prepare_episode, run_rollout
-from robocasa_shift.specs import load_stage_spec
 from robocasa_shift.engine.stages import StageTracker
-
-from helpers import run_python
+from robocasa_shift.policies import POLICIES, make_policy
+from robocasa_shift.specs import load_stage_spec
 
 pytestmark = pytest.mark.sim
 TASKS = ("Lift", "Stack", "PickPlaceCan", "NutAssemblySquare")
@@ -290,8 +289,8 @@ class CrashPolicy:
 
 
 def test_a_crashing_rollout_becomes_an_invalid_record_and_the_run_goes_on(tmp_path):
-    from robocasa_shift.study.store import RunStore
     from robocasa_shift.study.runner import Execution, run
+    from robocasa_shift.study.store import RunStore
 
     if "crash-at-5" not in POLICIES:
         POLICIES.register("crash-at-5", CrashPolicy)
@@ -305,8 +304,8 @@ def test_a_crashing_rollout_becomes_an_invalid_record_and_the_run_goes_on(tmp_pa
 
 
 def test_resume_skips_recorded_keys_and_keeps_them(tmp_path):
-    from robocasa_shift.study.store import RunStore
     from robocasa_shift.study.runner import Execution, run
+    from robocasa_shift.study.store import RunStore
 
     run_dir = tmp_path / "run"
     first = run(run_dir, ["Lift"], ["clean"], [0, 1], policy="expert", progress=False, execution=Execution(workers=1))

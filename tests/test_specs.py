@@ -3,7 +3,7 @@ import json
 import pytest
 import yaml
 
-from robocasa_shift import specs
+from robocasa_shift import errors, specs
 
 FROZEN = {
     "illumination": {"L1": {"alpha": 0.8}, "L2": {"alpha": 0.6}, "L3": {"alpha": 0.4}},
@@ -40,7 +40,7 @@ def test_tampered_number_is_refused_with_both_hashes(spec_copy):
     frozen = specs.read_lock(spec_copy)["blur.yaml"]["1"]
     path.write_text(path.read_text().replace("L3: {sigma_px: 4}", "L3: {sigma_px: 5}"))
     current = specs.canonical_hash(yaml.safe_load(path.read_text()))
-    with pytest.raises(specs.FrozenSpecError) as info:
+    with pytest.raises(errors.FrozenSpecError) as info:
         specs.load_protocol(spec_copy)
     message = str(info.value)
     assert frozen in message and current in message and "blur.yaml" in message
@@ -52,7 +52,7 @@ def test_tampered_number_is_refused_with_both_hashes(spec_copy):
 def test_bumped_version_must_be_frozen_and_old_versions_stay(spec_copy):
     path = spec_copy / "blur.yaml"
     path.write_text(path.read_text().replace("version: 1", "version: 2").replace("L3: {sigma_px: 4}", "L3: {sigma_px: 5}"))
-    with pytest.raises(specs.FrozenSpecError, match="version 2 is not frozen"):
+    with pytest.raises(errors.FrozenSpecError, match="version 2 is not frozen"):
         specs.load_protocol(spec_copy)
     frozen = specs.freeze(spec_copy)
     assert len(frozen) == 1 and frozen[0].startswith("blur.yaml version 2")
@@ -65,7 +65,7 @@ def test_bumped_version_must_be_frozen_and_old_versions_stay(spec_copy):
 def test_freeze_never_rewrites_a_frozen_version(spec_copy):
     path = spec_copy / "camera.yaml"
     path.write_text(path.read_text().replace("theta_max_deg: 10", "theta_max_deg: 12"))
-    with pytest.raises(specs.FrozenSpecError):
+    with pytest.raises(errors.FrozenSpecError):
         specs.freeze(spec_copy)
 
 
@@ -85,7 +85,7 @@ def test_malformed_spec_names_file_and_field(spec_copy, old, new, field):
     text = path.read_text()
     assert old in text
     path.write_text(text.replace(old, new))
-    with pytest.raises(specs.SpecError) as info:
+    with pytest.raises(errors.SpecError) as info:
         specs.load_protocol(spec_copy)
     assert info.value.path.endswith("illumination.yaml")
     assert info.value.field == field
@@ -95,10 +95,10 @@ def test_malformed_spec_names_file_and_field(spec_copy, old, new, field):
 def test_missing_level_and_bad_yaml(spec_copy):
     path = spec_copy / "camera.yaml"
     path.write_text(path.read_text().replace("  L3: {theta_max_deg: 10}\n", ""))
-    with pytest.raises(specs.SpecError, match="camera.yaml: field 'levels'"):
+    with pytest.raises(errors.SpecError, match="camera.yaml: field 'levels'"):
         specs.load_protocol(spec_copy)
     path.write_text("levels: [unclosed\n")
-    with pytest.raises(specs.SpecError, match="not valid YAML"):
+    with pytest.raises(errors.SpecError, match="not valid YAML"):
         specs.load_protocol(spec_copy)
 
 
@@ -115,15 +115,15 @@ def test_malformed_stage_spec_names_field(tmp_path):
     (d / "Lift.yaml").write_text(
         "task: Lift\nbackend: robosuite\nversion: 1\ndescription: x\nsubgoals:\n  - id: a\n    description: y\n"
     )
-    with pytest.raises(specs.SpecError) as info:
+    with pytest.raises(errors.SpecError) as info:
         specs.load_stage_spec("robosuite", "Lift", tmp_path)
     assert info.value.field == "subgoals[0].predicate"
-    with pytest.raises(specs.SpecError, match="no stage spec for task 'Lfit'"):
+    with pytest.raises(errors.SpecError, match="no stage spec for task 'Lfit'"):
         specs.load_stage_spec("robosuite", "Lfit", tmp_path)
 
 
 def test_unknown_condition_lists_valid_ones(protocol):
-    from robocasa_shift.registry import UnknownNameError
+    from robocasa_shift.errors import UnknownNameError
 
     with pytest.raises(UnknownNameError, match="known: clean, illumination:L1"):
         specs.parse_condition("camera:L4", protocol)

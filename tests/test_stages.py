@@ -2,8 +2,8 @@
 
 import pytest
 
-from robocasa_shift.specs import StageSpec, Subgoal
 from robocasa_shift.engine.stages import PREDICATES, StageTracker, predicate
+from robocasa_shift.specs import StageSpec, Subgoal
 
 
 class FakeState:

@@ -3,14 +3,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+from helpers import ROOT
 
 from robocasa_shift.engine.records import Record, RolloutKey
-from robocasa_shift.study.store import RunDirError, RunDirLocked, RunStore
-
-from helpers import ROOT
+from robocasa_shift.errors import RunDirError, RunDirLocked
+from robocasa_shift.study.store import RunStore
 
 
 def record(episode=0, condition="clean", valid=True):

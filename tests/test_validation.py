@@ -2,14 +2,12 @@
 
 import json
 
-import numpy as np
 import pandas as pd
 import pytest
+from helpers import cli
 
 from robocasa_shift.engine.demos import load_demo
 from robocasa_shift.policies import make_policy
-
-from helpers import cli
 
 pytestmark = pytest.mark.sim
 

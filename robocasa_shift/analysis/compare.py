@@ -16,8 +16,16 @@ from typing import Any, Dict, List
 import numpy as np
 import pandas as pd
 
-from robocasa_shift.analysis.measures import AnalysisError, _condition_rng, _percentile_interval, holm_adjust, mcnemar_exact_p, normalize, order_conditions
 from robocasa_shift.analysis.export import records_frame
+from robocasa_shift.analysis.measures import (
+    AnalysisError,
+    _condition_rng,
+    _percentile_interval,
+    holm_adjust,
+    mcnemar_exact_p,
+    normalize,
+    order_conditions,
+)
 from robocasa_shift.study.store import RunStore
 
 

@@ -43,6 +43,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
+from robocasa_shift.errors import AnalysisError
+
 CLEAN = "clean"
 REQUIRED_COLUMNS = ("task", "episode", "condition", "success", "n_stages", "stages_completed", "first_incomplete")
 OPTIONAL_DEFAULTS: Dict[str, Any] = {
@@ -67,11 +69,6 @@ TRANSITIONS = ("SS", "SF", "FS", "FF")
 _CONDITION_RE = re.compile(r"^(?P<factor>[A-Za-z0-9_.\-]+):L(?P<level>[0-9]+)$")
 _TRUE_STRINGS = {"true", "1", "1.0"}
 _FALSE_STRINGS = {"false", "0", "0.0"}
-
-
-class AnalysisError(ValueError):
-    """A records table the analysis cannot use; the message says which rows or columns and why."""
-
 
 # --------------------------------------------------------------------------- loading and normalizing
 
@@ -340,6 +337,8 @@ def order_conditions(conditions: Iterable[str], factor_order: Sequence[str] = DE
 
 
 @dataclass(frozen=True)
+
+
 class _TaskPairs:
     """The valid pairs of one task under one perturbed condition, as aligned arrays."""
 

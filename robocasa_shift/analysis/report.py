@@ -16,9 +16,9 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import pandas as pd
 
-from robocasa_shift.analysis.measures import write_analysis
-from robocasa_shift.checks.audit import ZERO_CHECKS, LABELS, audit_run
 from robocasa_shift.analysis.export import records_frame
+from robocasa_shift.analysis.measures import write_analysis
+from robocasa_shift.checks.audit import LABELS, ZERO_CHECKS, audit_run
 from robocasa_shift.engine.records import RolloutKey
 from robocasa_shift.engine.rollout import Observer, run_rollout
 from robocasa_shift.study.store import RunStore
@@ -233,10 +233,10 @@ def select_pairs(df: pd.DataFrame, per_kind: int = 2) -> List[Tuple[str, Dict[st
 
 
 def make_videos(run_dir: Path, df: pd.DataFrame, out: Path, per_kind: int = 2) -> List[Dict[str, Any]]:
-    from robocasa_shift.policies import make_policy
-    from robocasa_shift.specs import load_protocol, load_stage_spec
     from robocasa_shift.backends import get_backend
     from robocasa_shift.engine.perturbations import factor_kind
+    from robocasa_shift.policies import make_policy
+    from robocasa_shift.specs import load_protocol, load_stage_spec
 
     manifest = json.loads((run_dir / "manifest.json").read_text())
     pairs = select_pairs(df, per_kind)

@@ -11,11 +11,9 @@ import numpy as np
 CAMERA_ROLES = ("third_person", "wrist")
 
 
-class BackendUnavailable(RuntimeError):
-    """The backend's simulator, package or assets are missing; the message says how to get them."""
-
-
 @dataclass(frozen=True)
+
+
 class TaskInfo:
     name: str
     horizon: int
@@ -61,7 +59,7 @@ class TaskTable:
 
     def task(self, name: str) -> TaskInfo:
         if name not in self.tasks:
-            from robocasa_shift.registry import UnknownNameError
+            from robocasa_shift.errors import UnknownNameError
 
             raise UnknownNameError("task", name, list(self.tasks))
         return self.tasks[name].info()
@@ -80,7 +78,7 @@ def cameras_for_roles(env: Env, roles: Sequence[str]) -> List[str]:
     """Camera names for the roles a policy reads, third-person first."""
     unknown = [r for r in roles if r not in CAMERA_ROLES]
     if unknown:
-        from robocasa_shift.registry import UnknownNameError
+        from robocasa_shift.errors import UnknownNameError
 
         raise UnknownNameError("camera role", unknown[0], list(CAMERA_ROLES))
     names: List[str] = []

@@ -57,9 +57,10 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from robocasa_shift.engine.stages import predicate
-from robocasa_shift.backends.base import BackendUnavailable, TaskInfo, TaskTable
+from robocasa_shift.backends.base import TaskInfo, TaskTable
 from robocasa_shift.backends.robosuite_backend import RENDER_PROFILES, RobosuiteEnv, _hash_arrays
+from robocasa_shift.engine.stages import predicate
+from robocasa_shift.errors import BackendUnavailable
 
 ROBOT = "PandaOmron"
 SPLIT = "target"
@@ -372,7 +373,7 @@ class RobocasaEnv(RobosuiteEnv):
 
     def __init__(self, task: RobocasaTask, render_profile: str = "fast"):  # noqa: D107 - not RobosuiteEnv's
         if render_profile not in RENDER_PROFILES:
-            from robocasa_shift.registry import UnknownNameError
+            from robocasa_shift.errors import UnknownNameError
 
             raise UnknownNameError("render profile", render_profile, list(RENDER_PROFILES))
         check_available()

@@ -21,12 +21,13 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
+from robocasa_shift.backends.base import TaskInfo, TaskTable
 from robocasa_shift.engine.stages import predicate
-from robocasa_shift.backends.base import BackendUnavailable, TaskInfo, TaskTable
+from robocasa_shift.errors import BackendUnavailable
 
 ROBOT = "PandaOmron"
 CONTROL_FREQ_HZ = 20
@@ -140,7 +141,7 @@ class RobosuiteEnv:
 
     def __init__(self, task: RobosuiteTask, render_profile: str = "fast"):
         if render_profile not in RENDER_PROFILES:
-            from robocasa_shift.registry import UnknownNameError
+            from robocasa_shift.errors import UnknownNameError
 
             raise UnknownNameError("render profile", render_profile, list(RENDER_PROFILES))
         suite = _import_robosuite()

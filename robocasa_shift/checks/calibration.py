@@ -21,9 +21,10 @@ import numpy as np
 
 from robocasa_shift import specs
 from robocasa_shift.backends import get_backend
-from robocasa_shift.engine.perturbations import PerturbationError, factor_kind
+from robocasa_shift.engine.perturbations import factor_kind
 from robocasa_shift.engine.records import RolloutKey
 from robocasa_shift.engine.rollout import inject, prepare_episode
+from robocasa_shift.errors import PerturbationError
 
 MIN_IMAGE_STD = 2.0  # a frame with less spread than this (0-255 scale) is blank
 MIN_CAMERA_CHANGE = 0.5  # mean absolute pixel change that counts as "the image moved"

@@ -16,10 +16,10 @@ import numpy as np
 from robocasa_shift import specs
 from robocasa_shift.backends import get_backend
 from robocasa_shift.engine.demos import demo_path, load_demo, record_demo
-from robocasa_shift.policies import make_policy
 from robocasa_shift.engine.records import RolloutKey
 from robocasa_shift.engine.rollout import Observer, prepare_episode, run_rollout
 from robocasa_shift.engine.stages import StageTracker
+from robocasa_shift.policies import make_policy
 
 PHASE = "validation"
 

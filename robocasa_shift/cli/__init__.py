@@ -16,7 +16,7 @@ from typing import List
 import click
 
 from robocasa_shift import specs
-from robocasa_shift.registry import UnknownNameError
+from robocasa_shift.errors import Error
 
 DEFAULT_POLICY = "reference"
 
@@ -27,25 +27,14 @@ def _fail(message: str, code: int) -> None:
 
 
 def handle_errors(fn):
-    """Turn the harness's typed errors into clear messages and exit statuses."""
+    """Turn the harness's errors (one tree, ``robocasa_shift.errors``) into messages and exit statuses."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from robocasa_shift.backends.base import BackendUnavailable
-        from robocasa_shift.analysis.measures import AnalysisError
-        from robocasa_shift.study.store import RunDirError
-        from robocasa_shift.policies import PolicyOptionError
-        from robocasa_shift.study.runner import BadInput
-
         try:
             return fn(*args, **kwargs)
-        except (UnknownNameError, specs.SpecError, specs.FrozenSpecError, BadInput, AnalysisError,
-                PolicyOptionError) as exc:
-            _fail(str(exc), 2)
-        except BackendUnavailable as exc:
-            _fail(str(exc), 3)
-        except RunDirError as exc:
-            _fail(str(exc), 4)
+        except Error as exc:
+            _fail(str(exc), exc.exit_code)
 
     return wrapper
 
@@ -302,7 +291,8 @@ def run(task_opts, condition_opts, episodes, policy, backend, run_dir, phase, re
     Example: 13 conditions x 5 base episodes of Lift with the scripted expert
       robocasa-shift run --task Lift --condition all --episodes 0-4 --policy expert --run-dir runs/lift
     """
-    from robocasa_shift.study.runner import parse_episodes, parse_shard, run as run_study
+    from robocasa_shift.study.runner import parse_episodes, parse_shard
+    from robocasa_shift.study.runner import run as run_study
 
     protocol = specs.load_protocol(verify=True)
     result = run_study(
@@ -374,7 +364,8 @@ def formal(task_opts, condition_opts, episodes, policy, backend, run_dir, replic
            executor, workers, address, threads, batch, shard, retry_errors, progress):
     """The formal matrix: suite x episodes x 13 conditions, every rollout at its official horizon."""
     from robocasa_shift.study.pipeline import estimate, formal_suite
-    from robocasa_shift.study.runner import Execution, parse_episodes, parse_shard, plan_keys, run as run_study, shard_keys
+    from robocasa_shift.study.runner import Execution, parse_episodes, parse_shard, plan_keys, shard_keys
+    from robocasa_shift.study.runner import run as run_study
 
     protocol = specs.load_protocol(verify=True)
     tasks = _tasks_of(backend, task_opts) if task_opts else formal_suite(run_dir)
@@ -564,7 +555,8 @@ def train_reference(task_opts, data_dir, out_dir, workers, epochs, frames):
     from dataclasses import replace
 
     from robocasa_shift.policies.reference.data import PERCEPTION
-    from robocasa_shift.policies.reference.train import WEIGHTS_DIR, TrainConfig, train_reference as train
+    from robocasa_shift.policies.reference.train import WEIGHTS_DIR, TrainConfig
+    from robocasa_shift.policies.reference.train import train_reference as train
 
     config = TrainConfig() if epochs is None else replace(TrainConfig(), epochs=epochs)
     manifest = train(_split(task_opts, list(PERCEPTION)), data_dir, out_dir or WEIGHTS_DIR, workers, config, frames)

@@ -15,10 +15,11 @@ current ones.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from robocasa_shift.errors import PerturbationError
 from robocasa_shift.geometry import axis_angle_quat, quat_mul, quat_to_mat
 from robocasa_shift.registry import Registry
 
@@ -27,10 +28,6 @@ FACTOR_KINDS: Registry[type] = Registry("factor kind", "robocasa_shift.factors")
 # Read-back values equal what was asked up to float64 round-off of the
 # rotations; anything larger is a perturbation that did not land.
 READBACK_ATOL = 1e-9
-
-
-class PerturbationError(RuntimeError):
-    """A perturbation could not be applied as specified (e.g. no valid base draw)."""
 
 
 def rotate_in_place(quat: np.ndarray, vertical: np.ndarray, yaw_deg: float, pitch_deg: float) -> np.ndarray:
@@ -99,6 +96,8 @@ def max_abs_difference(applied: Any, expected: Any) -> float:
 
 
 @FACTOR_KINDS.register("light_scale")
+
+
 class LightScale(FactorKind):
     """Every scene light's diffuse, ambient and specular colour, and the headlight's, times alpha."""
 
@@ -115,6 +114,8 @@ class LightScale(FactorKind):
 
 
 @FACTOR_KINDS.register("camera_rotation")
+
+
 class CameraRotation(FactorKind):
     """Third-person cameras rotated in place by (yaw, pitch) = theta_max * u, u uniform in the unit disk."""
 
@@ -144,6 +145,8 @@ class CameraRotation(FactorKind):
 
 
 @FACTOR_KINDS.register("base_offset")
+
+
 class BaseOffset(FactorKind):
     """Mobile-base (forward, side) offset sigma_xy_m * z[:2] and yaw sigma_psi_deg * z[2], z standard normal.
 
@@ -185,6 +188,8 @@ class BaseOffset(FactorKind):
 
 
 @FACTOR_KINDS.register("gaussian_blur")
+
+
 class GaussianBlur(FactorKind):
     """cv2.GaussianBlur(img, (0, 0), sigmaX=s, sigmaY=s), default border, uint8 in and out."""
 

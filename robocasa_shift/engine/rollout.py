@@ -22,15 +22,12 @@ import numpy as np
 
 from robocasa_shift import seeding
 from robocasa_shift.backends.base import cameras_for_roles
-from robocasa_shift.engine.perturbations import PerturbationError, applied_perturbation, factor_kind
-from robocasa_shift.policies.base import ChunkCursor, Observation, Policy, act_batch
+from robocasa_shift.engine.perturbations import applied_perturbation, factor_kind
 from robocasa_shift.engine.records import Record, RolloutKey
-from robocasa_shift.specs import Protocol, StageSpec, parse_condition
 from robocasa_shift.engine.stages import StageTracker
-
-
-class RendererError(RuntimeError):
-    pass
+from robocasa_shift.errors import PerturbationError, RendererError, RolloutError
+from robocasa_shift.policies.base import ChunkCursor, Observation, Policy, act_batch
+from robocasa_shift.specs import Protocol, StageSpec, parse_condition
 
 
 class Observer:
@@ -111,10 +108,8 @@ class Rollout:
 
     def fail(self, exc: Exception) -> None:
         """End the rollout as an invalid record that carries the error (drivers call it too)."""
-        if isinstance(exc, RendererError):
-            self.record.fail("renderer", str(exc))
-        elif isinstance(exc, PerturbationError):
-            self.record.fail("perturbation", str(exc))
+        if isinstance(exc, RolloutError):
+            self.record.fail(exc.error_kind, str(exc))
         else:
             kind = getattr(exc, "error_kind", "runtime")
             self.record.fail(kind, f"during {self._phase}: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from robocasa_shift.registry import Registry
+from robocasa_shift.errors import PolicyOptionError
 from robocasa_shift.policies.base import Observation, Policy
+from robocasa_shift.registry import Registry
 
 POLICIES: Registry[type] = Registry("policy", "robocasa_shift.policies")
 POLICIES.register("expert", "robocasa_shift.policies.scripted:ExpertPolicy")
@@ -16,10 +17,6 @@ POLICIES.register("reference-blind", "robocasa_shift.policies.reference:BlindRef
 POLICIES.register("gr00t", "robocasa_shift.policies.gr00t:Gr00tPolicy")
 POLICIES.register("openpi", "robocasa_shift.policies.openpi:OpenpiPolicy")
 POLICIES.register("lerobot", "robocasa_shift.policies.lerobot:LeRobotPolicy")
-
-
-class PolicyOptionError(ValueError):
-    """An option the policy's constructor does not take."""
 
 
 def make_policy(name: str, **options: Any) -> Policy:

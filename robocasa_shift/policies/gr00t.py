@@ -56,8 +56,9 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import numpy as np
 
-from robocasa_shift.seeding import rng_state_hash
+from robocasa_shift.errors import ActionFormatError, PolicyServerError, PolicyServerTimeout
 from robocasa_shift.policies.base import Observation, Policy
+from robocasa_shift.seeding import rng_state_hash
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,8 @@ STATE_MAP: Dict[str, Tuple[str, int]] = {
 
 
 @dataclass(frozen=True)
+
+
 class ActionSlot:
     """Where the columns of one GR00T action key go in the 12-D PandaOmron action."""
 
@@ -107,31 +110,6 @@ ACTION_LAYOUT: Tuple[ActionSlot, ...] = (
 
 
 # =========================================================================== errors
-
-
-class PolicyServerError(RuntimeError):
-    """The policy server failed a request, did not answer, or answered something unusable."""
-
-    error_kind = "policy_server"  # the harness files the rollout's record under this kind
-
-    def __init__(self, message: str, endpoint: Optional[str] = None, server_message: Optional[str] = None):
-        super().__init__(message)
-        self.endpoint = endpoint
-        self.server_message = server_message
-
-    @property
-    def unknown_endpoint(self) -> bool:
-        """True when the server does not have the endpoint (a plain N1.5 server asked to ``reset``)."""
-        return bool(self.server_message) and "Unknown endpoint" in self.server_message
-
-
-class PolicyServerTimeout(PolicyServerError):
-    pass
-
-
-class ActionFormatError(PolicyServerError, ValueError):
-    """The server's action chunk lacks a key or has the wrong shape."""
-
 
 # =========================================================================== serializers
 
@@ -194,6 +172,8 @@ def torch_unpackb(data: bytes) -> Any:
 
 
 @dataclass(frozen=True)
+
+
 class Serializer:
     """One wire format: ``dumps`` and ``loads`` of a request or reply."""
 
@@ -206,7 +186,7 @@ class Serializer:
         if isinstance(name, Serializer):
             return name
         if name not in SERIALIZERS:
-            from robocasa_shift.registry import UnknownNameError
+            from robocasa_shift.errors import UnknownNameError
 
             raise UnknownNameError("GR00T serializer", name, sorted(SERIALIZERS))
         return SERIALIZERS[name]
@@ -632,6 +612,8 @@ class _NumpySessionRNG:
 
 
 @dataclass
+
+
 class _Session:
     rng: Any
     last_seq: Optional[int] = None

@@ -51,7 +51,6 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Unio
 
 import numpy as np
 
-from robocasa_shift.seeding import rng_state_hash
 from robocasa_shift.policies.base import Observation, Policy
 from robocasa_shift.policies.openpi import (
     LayoutLike,
@@ -62,6 +61,7 @@ from robocasa_shift.policies.openpi import (
     proprio_vector,
     resolve_layout,
 )
+from robocasa_shift.seeding import rng_state_hash
 
 NOT_RESET = "not-reset"
 IMAGE_PREFIX = "observation.images."

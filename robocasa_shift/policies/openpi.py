@@ -54,7 +54,14 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from robocasa_shift.policies.base import Observation, Policy
-from robocasa_shift.policies.gr00t import ACTION_DIM, ActionFormatError, PolicyServerError, PolicyServerTimeout, _canonical, content_hash
+from robocasa_shift.policies.gr00t import (
+    ACTION_DIM,
+    ActionFormatError,
+    PolicyServerError,
+    PolicyServerTimeout,
+    _canonical,
+    content_hash,
+)
 
 DEFAULT_PORT = 8000
 UNSEEDED = "unseeded-server"
@@ -121,7 +128,7 @@ def resolve_layout(layout: LayoutLike) -> Tuple[FlatSlot, ...]:
     """
     if isinstance(layout, str) and not layout.lstrip().startswith("["):
         if layout not in ACTION_LAYOUTS:
-            from robocasa_shift.registry import UnknownNameError
+            from robocasa_shift.errors import UnknownNameError
 
             raise UnknownNameError("action layout", layout, sorted(ACTION_LAYOUTS))
         return ACTION_LAYOUTS[layout]

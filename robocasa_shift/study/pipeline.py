@@ -8,13 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import yaml
-
-from robocasa_shift import specs
+from robocasa_shift import errors, specs
 from robocasa_shift.checks.audit import add_to_plan, read_plan
 from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.errors import RunDirError
 from robocasa_shift.study.runner import Execution, RunSession, Study, pending_keys, plan_keys
-from robocasa_shift.study.store import IDENTITY_FIELDS, RunDirError, RunStore, atomic_write_json
+from robocasa_shift.study.store import IDENTITY_FIELDS, RunStore, atomic_write_json
 
 POOLS_DIR = specs.PROJECT_ROOT / "pools"
 
@@ -38,7 +37,7 @@ class Pool:
 def load_pool(backend: str, path: Optional[Path | str] = None) -> Pool:
     path = Path(path or POOLS_DIR / f"{backend}.yaml")
     if not path.exists():
-        raise specs.SpecError(path, "(document)", f"no candidate pool for backend '{backend}'")
+        raise errors.SpecError(path, "(document)", f"no candidate pool for backend '{backend}'")
     content = specs._read_yaml(path)
     req = specs._require
     schedule = req(content, path, "schedule", dict)
@@ -59,7 +58,7 @@ def load_pool(backend: str, path: Optional[Path | str] = None) -> Pool:
         content_hash=specs.canonical_hash(content),
     )
     if pool.initial + pool.reserve != len(candidates):
-        raise specs.SpecError(path, "schedule", f"initial + reserve must equal the {len(candidates)} candidates")
+        raise errors.SpecError(path, "schedule", f"initial + reserve must equal the {len(candidates)} candidates")
     return pool
 
 

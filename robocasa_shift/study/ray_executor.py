@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Sequence
 
-from robocasa_shift.study.executors import WorkerConfig, _Worker, lockstep_groups
 from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.study.executors import WorkerConfig, _Worker, lockstep_groups
 
 
 class RayExecutor:
@@ -23,7 +23,7 @@ class RayExecutor:
         try:
             import ray
         except ImportError:
-            from robocasa_shift.backends.base import BackendUnavailable
+            from robocasa_shift.errors import BackendUnavailable
 
             raise BackendUnavailable("the ray executor needs Ray: pip install 'ray>=2.40'") from None
         self.ray, self.config, self.workers, self.address = ray, config, max(1, int(workers)), address

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from robocasa_shift import specs
-from robocasa_shift.checks.audit import add_to_plan
 from robocasa_shift.backends import get_backend
-from robocasa_shift.policies import check_policy_options, make_policy
+from robocasa_shift.checks.audit import add_to_plan
 from robocasa_shift.engine.records import Record, RolloutKey
 from robocasa_shift.engine.rollout import run_lockstep, run_rollout
+from robocasa_shift.errors import BadInput
+from robocasa_shift.policies import check_policy_options, make_policy
 from robocasa_shift.seeding import PHASES
 from robocasa_shift.study.store import RunStore
 
@@ -24,10 +25,6 @@ SEED_RULE = (
     "factor draw = derive_seed(study_seed, stream=<factor>, task, phase, episode); "
     "derive_seed: numpy SeedSequence(entropy=study_seed, spawn_key=sha256 words of 'name=value', sorted by name)"
 )
-
-
-class BadInput(ValueError):
-    """A malformed command-line value (episode range, replicate list)."""
 
 
 def parse_episodes(text: str) -> List[int]:
@@ -59,7 +56,7 @@ def plan_keys(
 ) -> List[RolloutKey]:
     """Keys in execution order: task, episode, replicate, then condition (clean first)."""
     if phase not in PHASES:
-        from robocasa_shift.registry import UnknownNameError
+        from robocasa_shift.errors import UnknownNameError
 
         raise UnknownNameError("phase", phase, list(PHASES))
     episodes = list(episodes)
@@ -81,6 +78,8 @@ def package_versions(extra: Dict[str, str]) -> Dict[str, str]:
 
 
 @dataclass
+
+
 class Study:
     """Everything fixed for one run directory: protocol, backend, policy, render profile."""
 
@@ -212,6 +211,8 @@ def shard_keys(keys: Sequence[RolloutKey], shard: Optional[Tuple[int, int]]) -> 
 
 
 @dataclass
+
+
 class Execution:
     """Where and how rollouts run; recorded per command in ``commands.jsonl``."""
 

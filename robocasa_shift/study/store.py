@@ -26,18 +26,11 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
 from robocasa_shift.engine.records import Record, RolloutKey
+from robocasa_shift.errors import RunDirError, RunDirLocked
 
 MANIFEST = "manifest.json"
 # Manifest fields that must agree between every command writing to one run directory.
 IDENTITY_FIELDS = ("spec_hash", "study_seed", "backend", "policy", "versions", "stage_spec_hashes", "env_config")
-
-
-class RunDirError(RuntimeError):
-    pass
-
-
-class RunDirLocked(RunDirError):
-    pass
 
 
 def _agree(a: Any, b: Any) -> bool:

@@ -16,10 +16,10 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from robocasa_shift.seeding import derive_seed
-from robocasa_shift.policies.base import Observation
 from robocasa_shift.geometry import quat_xyzw_to_mat
+from robocasa_shift.policies.base import Observation
 from robocasa_shift.policies.scripted import OPEN, ExpertPolicy, arm_action
+from robocasa_shift.seeding import derive_seed
 
 # Seed of all training data; a stream of its own, unrelated to any study seed.
 TRAINING_SEED = 1_000_003

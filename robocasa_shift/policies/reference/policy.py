@@ -25,12 +25,13 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from robocasa_shift.seeding import rng_state_hash
-from robocasa_shift.policies.base import Observation, Policy
+from robocasa_shift.errors import WeightsMissing
 from robocasa_shift.geometry import quat_xyzw_to_mat, wrap
-from robocasa_shift.policies.scripted import YAW_GAIN, closing_axis_yaw
-from robocasa_shift.policies.reference.data import NET_IMAGE_SIZE, PERCEPTION, resize
+from robocasa_shift.policies.base import Observation, Policy
+from robocasa_shift.policies.reference.data import PERCEPTION, resize
 from robocasa_shift.policies.reference.train import MANIFEST, WEIGHTS_DIR
+from robocasa_shift.policies.scripted import YAW_GAIN, closing_axis_yaw
+from robocasa_shift.seeding import rng_state_hash
 
 GRIPPER, MODE = 10, 11
 OPEN, CLOSE = -1.0, 1.0
@@ -46,10 +47,6 @@ CUBE_A_HALF, CUBE_B_HALF = 0.021, 0.025
 
 # Networks by (weights folder, net name), shared by every policy instance in the process.
 _NETS: Dict[tuple, object] = {}
-
-
-class WeightsMissing(RuntimeError):
-    pass
 
 
 class ReferencePolicy(Policy):

@@ -17,8 +17,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from robocasa_shift.specs import canonical_hash
 from robocasa_shift.policies.reference.data import NET_IMAGE_SIZE, PERCEPTION, generate, generate_on_policy
+from robocasa_shift.specs import canonical_hash
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 MANIFEST = "manifest.json"
@@ -110,7 +110,7 @@ def load_training_set(paths: Sequence[str], camera: str):
 def _train_job(args) -> Dict:
     import torch
 
-    from robocasa_shift.policies.reference.nets import param_count, state_hash, KeypointNet
+    from robocasa_shift.policies.reference.nets import KeypointNet, param_count, state_hash
 
     task, camera, data_paths, out_dir, config = args
     images, targets, episodes = load_training_set(data_paths, camera)
