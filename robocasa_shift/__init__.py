@@ -3,7 +3,9 @@
 The Python API the CLI calls, so a notebook can drive a study too::
 
     import robocasa_shift as rs
-    rs.run_study("runs/x", ["Lift"], ["clean", "camera:L2"], range(5), policy="reference")
+    study = rs.StudyConfig(policy="reference")          # what is studied
+    execution = rs.ExecutionConfig(workers=2)           # how it is executed
+    rs.run("runs/x", ["Lift"], ["clean", "camera:L2"], range(5), study, execution)
     summary = rs.analyze(rs.records_frame("runs/x"))
 
 Simulator, torch and plotting imports happen only when a function needs them.
@@ -16,10 +18,13 @@ __version__ = "0.1.0"
 _API = {
     "load_protocol": "robocasa_shift.specs:load_protocol",
     "load_stage_spec": "robocasa_shift.specs:load_stage_spec",
-    "parse_episodes": "robocasa_shift.study.runner:parse_episodes",
-    "plan_keys": "robocasa_shift.study.runner:plan_keys",
+    "StudyConfig": "robocasa_shift.config:StudyConfig",
+    "ExecutionConfig": "robocasa_shift.config:ExecutionConfig",
+    "Execution": "robocasa_shift.config:ExecutionConfig",  # the former name, kept as an alias
+    "parse_episodes": "robocasa_shift.study.plan:parse_episodes",
+    "plan_keys": "robocasa_shift.study.plan:plan_keys",
+    "run": "robocasa_shift.study.runner:run",
     "run_study": "robocasa_shift.study.runner:run",
-    "Execution": "robocasa_shift.study.runner:Execution",
     "screen": "robocasa_shift.study.pipeline:screen",
     "merge": "robocasa_shift.study.pipeline:merge",
     "calibrate": "robocasa_shift.checks.calibration:calibrate",
@@ -35,6 +40,7 @@ _API = {
 
 
 def __getattr__(name: str):
+    """Import the API's names on first use (``robocasa_shift.run_study`` imports the runner then)."""
     if name not in _API:
         raise AttributeError(f"module 'robocasa_shift' has no attribute '{name}'")
     module, attr = _API[name].split(":")

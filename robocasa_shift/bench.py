@@ -24,14 +24,22 @@ alike; each is reported as median, min and max over the repeats.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import platform
 import time
 from typing import Callable, Dict, List, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
-from robocasa_shift.study.executors import WorkerConfig, apply_threads
+from robocasa_shift import seeding, specs
+from robocasa_shift.backends import get_backend
+from robocasa_shift.config import DEFAULT_POLICY, StudyConfig
+from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.engine.rollout import prepare_episode, run_lockstep, run_rollout
+from robocasa_shift.study.executors import as_record
+from robocasa_shift.study.worker import apply_threads, init_worker, run_in_worker
 
 BENCH_TASK = "Lift"
 # Mild conditions, under which the reference policy's rollouts have similar lengths: the scaling
@@ -52,18 +60,22 @@ class FixedActions:
         self.actions, self.chunk, self._next = actions, chunk, 0
 
     def reset(self, seed: int) -> None:
+        """Start again from the first action (the seed is irrelevant: nothing is random)."""
         self._next = 0
 
     def act(self, obs) -> np.ndarray:
+        """The next ``chunk`` fixed actions."""
         chunk = self.actions[self._next : self._next + self.chunk]
         self._next += len(chunk)
         return chunk
 
     def rng_fingerprint(self) -> str:
+        """Constant: the policy has no generator."""
         return "deterministic"
 
 
 def summary(values: Sequence[float], digits: int = 3) -> Dict[str, float]:
+    """Median, min, max and count of ``values``, rounded."""
     return {"median": round(float(np.median(values)), digits), "min": round(float(np.min(values)), digits),
             "max": round(float(np.max(values)), digits), "n": len(values)}
 
@@ -78,8 +90,6 @@ class InProcess:
     """The single-process measurements, all on one live environment of the embedded backend."""
 
     def __init__(self, env, steps: int):
-        from robocasa_shift import specs
-
         self.protocol = specs.load_protocol()
         self.stage_spec = specs.load_stage_spec("robosuite", env.task.name)
         self.env = env
@@ -89,31 +99,29 @@ class InProcess:
         self.actions[:, 6:] = 0.0  # arm and gripper only; the base stays put
         self.cameras = list(self.env.third_person_cameras) + list(self.env.wrist_cameras)
 
-    def key(self, condition: str = "clean"):
-        from robocasa_shift.engine.records import RolloutKey
-
+    def key(self, condition: str = "clean") -> RolloutKey:
+        """The bench's rollout key: formal base episode 0 of the task under ``condition``."""
         return RolloutKey("formal", self.env.task.name, 0, condition, 0)
 
     def physics_sps(self) -> float:
+        """Bare robosuite control steps per second, no rendering."""
         self.env.reset(1)
         raw = self.env.raw
         return self.steps / _timed(lambda: [raw.step(a) for a in self.actions])
 
     def render_ms(self, frames: int = 20) -> float:
+        """Milliseconds per 128x128 frame of the first camera."""
         self.env.reset(1)
         cam = self.cameras[0]
         return 1000 * _timed(lambda: [self.env.render(cam, 128) for _ in range(frames)]) / frames
 
     def reset_ms(self, resets: int = 5) -> float:
-        from robocasa_shift.engine.rollout import prepare_episode
-
+        """Milliseconds per between-rollout reset (restore nominal, seeded reset, fingerprint)."""
         key = self.key()
         return 1000 * _timed(lambda: [prepare_episode(self.env, self.protocol, key) for _ in range(resets)]) / resets
 
     def harness(self, chunk: int, condition: str = "clean") -> tuple:
         """(seconds per control step, steps, final qpos) of a full harness rollout of the fixed actions."""
-        from robocasa_shift.engine.rollout import run_rollout
-
         policy = FixedActions(self.actions, chunk)
         t0 = time.perf_counter()
         record = run_rollout(self.env, policy, self.key(condition), self.protocol, self.stage_spec, "robosuite",
@@ -125,8 +133,6 @@ class InProcess:
     def bare(self, chunk: int, steps: int) -> tuple:
         """(seconds per control step, final qpos) of plain robosuite from the harness rollout's seed:
         seeded reset, then step, rendering the same cameras every ``chunk`` steps."""
-        from robocasa_shift import seeding
-
         env, raw = self.env, self.env.raw
         ctx = env._render_context()
         cam_ids = [raw.sim.model.camera_name2id(c) for c in self.cameras]
@@ -142,6 +148,7 @@ class InProcess:
         return (time.perf_counter() - t0) / steps, env.data.qpos.copy()
 
     def close(self) -> None:
+        """Close the environment."""
         self.env.close()
 
 
@@ -157,8 +164,6 @@ class BatchBench:
         roles = {c: ("wrist" if c in env.wrist_cameras else "third_person") for c in images}
         self.obs = [Observation(images, roles, env.proprio(), env.task.instruction, 0) for _ in conditions]
         self.policies = [ReferencePolicy() for _ in conditions]
-        from robocasa_shift.backends import get_backend
-
         self.extra_envs = [get_backend("robosuite").make(env.task.name) for _ in conditions[1:]]
         for extra in self.extra_envs:  # create their render contexts outside the timings
             extra.reset(1)
@@ -166,8 +171,6 @@ class BatchBench:
 
     def lockstep(self, local: "InProcess", keys, horizon: int) -> tuple:
         """(seconds for ``keys`` one after another, seconds for the same keys in lockstep), same horizon."""
-        from robocasa_shift.engine.rollout import run_lockstep, run_rollout
-
         envs = [local.env] + self.extra_envs[: len(keys) - 1]
         t_single = _timed(lambda: [run_rollout(local.env, self.policies[0], k, local.protocol, local.stage_spec,
                                                "robosuite", horizon=horizon) for k in keys])
@@ -176,11 +179,13 @@ class BatchBench:
         return t_single, t_lock
 
     def one_by_one(self, calls: int = 10) -> float:
+        """Seconds for ``calls`` rounds of one policy call per condition."""
         for i, p in enumerate(self.policies):
             p.reset(i)
         return _timed(lambda: [[p.act(o) for p, o in zip(self.policies, self.obs)] for _ in range(calls)])
 
     def batched(self, calls: int = 10) -> float:
+        """Seconds for ``calls`` rounds of one batched call for all conditions."""
         from robocasa_shift.policies.base import act_batch
 
         for i, p in enumerate(self.policies):
@@ -192,44 +197,32 @@ class Pool:
     """A pool of real formal-run workers (the local executor's), started once and timed warm."""
 
     def __init__(self, workers: int, threads: int, policy: str):
-        import multiprocessing as mp
-
-        from robocasa_shift.study.executors import _init_worker
-
         self.label = f"{workers}x{threads}"
         self.workers = workers
         self.pool = mp.get_context("spawn").Pool(
-            workers, initializer=_init_worker, initargs=(WorkerConfig("robosuite", policy, threads=threads),))
+            workers, initializer=init_worker, initargs=(StudyConfig(backend="robosuite", policy=policy), threads))
 
     def run(self, keys) -> tuple:
         """(rollouts per second, results) for ``keys``, after the pool is warm."""
-        from robocasa_shift.study.executors import _run_in_worker
-
         t0 = time.perf_counter()
-        results = [r for group in self.pool.imap_unordered(_run_in_worker, [[k] for k in keys], chunksize=1) for r in group]
+        results = [r for group in self.pool.imap_unordered(run_in_worker, [[k] for k in keys], chunksize=1) for r in group]
         return len(keys) / (time.perf_counter() - t0), results
 
     def close(self) -> None:
+        """Stop the pool's processes."""
         self.pool.terminate()
         self.pool.join()
 
 
-def formal_keys(task: str, episodes: Sequence[int]) -> List:
-    from robocasa_shift.engine.records import RolloutKey
-
+def formal_keys(task: str, episodes: Sequence[int]) -> List[RolloutKey]:
+    """The formal keys of ``episodes`` under the bench's mild conditions."""
     return [RolloutKey("formal", task, e, c, 0) for e in episodes for c in FORMAL_CONDITIONS]
 
 
-def run_bench(repeats: int = 5, steps: int = 200, rollouts: int = 8, policy: str = "reference",
+def run_bench(repeats: int = 5, steps: int = 200, rollouts: int = 8, policy: str = DEFAULT_POLICY,
               task: str = BENCH_TASK, progress: bool = True) -> Dict:
     """Measure everything (``repeats`` interleaved repeats); return the JSON-able result."""
-    from tqdm import tqdm
-
-    from robocasa_shift.study.executors import as_record
-
     apply_threads(1)  # the in-process figures are per core; the pools choose their own threads
-    from robocasa_shift.backends import get_backend
-
     local = InProcess(get_backend("robosuite").make(task), steps)
     conditions = ["clean"] + [f"{f}:L{level}" for f in ("illumination", "camera", "base", "blur") for level in (1, 2, 3)]
     batch = BatchBench(local.env, conditions)
@@ -295,6 +288,7 @@ def run_bench(repeats: int = 5, steps: int = 200, rollouts: int = 8, policy: str
 
 
 def table(result: Dict) -> str:
+    """The figures of a bench result as a fixed-width text table."""
     lines = [f"{'figure':<26}{'median':>10}{'min':>10}{'max':>10}"]
     for name, s in result["figures"].items():
         items = s.items() if "median" not in s else [("", s)]

@@ -57,6 +57,7 @@ class Registry(Generic[T]):
             self.register(ep.name, ep.value)
 
     def get(self, name: str) -> T:
+        """The entry registered under ``name`` (lazy targets imported now); unknown names list the known ones."""
         self._load_entry_points()
         if name not in self._entries:
             raise UnknownNameError(self.kind, name, self.names())
@@ -67,6 +68,7 @@ class Registry(Generic[T]):
         return entry
 
     def names(self) -> List[str]:
+        """Every registered name (entry points included), sorted."""
         self._load_entry_points()
         return sorted(self._entries)
 

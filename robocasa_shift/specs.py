@@ -68,8 +68,6 @@ def _require(content: Mapping, path: Path, name: str, kind: type | Tuple[type, .
 
 
 @dataclass(frozen=True)
-
-
 class FactorSpec:
     """One perturbation factor: its code kind, its random draw and its frozen levels."""
 
@@ -92,8 +90,6 @@ class FactorSpec:
 
 
 @dataclass(frozen=True)
-
-
 class Protocol:
     """The frozen study: seed, factors and levels. ``spec_hash`` identifies it."""
 
@@ -286,8 +282,6 @@ def parse_condition(condition: str, protocol: Protocol) -> Tuple[Optional[str], 
 
 
 @dataclass(frozen=True)
-
-
 class Subgoal:
     id: str
     description: str
@@ -296,8 +290,6 @@ class Subgoal:
 
 
 @dataclass(frozen=True)
-
-
 class StageSpec:
     """Ordered subgoals of one task, each a named simulator-state predicate."""
 

@@ -337,8 +337,6 @@ def order_conditions(conditions: Iterable[str], factor_order: Sequence[str] = DE
 
 
 @dataclass(frozen=True)
-
-
 class _TaskPairs:
     """The valid pairs of one task under one perturbed condition, as aligned arrays."""
 

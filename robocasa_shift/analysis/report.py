@@ -1,9 +1,11 @@
 """``report D``: an HTML page with tables, PNG figures and side-by-side videos of matched pairs.
 
-Videos are made by re-running selected pairs with frame capture (rollouts are
-deterministic given their key) instead of recording every rollout; the
-re-run must reproduce the recorded outcome and subgoal completion steps
-exactly, and the page says so when it does not.
+Videos are made by re-running selected pairs with frame capture
+(:mod:`robocasa_shift.engine.replay`; rollouts are deterministic given their
+key) instead of recording every rollout; the re-run must reproduce the
+recorded outcome and subgoal completion steps exactly, and the page says so
+when it does not. The audit section shows ``audit.json`` as ``audit`` wrote
+it, and says so when it is missing or older than the records.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import pandas as pd
 
 from robocasa_shift.analysis.export import records_frame
 from robocasa_shift.analysis.measures import write_analysis
-from robocasa_shift.checks.audit import LABELS, ZERO_CHECKS, audit_run
+from robocasa_shift.checks.audit import LABELS, ZERO_CHECKS, read_audit
 from robocasa_shift.engine.records import RolloutKey
-from robocasa_shift.engine.rollout import Observer, run_rollout
+from robocasa_shift.engine.replay import FrameCapture, Replayer
+from robocasa_shift.specs import load_stage_spec
 from robocasa_shift.study.store import RunStore
 
 VIDEO_SCALE = 2  # frames are upscaled for viewing
@@ -140,25 +143,6 @@ def fig_stage_depth(summary: Dict[str, Any], stage_names: Dict[str, List[str]], 
 # --------------------------------------------------------------------------- videos
 
 
-class FrameCapture(Observer):
-    """Captures what the policy's cameras see at every control step, and when subgoals latch."""
-
-    def __init__(self, cameras: List[str], size: int, transform=None):
-        self.cameras, self.size, self.transform = cameras, size, transform
-
-    def _grab(self, env) -> List[np.ndarray]:
-        frames = [env.render(c, self.size) for c in self.cameras]
-        return [self.transform(f) for f in frames] if self.transform else frames
-
-    def on_start(self, env) -> None:
-        self.frames = [self._grab(env)]
-        self.latched: List[Tuple[int, str]] = []
-
-    def on_step(self, step, action, env, latched) -> None:
-        self.frames.append(self._grab(env))
-        self.latched += [(step, g) for g in latched]
-
-
 def _panel(frames: List[np.ndarray], title: str, goals: List[str], done: Dict[str, int], step: int, flash: bool,
            outcome: Optional[str]) -> np.ndarray:
     import cv2
@@ -233,55 +217,27 @@ def select_pairs(df: pd.DataFrame, per_kind: int = 2) -> List[Tuple[str, Dict[st
 
 
 def make_videos(run_dir: Path, df: pd.DataFrame, out: Path, per_kind: int = 2) -> List[Dict[str, Any]]:
-    from robocasa_shift.backends import get_backend
-    from robocasa_shift.engine.perturbations import factor_kind
-    from robocasa_shift.policies import make_policy
-    from robocasa_shift.specs import load_protocol, load_stage_spec
-
-    manifest = json.loads((run_dir / "manifest.json").read_text())
+    """Re-run the selected pairs with frame capture and write one side-by-side MP4 per pair."""
     pairs = select_pairs(df, per_kind)
     if not pairs:
         return []
-    protocol = load_protocol()
-    backend = get_backend(manifest["backend"])
-    policy = make_policy(manifest["policy"]["name"], **manifest.get("policy_options", {}))
-    records = {RolloutKey.from_record(r): r for r in RunStore(run_dir).records()}
-    videos, envs = [], {}
-    try:
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    stored = {RolloutKey.from_record(r): r for r in RunStore(run_dir).records()}
+    videos = []
+    with Replayer(manifest) as replayer:
         for n, (kind, clean_row, pert_row) in enumerate(pairs, start=1):
             task, ep = clean_row["task"], int(clean_row["episode"])
-            env = envs.get(task) or envs.setdefault(task, backend.make(task, manifest.get("render_profile", "fast")))
-            spec = load_stage_spec(manifest["backend"], task)
-            cameras = list(env.third_person_cameras) + list(env.wrist_cameras)
-            caps, reproduced, problems = [], True, []
-            for cond in ("clean", pert_row["condition"]):
-                key = RolloutKey("formal", task, ep, cond)
-                transform = None
-                if cond != "clean":
-                    fs = protocol.factor(cond.split(":")[0])
-                    k = factor_kind(fs)
-                    if k.side == "obs":
-                        params = fs.level(cond.split(":")[1])
-                        transform = lambda img, k=k, params=params: k.transform(img, params)  # noqa: E731
-                cap = FrameCapture(cameras, policy.image_size, transform)
-                rec = run_rollout(env, policy, key, protocol, spec, manifest["backend"], observer=cap)
-                want = records[key]
-                for field in ("success", "steps", "stage_steps"):
-                    if getattr(rec, field) != want[field]:
-                        reproduced = False
-                        problems.append(f"{cond}: {field} recorded {want[field]}, re-run {getattr(rec, field)}")
-                caps.append((cap, rec))
+            keys = [RolloutKey("formal", task, ep, cond) for cond in ("clean", pert_row["condition"])]
+            clean, perturbed = replayer.replay_all(keys, stored)
+            goals = load_stage_spec(manifest["backend"], task).names
             name = f"pair_{n}_{task}_{ep:04d}_{pert_row['condition'].replace(':', '-')}.mp4"
-            compose_video(out / name, caps[0][0], caps[1][0], ("clean", pert_row["condition"]), spec.names,
-                          (bool(caps[0][1].success), bool(caps[1][1].success)))
+            compose_video(out / name, clean.capture, perturbed.capture, ("clean", pert_row["condition"]), goals,
+                          (bool(clean.record.success), bool(perturbed.record.success)))
             videos.append({"file": name, "kind": kind, "task": task, "episode": ep, "condition": pert_row["condition"],
-                           "reproduced": reproduced, "problems": problems,
-                           "clean_stage_steps": caps[0][1].stage_steps, "perturbed_stage_steps": caps[1][1].stage_steps,
-                           "subgoals": spec.names})
-    finally:
-        for env in envs.values():
-            env.close()
-        policy.close()
+                           "reproduced": clean.reproduced and perturbed.reproduced,
+                           "problems": clean.problems + perturbed.problems,
+                           "clean_stage_steps": clean.record.stage_steps,
+                           "perturbed_stage_steps": perturbed.record.stage_steps, "subgoals": goals})
     return videos
 
 
@@ -379,7 +335,7 @@ def build_report(run_dir: Path | str, videos_per_kind: int = 2, bootstrap_seed: 
     out.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((run_dir / "manifest.json").read_text()) if (run_dir / "manifest.json").exists() else {}
     df = records_frame(run_dir)
-    audit = audit_run(run_dir)
+    audit, audit_note = read_audit(run_dir)
     parts = [f"<h1>robocasa-shift report: {html.escape(run_dir.name)}</h1>"]
     meta = {
         "policy": json.dumps(manifest.get("policy")),
@@ -439,7 +395,11 @@ def build_report(run_dir: Path | str, videos_per_kind: int = 2, bootstrap_seed: 
     else:
         parts.append("<p>No formal-phase records yet.</p>")
 
-    parts += ["<h2>Integrity audit</h2>", _audit_table(audit)]
+    parts += ["<h2>Integrity audit</h2>"]
+    if audit_note:
+        parts.append(f"<p class='note'>{html.escape(audit_note)}</p>")
+    if audit is not None:
+        parts.append(_audit_table(audit))
     for title, path in (("Screening", "screening/screening.md"), ("Severity calibration", "calibration/calibration.md"),
                         ("Stage validation", "validation/stages.md"), ("Pairing validation", "validation/pairing.md")):
         if (run_dir / path).exists():

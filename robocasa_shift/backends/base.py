@@ -1,31 +1,59 @@
-"""What the harness needs from a simulator backend and from one of its environments."""
+"""The backend contract: what the harness needs from a simulator backend and from its environments.
+
+A backend offers tasks and makes live environments (:class:`Env`). Beyond the
+core every rollout uses, an environment offers *hooks* for the factor kinds
+that edit the simulator: :class:`Lights`, :class:`Cameras` and
+:class:`MobileBase`. A factor kind declares the hooks it ``requires``; an
+environment that lacks one is refused when it is made
+(:func:`check_hooks`), never half-way through a study.
+
+Every value a perturbation may edit is listed once, in the environment's
+table of perturbable attributes (:class:`PerturbableTable`); restoring the
+nominal model and the scope of the fingerprint both derive from that table,
+so a new field cannot be perturbed without being restored and fingerprinted.
+"""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import numpy as np
+
+from robocasa_shift.errors import BackendUnavailable, UnknownNameError
 
 # Camera roles a policy may ask for; each backend maps a role to camera names.
 CAMERA_ROLES = ("third_person", "wrist")
 
 
 @dataclass(frozen=True)
-
-
 class TaskInfo:
+    """What the harness and policies know about a task.
+
+    Attributes:
+        name: the task's name in its backend's task table.
+        horizon: official horizon in control steps; a rollout ends at the first success or here.
+        instruction: the language instruction given to policies.
+        description: one line on what success means.
+        randomization: one line on what differs between base episodes.
+    """
+
     name: str
     horizon: int
     instruction: str
     description: str
+    randomization: str = ""
 
 
+@runtime_checkable
 class Env(Protocol):
     """One live environment of a backend, kept across rollouts of one task.
 
-    Perturbation hooks (lights, cameras, base) read from and write to the
-    simulator's model and state; ``restore_nominal`` undoes every edit exactly.
+    Invariants: ``reset(seed)`` gives a bit-identical state for one seed in any
+    process and in any order of earlier rollouts; ``restore_nominal`` (called by
+    ``reset``) undoes every perturbation edit exactly; success and subgoal checks
+    read simulator state, never images.
     """
 
     task: TaskInfo
@@ -33,19 +61,147 @@ class Env(Protocol):
     wrist_cameras: Sequence[str]
     action_dim: int
 
-    def reset(self, seed: int) -> None: ...
-    def step(self, action: np.ndarray) -> None: ...
-    def is_success(self) -> bool: ...
-    def render(self, camera: str, size: int) -> np.ndarray: ...
-    def proprio(self) -> Dict[str, np.ndarray]: ...
-    def privileged_state(self) -> Dict[str, np.ndarray]: ...
-    def fingerprint(self) -> str: ...
-    def get_state(self) -> Dict[str, Any]: ...
-    def set_state(self, state: Mapping[str, Any]) -> None: ...
-    def set_physics_state(self, integration: np.ndarray) -> None: ...
-    def restore_nominal(self) -> None: ...
-    def renderer_info(self) -> Dict[str, Any]: ...
-    def close(self) -> None: ...
+    def reset(self, seed: int) -> None:
+        """Restore the nominal model, then reset to the initial state of ``seed``."""
+
+    def step(self, action: np.ndarray) -> None:
+        """One control step with an ``(action_dim,)`` action in the embodiment's layout."""
+
+    def is_success(self) -> bool:
+        """The environment's own success check on the current state: the official outcome."""
+
+    def render(self, camera: str, size: int) -> np.ndarray:
+        """One RGB frame of ``camera``: uint8, ``(size, size, 3)``, top row first."""
+
+    def proprio(self) -> Dict[str, np.ndarray]:
+        """The robot's own sensing (joint, end-effector and gripper readings)."""
+
+    def privileged_state(self) -> Dict[str, np.ndarray]:
+        """Object poses read from the simulator; only privileged (scripted) policies receive it."""
+
+    def fingerprint(self) -> str:
+        """SHA-256 over the physics state, the controllers' carried state and every perturbable value."""
+
+    def get_state(self) -> Dict[str, Any]:
+        """A bit-exact snapshot of everything a continuation depends on (arrays and scalars only)."""
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restore a snapshot taken by :meth:`get_state` on the same task."""
+
+    def set_physics_state(self, integration: np.ndarray) -> None:
+        """Restore only the physics (replaying recorded states through predicates)."""
+
+    def restore_nominal(self) -> None:
+        """Undo every perturbation edit exactly (values copied back from the nominal table)."""
+
+    def renderer_info(self) -> Dict[str, Any]:
+        """The renderer in use (GL backend, renderer string, render profile), for manifests."""
+
+    def close(self) -> None:
+        """Release the simulator and its rendering context."""
+
+
+@runtime_checkable
+class Lights(Protocol):
+    """Hook for illumination: every scene light's colours and the headlight's, by name."""
+
+    def nominal_lights(self) -> Dict[str, np.ndarray]:
+        """The unperturbed light colours (name -> array of RGB rows)."""
+
+    def lights(self) -> Dict[str, np.ndarray]:
+        """The light colours the simulator holds now, read back from the model."""
+
+    def set_lights(self, values: Mapping[str, Any]) -> None:
+        """Write light colours (the names of :meth:`nominal_lights`)."""
+
+
+@runtime_checkable
+class Cameras(Protocol):
+    """Hook for camera orientation: third-person cameras rotated in place."""
+
+    third_person_cameras: Sequence[str]
+
+    def nominal_camera_quat(self, camera: str) -> np.ndarray:
+        """The camera's unperturbed orientation in its parent body's frame (w, x, y, z)."""
+
+    def camera_quat(self, camera: str) -> np.ndarray:
+        """The orientation the model holds now (w, x, y, z)."""
+
+    def camera_vertical(self, camera: str) -> np.ndarray:
+        """The world vertical expressed in the camera's parent body frame (unit 3-vector)."""
+
+    def set_camera_quat(self, camera: str, quat: np.ndarray) -> None:
+        """Write the camera's orientation and update derived poses."""
+
+
+@runtime_checkable
+class MobileBase(Protocol):
+    """Hook for robot base initialization: a planar offset (forward, side, yaw) of the base."""
+
+    def base_offset(self) -> Dict[str, float]:
+        """``{"forward_m", "side_m", "yaw_deg"}`` relative to the episode's nominal placement, read back."""
+
+    def set_base_offset(self, offset: Mapping[str, float]) -> None:
+        """Place the base at ``offset`` from its nominal placement."""
+
+    def base_offset_problem(self, offset: Mapping[str, float]) -> Optional[str]:
+        """Why ``offset`` gives an invalid initial state (e.g. robot in collision), or None; state unchanged."""
+
+
+# Hook name (as factor kinds declare it in ``requires``) -> protocol.
+HOOKS: Dict[str, type] = {"lights": Lights, "cameras": Cameras, "base": MobileBase}
+
+
+def missing_hooks(env: Any, requires: Iterable[str]) -> List[str]:
+    """The hooks of ``requires`` that ``env`` does not offer (all their methods), in order."""
+    unknown = [h for h in requires if h not in HOOKS]
+    if unknown:
+        raise UnknownNameError("backend hook", unknown[0], list(HOOKS))
+    return [h for h in requires if not isinstance(env, HOOKS[h])]
+
+
+def check_hooks(env: Any, needs: Mapping[str, Sequence[str]], backend: str) -> None:
+    """Refuse an environment that lacks a hook a factor needs.
+
+    Args:
+        env: a live environment.
+        needs: factor name -> hooks its kind requires (see ``engine.perturbations.required_hooks``).
+        backend: the backend's name, for the message.
+
+    Raises:
+        BackendUnavailable: naming the factor, the hook and its methods.
+    """
+    for factor, requires in needs.items():
+        for hook in missing_hooks(env, requires):
+            methods = [m for m in dir(HOOKS[hook]) if not m.startswith("_")]
+            raise BackendUnavailable(
+                f"backend '{backend}' cannot run factor '{factor}': its environment lacks the '{hook}' hook "
+                f"({', '.join(methods)})"
+            )
+
+
+class Backend(Protocol):
+    """A simulator backend: a task table and environments made from it."""
+
+    name: str
+
+    def task_names(self) -> List[str]:
+        """Every task the backend offers, in a stable order."""
+
+    def task(self, name: str) -> TaskInfo:
+        """The task's metadata; an unknown name lists the valid ones (``UnknownNameError``)."""
+
+    def make(self, task: str, render_profile: str = "fast") -> Env:
+        """A live environment of ``task``, reused across rollouts (costly: build once per worker)."""
+
+    def config(self) -> Dict[str, Any]:
+        """The frozen environment configuration recorded in manifests (robot, control rate, cameras, ...)."""
+
+    def versions(self) -> Dict[str, str]:
+        """Versions of the packages whose behaviour the records depend on."""
+
+    def check_available(self) -> None:
+        """Raise ``BackendUnavailable`` (saying how to install what is missing) before any rollout runs."""
 
 
 class TaskTable:
@@ -55,31 +211,70 @@ class TaskTable:
     tasks: Mapping[str, Any] = {}
 
     def task_names(self) -> List[str]:
+        """Every task, in the table's order."""
         return list(self.tasks)
 
     def task(self, name: str) -> TaskInfo:
+        """The task's metadata; an unknown name lists the valid ones."""
         if name not in self.tasks:
-            from robocasa_shift.errors import UnknownNameError
-
             raise UnknownNameError("task", name, list(self.tasks))
         return self.tasks[name].info()
 
+    def check_available(self) -> None:
+        """Nothing to check by default (the backend's imports already succeeded)."""
 
-class Backend(Protocol):
-    name: str
 
-    def task_names(self) -> List[str]: ...
-    def task(self, name: str) -> TaskInfo: ...
-    def make(self, task: str, render_profile: str = "fast") -> Env: ...
-    def versions(self) -> Dict[str, str]: ...
+# --------------------------------------------------------------------------- perturbable attributes
+
+
+@dataclass(frozen=True)
+class PerturbableTable:
+    """Every model attribute a perturbation may edit, by name, as a dotted path on the model object.
+
+    The environment snapshots the nominal values from the table, restores them
+    from it and hashes them into its fingerprint under these names, so the three
+    can never disagree.
+    """
+
+    fields: Tuple[Tuple[str, str], ...]  # (name, dotted attribute path on the model), in a fixed order
+
+    @property
+    def names(self) -> List[str]:
+        """The field names, in the table's order."""
+        return [name for name, _ in self.fields]
+
+    def array(self, model: Any, name: str) -> np.ndarray:
+        """The live array behind ``name`` (writes through to the model)."""
+        obj = model
+        for part in dict(self.fields)[name].split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    def read(self, model: Any) -> Dict[str, np.ndarray]:
+        """A copy of every field's current value."""
+        return {name: np.array(self.array(model, name), copy=True) for name in self.names}
+
+    def restore(self, model: Any, nominal: Mapping[str, np.ndarray]) -> None:
+        """Copy the nominal values back into the model, exactly."""
+        for name in self.names:
+            self.array(model, name)[...] = nominal[name]
+
+
+def hash_arrays(items: Mapping[str, Any]) -> str:
+    """SHA-256 over named arrays (as float64, with their shapes), in sorted name order."""
+    h = hashlib.sha256()
+    for name in sorted(items):
+        value = np.ascontiguousarray(np.asarray(items[name], dtype=np.float64))
+        h.update(name.encode())
+        h.update(str(value.shape).encode())
+        h.update(value.tobytes())
+    return h.hexdigest()
 
 
 def cameras_for_roles(env: Env, roles: Sequence[str]) -> List[str]:
     """Camera names for the roles a policy reads, third-person first."""
     unknown = [r for r in roles if r not in CAMERA_ROLES]
     if unknown:
-        from robocasa_shift.errors import UnknownNameError
-
         raise UnknownNameError("camera role", unknown[0], list(CAMERA_ROLES))
     names: List[str] = []
     for role in roles:
@@ -88,6 +283,7 @@ def cameras_for_roles(env: Env, roles: Sequence[str]) -> List[str]:
 
 
 def state_equal(a: Optional[Mapping[str, Any]], b: Optional[Mapping[str, Any]]) -> bool:
+    """Two snapshots hold the same keys with bit-identical values."""
     if a is None or b is None or set(a) != set(b):
         return False
     return all(np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in a)

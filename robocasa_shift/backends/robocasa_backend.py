@@ -58,7 +58,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from robocasa_shift.backends.base import TaskInfo, TaskTable
-from robocasa_shift.backends.robosuite_backend import RENDER_PROFILES, RobosuiteEnv, _hash_arrays
+from robocasa_shift.backends.mujoco_env import BASE_JOINTS, RENDER_PROFILES, MujocoEnv, check_render_profile
 from robocasa_shift.engine.stages import predicate
 from robocasa_shift.errors import BackendUnavailable
 
@@ -69,7 +69,6 @@ CONTROL_FREQ_HZ = 20
 ROBOCASA_RELEASE = "1.0.1"
 THIRD_PERSON_CAMERAS = ("robot0_agentview_left", "robot0_agentview_right")
 WRIST_CAMERAS = ("robot0_eye_in_hand",)
-BASE_JOINTS = ("mobilebase0_joint_mobile_forward", "mobilebase0_joint_mobile_side", "mobilebase0_joint_mobile_yaw")
 # Seed of the construction (kitchens draw nothing until the first reset, which reseeds).
 MAKE_SEED = 0
 # The harness's 12-D PandaOmron action (robosuite's default part order); the base mode is last.
@@ -97,8 +96,15 @@ INSTALL_HINT = (
 )
 
 
+# Every kitchen task draws its scene the same way: RoboCasa's samplers, fed by the episode's seed.
+KITCHEN_RANDOMIZATION = ("Kitchen layout and style, fixture and object instances, object placements and the "
+                         "robot's spawn deviation, drawn by RoboCasa from the episode seed (split 'target').")
+
+
 @dataclass(frozen=True)
 class RobocasaTask:
+    """One RoboCasa365 kitchen task as the harness runs it (its subgoals: ``stage_specs/robocasa/``)."""
+
     name: str
     horizon: int  # RoboCasa365 v1.0.1 dataset registry (COMPOSITE_TASK_DATASETS[name]["horizon"])
     instruction: str  # RoboCasa's language; {braces} are filled per episode from ep_meta["lang"]
@@ -107,7 +113,8 @@ class RobocasaTask:
     counters: Tuple[str, ...] = ()
 
     def info(self) -> TaskInfo:
-        return TaskInfo(self.name, self.horizon, self.instruction, self.description)
+        """The backend-neutral view of the task."""
+        return TaskInfo(self.name, self.horizon, self.instruction, self.description, KITCHEN_RANDOMIZATION)
 
 
 # RoboCasa365's 16 Composite-Seen target tasks (TARGET_TASKS["composite_seen"]), in its order.
@@ -359,11 +366,11 @@ def _plain(value: Any, arrays: bool) -> Any:
     return _SKIP
 
 
-class RobocasaEnv(RobosuiteEnv):
+class RobocasaEnv(MujocoEnv):
     """A live RoboCasa kitchen environment of one task, reused across rollouts.
 
     Lights, cameras, bit-exact physics and controller snapshots work as in the
-    embedded backend (inherited); what differs is creation, reset, step,
+    embedded backend (``MujocoEnv``); what differs is creation, reset, step,
     rendering through RoboCasa's own context, Python-side task state and the
     base offset.
     """
@@ -371,18 +378,13 @@ class RobocasaEnv(RobosuiteEnv):
     third_person_cameras = THIRD_PERSON_CAMERAS
     wrist_cameras = WRIST_CAMERAS
 
-    def __init__(self, task: RobocasaTask, render_profile: str = "fast"):  # noqa: D107 - not RobosuiteEnv's
-        if render_profile not in RENDER_PROFILES:
-            from robocasa_shift.errors import UnknownNameError
-
-            raise UnknownNameError("render profile", render_profile, list(RENDER_PROFILES))
+    def __init__(self, task: RobocasaTask, render_profile: str = "fast"):
+        check_render_profile(render_profile)
         check_available()
         _check_horizon(task)
-        import mujoco
         from robocasa.environments.kitchen.kitchen import Kitchen
         from robocasa.utils.env_utils import create_env
 
-        self._mujoco = mujoco
         self.spec = task
         self.task = task.info()
         self.render_profile = render_profile
@@ -437,18 +439,12 @@ class RobocasaEnv(RobosuiteEnv):
         for cam in THIRD_PERSON_CAMERAS + WRIST_CAMERAS:
             if f"{cam}_image" in self.raw._observables:
                 self.raw.modify_observable(f"{cam}_image", "enabled", False)
-        self.sim = self.raw.sim
-        self.model = self.sim.model._model
-        self.data = self.sim.data._data
-        self.robot = self.raw.robots[0]
-        self.gripper = self.robot.gripper["right"]
+        self.bind()
         self._obs = obs
         self._success = False
         self.steps = 0
         cc = self.robot.composite_controller
         self._action_index = harness_to_env_action_index(cc._action_split_indexes, int(self.raw.action_spec[0].shape[0]))
-        self._cam_ids = {c: self.sim.model.camera_name2id(c) for c in THIRD_PERSON_CAMERAS + WRIST_CAMERAS}
-        self._base_qpos_adr = [self.model.jnt_qposadr[self.sim.model.joint_name2id(j)] for j in BASE_JOINTS]
         profile = RENDER_PROFILES[self.render_profile]
         flags = self._render_context().scn.flags
         flags[self._mujoco.mjtRndFlag.mjRND_SHADOW] = int(profile["shadows"])
@@ -546,8 +542,7 @@ class RobocasaEnv(RobosuiteEnv):
 
     def fingerprint(self) -> str:
         """Hash of the integration state, controller state, perturbable model values and Python-side state."""
-        state = RobosuiteEnv.get_state(self, full=False)
-        arrays = _hash_arrays({**{f"state.{k}": v for k, v in state.items()}, **{f"model.{k}": v for k, v in self._model_values().items()}})
+        arrays = self.physics_fingerprint()
         python = json.dumps(self._python_state(), sort_keys=True)
         return hashlib.sha256(f"{arrays}\n{python}".encode()).hexdigest()
 

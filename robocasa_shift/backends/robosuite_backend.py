@@ -18,95 +18,27 @@ Design choices that make rollouts exact and cheap:
 
 from __future__ import annotations
 
-import hashlib
-import os
-from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
-from robocasa_shift.backends.base import TaskInfo, TaskTable
+from robocasa_shift.backends.base import TaskTable
+from robocasa_shift.backends.mujoco_env import RENDER_PROFILES, MujocoEnv, check_render_profile
+from robocasa_shift.backends.robosuite_tasks import TASKS, RobosuiteTask
 from robocasa_shift.engine.stages import predicate
 from robocasa_shift.errors import BackendUnavailable
 
 ROBOT = "PandaOmron"
 CONTROL_FREQ_HZ = 20
-HORIZON = 400  # robomimic's evaluation horizon for these tasks (PROTOCOL.md section 6)
 # Seed of the one-time model construction (cube sizes are drawn when the model
 # is built); frozen so every process builds the same model.
 MAKE_SEED = 0
 THIRD_PERSON_CAMERAS = ("robot0_robotview",)
 WRIST_CAMERAS = ("robot0_eye_in_hand",)
-BASE_JOINTS = ("mobilebase0_joint_mobile_forward", "mobilebase0_joint_mobile_side", "mobilebase0_joint_mobile_yaw")
-# Controller attributes that carry state from one control step to the next.
-CONTROLLER_STATE_ATTRS = ("goal_pos", "goal_ori", "goal_qpos", "goal_qvel", "init_pos", "init_ori")
-RENDER_PROFILES = {
-    "fast": {"shadows": False, "reflections": False, "offsamples": 0},
-    "default": {"shadows": True, "reflections": True, "offsamples": None},  # None: the model's own (4)
-}
 # robosuite macros (global settings, overridable by a private file) that change rollouts.
 MACROS_THAT_CHANGE_ROLLOUTS = ("SIMULATION_TIMESTEP", "ENABLE_NUMBA", "USING_INSTANCE_RANDOMIZATION", "IMAGE_CONVENTION")
 # A base offset is invalid if it creates a robot contact that penetrates deeper than this.
 PENETRATION_TOL_M = 1e-4
-
-
-@dataclass(frozen=True)
-class RobosuiteTask:
-    name: str
-    env_name: str
-    instruction: str
-    description: str
-    # name -> ("body" | "site", model name) of the points predicates and the expert use
-    points: Mapping[str, tuple] = field(default_factory=dict)
-    # name -> robosuite attribute holding the MujocoObject (for contacts and grasps)
-    objects: Mapping[str, str] = field(default_factory=dict)
-    horizon: int = HORIZON
-
-    def info(self) -> TaskInfo:
-        return TaskInfo(self.name, self.horizon, self.instruction, self.description)
-
-
-TASKS: Dict[str, RobosuiteTask] = {
-    t.name: t
-    for t in [
-        RobosuiteTask(
-            "Lift",
-            "Lift",
-            "lift the red cube",
-            "Grasp the cube on the table and lift it 4 cm above the table top.",
-            points={"cube": ("body", "cube_main")},
-            objects={"cube": "cube"},
-        ),
-        RobosuiteTask(
-            "Stack",
-            "Stack",
-            "stack the red cube on the green cube",
-            "Pick up cubeA (red) and release it resting on cubeB (green).",
-            points={"cubeA": ("body", "cubeA_main"), "cubeB": ("body", "cubeB_main")},
-            objects={"cubeA": "cubeA", "cubeB": "cubeB"},
-        ),
-        RobosuiteTask(
-            "PickPlaceCan",
-            "PickPlaceCan",
-            "pick the can and place it in its bin",
-            "Move the can from the left bin into its quadrant of the right bin and let go of it.",
-            points={"can": ("body", "Can_main")},
-            objects={"can": "objects[object_id]"},
-        ),
-        RobosuiteTask(
-            "NutAssemblySquare",
-            "NutAssemblySquare",
-            "put the square nut on the square peg",
-            "Grasp the square nut by its handle and fit it over the square peg.",
-            points={
-                "nut": ("body", "SquareNut_main"),
-                "nut_handle": ("site", "SquareNut_handle_site"),
-                "peg": ("body", "peg1"),
-            },
-            objects={"nut": "nuts[nut_id]"},
-        ),
-    ]
-}
 
 
 def _import_robosuite():
@@ -123,31 +55,15 @@ def _import_robosuite():
     return robosuite
 
 
-def _hash_arrays(items: Mapping[str, Any]) -> str:
-    h = hashlib.sha256()
-    for name in sorted(items):
-        value = np.ascontiguousarray(np.asarray(items[name], dtype=np.float64))
-        h.update(name.encode())
-        h.update(str(value.shape).encode())
-        h.update(value.tobytes())
-    return h.hexdigest()
-
-
-class RobosuiteEnv:
+class RobosuiteEnv(MujocoEnv):
     """A live robosuite environment of one task, reused across rollouts."""
 
     third_person_cameras = THIRD_PERSON_CAMERAS
     wrist_cameras = WRIST_CAMERAS
 
     def __init__(self, task: RobosuiteTask, render_profile: str = "fast"):
-        if render_profile not in RENDER_PROFILES:
-            from robocasa_shift.errors import UnknownNameError
-
-            raise UnknownNameError("render profile", render_profile, list(RENDER_PROFILES))
+        check_render_profile(render_profile)
         suite = _import_robosuite()
-        import mujoco
-
-        self._mujoco = mujoco
         self.spec = task
         self.task = task.info()
         self.render_profile = render_profile
@@ -165,16 +81,10 @@ class RobosuiteEnv:
             control_freq=CONTROL_FREQ_HZ,
             seed=MAKE_SEED,
         )
-        self.sim = self.raw.sim
-        self.model = self.sim.model._model
-        self.data = self.sim.data._data
-        self.robot = self.raw.robots[0]
-        self.gripper = self.robot.gripper["right"]
+        self.bind()
         self.action_dim = int(self.raw.action_spec[0].shape[0])
         self._context = None
         self._obs: Dict[str, np.ndarray] = {}
-        self._base_qpos_adr = [self.model.jnt_qposadr[self.sim.model.joint_name2id(j)] for j in BASE_JOINTS]
-        self._cam_ids = {c: self.sim.model.camera_name2id(c) for c in THIRD_PERSON_CAMERAS + WRIST_CAMERAS}
         self._nominal = self._model_values()
         self._robot_root = self.sim.model.body_name2id(self.robot.robot_model.root_body)
         self.steps = 0
@@ -194,6 +104,7 @@ class RobosuiteEnv:
         self.steps = 0
 
     def step(self, action: np.ndarray) -> None:
+        """One control step of robosuite's ``env.step`` (12-D PandaOmron action)."""
         self._obs, _, _, _ = self.raw.step(np.asarray(action, dtype=np.float64))
         self.steps += 1
 
@@ -204,6 +115,7 @@ class RobosuiteEnv:
     # ------------------------------------------------------------------ observations
 
     def _render_context(self):
+        """The harness's own offscreen context, built on first use with the render profile's flags."""
         if self._context is None:
             from robosuite.utils.binding_utils import MjRenderContextOffscreen
 
@@ -216,13 +128,6 @@ class RobosuiteEnv:
             flags[self._mujoco.mjtRndFlag.mjRND_SHADOW] = int(profile["shadows"])
             flags[self._mujoco.mjtRndFlag.mjRND_REFLECTION] = int(profile["reflections"])
         return self._context
-
-    def render(self, camera: str, size: int) -> np.ndarray:
-        """One RGB frame (uint8, size x size x 3, top row first) of the current state."""
-        ctx = self._render_context()
-        ctx.render(width=size, height=size, camera_id=self._cam_ids.get(camera, self.sim.model.camera_name2id(camera)))
-        # OpenGL reads bottom row first
-        return np.ascontiguousarray(ctx.read_pixels(size, size)[::-1])
 
     def proprio(self) -> Dict[str, np.ndarray]:
         """The robot's own sensing, in robosuite's names (quaternions x, y, z, w)."""
@@ -241,7 +146,7 @@ class RobosuiteEnv:
             if hasattr(obj, "size") and obj.size is not None:
                 out[f"{name}_size"] = np.asarray(obj.size, dtype=float)
         out["table_z"] = np.array([self.surface_z()])
-        if self.spec.name == "PickPlaceCan":
+        if self.spec.bins:
             out["bin_pos"] = np.asarray(self.raw.target_bin_placements[self.raw.object_id], dtype=float)
             # centre of the source bin at the can's height: where a searching policy looks first
             out["source_bin_pos"] = np.array([self.raw.bin1_pos[0], self.raw.bin1_pos[1], out["can_pos"][2]])
@@ -250,12 +155,14 @@ class RobosuiteEnv:
     # ------------------------------------------------------------------ task geometry (predicates, expert)
 
     def point(self, name: str) -> np.ndarray:
+        """World position of a task point (a body or a site the task table names), a live view."""
         kind, model_name = self.spec.points[name]
         if kind == "body":
             return self.data.xpos[self.sim.model.body_name2id(model_name)]
         return self.data.site_xpos[self.sim.model.site_name2id(model_name)]
 
     def object(self, name: str):
+        """The robosuite ``MujocoObject`` the task table names (for contact and grasp checks)."""
         path = self.spec.objects[name]
         attr, _, index = path.partition("[")
         obj = getattr(self.raw, attr)
@@ -263,138 +170,13 @@ class RobosuiteEnv:
             obj = obj[getattr(self.raw, index.rstrip("]"))]
         return obj
 
-    def eef_pos(self) -> np.ndarray:
-        return self.data.site_xpos[self.robot.eef_site_id["right"]]
-
     def surface_z(self) -> float:
-        if self.spec.name == "PickPlaceCan":
+        """Height of the surface the task's objects start on (table top, or the source bin's floor)."""
+        if self.spec.surface == "source_bin":
             return float(self.raw.bin1_pos[2])
         return float(self.raw.table_offset[2])
 
-    # ------------------------------------------------------------------ state: snapshot, restore, fingerprint
-
-    def _controllers(self):
-        return self.robot.composite_controller.part_controllers.items()
-
-    def _controller_state(self, full: bool) -> Dict[str, np.ndarray]:
-        """Controller state: ``full`` copies every numeric attribute (snapshots); otherwise the
-        ones that carry over from one control step to the next (fingerprints)."""
-        out = {"gripper.current_action": np.array(self.gripper.current_action, dtype=float)}
-        for part, ctrl in self._controllers():
-            for attr, value in vars(ctrl).items():
-                if full and isinstance(value, (np.ndarray, np.generic, float, int, bool)):
-                    out[f"{part}.{attr}"] = np.array(value)
-                elif attr in CONTROLLER_STATE_ATTRS and value is not None:
-                    out[f"{part}.{attr}"] = np.array(value, dtype=float)
-        return out
-
-    def get_state(self, full: bool = True) -> Dict[str, Any]:
-        """A bit-exact snapshot: MuJoCo integration state, controller state and the env's clocks."""
-        mj = self._mujoco
-        size = mj.mj_stateSize(self.model, mj.mjtState.mjSTATE_INTEGRATION)
-        integration = np.empty(size, dtype=np.float64)
-        mj.mj_getState(self.model, self.data, integration, mj.mjtState.mjSTATE_INTEGRATION)
-        clocks = {"env.timestep": np.array(self.raw.timestep), "env.cur_time": np.array(self.raw.cur_time)}
-        return {"integration": integration, **self._controller_state(full), **clocks, "steps": np.array(self.steps)}
-
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        mj = self._mujoco
-        mj.mj_setState(self.model, self.data, np.asarray(state["integration"]), mj.mjtState.mjSTATE_INTEGRATION)
-        mj.mj_forward(self.model, self.data)
-        self.gripper.current_action = np.array(state["gripper.current_action"], dtype=float)
-        for part, ctrl in self._controllers():
-            for attr, value in vars(ctrl).items():
-                key = f"{part}.{attr}"
-                if key not in state:
-                    continue
-                saved = np.asarray(state[key])
-                if isinstance(value, np.ndarray) and value.shape == saved.shape:
-                    value[...] = saved  # in place: keeps arrays robosuite shares between attributes shared
-                else:
-                    setattr(ctrl, attr, saved.item() if saved.ndim == 0 and not isinstance(value, np.ndarray) else saved.copy())
-        self.raw.timestep = int(state["env.timestep"])
-        self.raw.cur_time = float(state["env.cur_time"])
-        self.steps = int(state["steps"])
-        self._obs = self.raw._get_observations(force_update=True)
-
-    def set_physics_state(self, integration: np.ndarray) -> None:
-        """Restore only the physics (for replaying recorded states through predicates)."""
-        mj = self._mujoco
-        mj.mj_setState(self.model, self.data, np.asarray(integration), mj.mjtState.mjSTATE_INTEGRATION)
-        mj.mj_forward(self.model, self.data)
-
-    def _model_values(self) -> Dict[str, np.ndarray]:
-        """Every model parameter a perturbation may edit."""
-        m = self.model
-        return {
-            "light_diffuse": m.light_diffuse.copy(),
-            "light_ambient": m.light_ambient.copy(),
-            "light_specular": m.light_specular.copy(),
-            "headlight_diffuse": m.vis.headlight.diffuse.copy(),
-            "headlight_ambient": m.vis.headlight.ambient.copy(),
-            "headlight_specular": m.vis.headlight.specular.copy(),
-            "cam_quat": m.cam_quat.copy(),
-            "cam_pos": m.cam_pos.copy(),
-            "cam_fovy": m.cam_fovy.copy(),
-        }
-
-    def fingerprint(self) -> str:
-        """Hash of the integration state, controller state and every perturbable model value."""
-        state = self.get_state(full=False)
-        return _hash_arrays({**{f"state.{k}": v for k, v in state.items()}, **{f"model.{k}": v for k, v in self._model_values().items()}})
-
-    def restore_nominal(self) -> None:
-        """Undo every perturbation edit of the model (exactly: the values are copied back)."""
-        m = self.model
-        m.light_diffuse[:] = self._nominal["light_diffuse"]
-        m.light_ambient[:] = self._nominal["light_ambient"]
-        m.light_specular[:] = self._nominal["light_specular"]
-        m.vis.headlight.diffuse[:] = self._nominal["headlight_diffuse"]
-        m.vis.headlight.ambient[:] = self._nominal["headlight_ambient"]
-        m.vis.headlight.specular[:] = self._nominal["headlight_specular"]
-        m.cam_quat[:] = self._nominal["cam_quat"]
-        m.cam_pos[:] = self._nominal["cam_pos"]
-        m.cam_fovy[:] = self._nominal["cam_fovy"]
-
-    # ------------------------------------------------------------------ perturbation hooks
-
-    _LIGHT_KEYS = {
-        "light_diffuse": ("light_diffuse", None),
-        "light_ambient": ("light_ambient", None),
-        "light_specular": ("light_specular", None),
-        "headlight_diffuse": ("vis.headlight", "diffuse"),
-        "headlight_ambient": ("vis.headlight", "ambient"),
-        "headlight_specular": ("vis.headlight", "specular"),
-    }
-
-    def nominal_lights(self) -> Dict[str, np.ndarray]:
-        return {k: self._nominal[k].copy() for k in self._LIGHT_KEYS}
-
-    def lights(self) -> Dict[str, np.ndarray]:
-        return {k: v.copy() for k, v in self._model_values().items() if k in self._LIGHT_KEYS}
-
-    def set_lights(self, values: Mapping[str, Any]) -> None:
-        m = self.model
-        for key, value in values.items():
-            if key.startswith("headlight_"):
-                getattr(m.vis.headlight, key.split("_", 1)[1])[:] = value
-            else:
-                getattr(m, key)[:] = value
-
-    def nominal_camera_quat(self, camera: str) -> np.ndarray:
-        return self._nominal["cam_quat"][self._cam_ids[camera]].copy()
-
-    def camera_quat(self, camera: str) -> np.ndarray:
-        return self.model.cam_quat[self._cam_ids[camera]].copy()
-
-    def camera_vertical(self, camera: str) -> np.ndarray:
-        """The world vertical in the frame of the camera's parent body."""
-        body = self.model.cam_bodyid[self._cam_ids[camera]]
-        return self.data.xmat[body].reshape(3, 3).T @ np.array([0.0, 0.0, 1.0])
-
-    def set_camera_quat(self, camera: str, quat: np.ndarray) -> None:
-        self.model.cam_quat[self._cam_ids[camera]] = quat
-        self._mujoco.mj_forward(self.model, self.data)  # camera poses update only in forward
+    # ------------------------------------------------------------------ hook: mobile base
 
     def base_offset(self) -> Dict[str, float]:
         """(forward, side, yaw) of the mobile base joints, read from the state (nominal is 0)."""
@@ -402,6 +184,7 @@ class RobosuiteEnv:
         return {"forward_m": float(q[0]), "side_m": float(q[1]), "yaw_deg": float(np.rad2deg(q[2]))}
 
     def set_base_offset(self, offset: Mapping[str, float]) -> None:
+        """Write the base joints (forward, side, yaw) and refresh the observations."""
         self.data.qpos[self._base_qpos_adr] = [offset["forward_m"], offset["side_m"], np.deg2rad(offset["yaw_deg"])]
         self._mujoco.mj_forward(self.model, self.data)
         self._obs = self.raw._get_observations(force_update=True)
@@ -432,29 +215,6 @@ class RobosuiteEnv:
                 return f"robot in collision: {g1} / {g2} penetrate {-dist * 1000:.1f} mm"
         return None
 
-    # ------------------------------------------------------------------ bookkeeping
-
-    def renderer_info(self) -> Dict[str, Any]:
-        info: Dict[str, Any] = {
-            "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"),
-            "LP_NUM_THREADS": os.environ.get("LP_NUM_THREADS"),
-            "render_profile": self.render_profile,
-            **RENDER_PROFILES[self.render_profile],
-        }
-        try:
-            self._render_context().gl_ctx.make_current()
-            from OpenGL import GL
-
-            info["gl_renderer"] = GL.glGetString(GL.GL_RENDERER).decode()
-            info["gl_version"] = GL.glGetString(GL.GL_VERSION).decode()
-        except Exception as exc:  # the renderer string is informative only
-            info["gl_renderer"] = f"unknown ({type(exc).__name__}: {exc})"
-        return info
-
-    def close(self) -> None:
-        self._context = None
-        self.raw.close()
-
 
 class RobosuiteBackend(TaskTable):
     """Tasks Lift, Stack, PickPlaceCan and NutAssemblySquare on PandaOmron."""
@@ -464,6 +224,7 @@ class RobosuiteBackend(TaskTable):
     tasks = TASKS
 
     def make(self, task: str, render_profile: str = "fast") -> RobosuiteEnv:
+        """A live environment of ``task`` (builds the MuJoCo model once)."""
         self.task(task)
         return RobosuiteEnv(TASKS[task], render_profile)
 
@@ -483,6 +244,7 @@ class RobosuiteBackend(TaskTable):
         }
 
     def versions(self) -> Dict[str, str]:
+        """Versions of the simulator packages the records depend on."""
         from importlib import metadata
 
         out = {}

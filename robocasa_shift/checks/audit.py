@@ -12,10 +12,11 @@ draws, and the shared draw across the levels of an episode.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -74,7 +75,7 @@ def audit_run(run_dir: Path | str) -> Dict[str, Any]:
     manifest = store.manifest() or {}
     protocol = specs.load_protocol()
     records = store.records()
-    expected = read_plan(run_dir)
+    expected = store.planned_keys()
     horizons = (manifest.get("env_config") or {}).get("horizons", {})
 
     by_key: Dict[RolloutKey, List[Dict[str, Any]]] = defaultdict(list)
@@ -163,10 +164,33 @@ def audit_run(run_dir: Path | str) -> Dict[str, Any]:
             "passed": all(c["count"] == 0 for c in checks.values()) and valid == len(task_expected) and bool(task_expected),
         }
     report["passed"] = bool(report["tasks"]) and not report["run_problems"] and all(t["passed"] for t in report["tasks"].values())
+    report["records_sha256"] = records_digest(run_dir)
     out = Path(run_dir)
     (out / "audit.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "audit.md").write_text(audit_markdown(report))
     return report
+
+
+def records_digest(run_dir: Path | str) -> str:
+    """SHA-256 over the plan and every record file (names and bytes): what an audit of the run saw."""
+    root = Path(run_dir)
+    h = hashlib.sha256()
+    for path in [root / "plan.json", *RunStore(root).record_files()]:
+        if path.exists():
+            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def read_audit(run_dir: Path | str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    """The run's ``audit.json`` and a note when it is missing or older than the records (never re-audits)."""
+    path = Path(run_dir) / "audit.json"
+    if not path.exists():
+        return None, f"No audit yet: run `robocasa-shift audit {run_dir}`."
+    audit = json.loads(path.read_text())
+    if audit.get("records_sha256") != records_digest(run_dir):
+        return audit, (f"audit.json is stale: the records or the plan changed after it was written; "
+                       f"run `robocasa-shift audit {run_dir}` again. The table below is the old audit.")
+    return audit, None
 
 
 LABELS = {
@@ -201,21 +225,3 @@ def audit_markdown(report: Dict[str, Any]) -> str:
             lines += ["", f"**{task}: invalid rollouts** ({len(t['invalid_rollouts'])})", ""] + [f"- {r}" for r in t["invalid_rollouts"][:50]]
     lines += ["", f"**{'PASSED' if report['passed'] else 'FAILED'}**", ""]
     return "\n".join(lines)
-
-
-PLAN = "plan.json"
-
-
-def read_plan(run_dir: Path | str) -> List[RolloutKey]:
-    """Every key a command on this run directory planned: the rollouts the audit expects."""
-    path = Path(run_dir) / PLAN
-    if not path.exists():
-        return []
-    return [RolloutKey.from_id(k) for k in json.loads(path.read_text())["keys"]]
-
-
-def add_to_plan(run_dir: Path | str, keys: List[RolloutKey]) -> None:
-    from robocasa_shift.study.store import atomic_write_json
-
-    merged = sorted(set(read_plan(run_dir)) | set(keys))
-    atomic_write_json(Path(run_dir) / PLAN, {"keys": [k.id for k in merged]})

@@ -15,7 +15,7 @@ current ones.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -67,6 +67,7 @@ class FactorKind:
     side = "env"  # "env": edits the simulator; "obs": transforms images
     draw_kind = "none"
     level_params: tuple = ()
+    requires: tuple = ()  # backend hooks the kind calls (names in ``backends.base.HOOKS``)
 
     def draw(self, spec, rng: np.random.Generator, env=None) -> Dict[str, Any]:
         """The episode's random draw, shared by every level of the factor."""
@@ -77,9 +78,11 @@ class FactorKind:
         raise NotImplementedError
 
     def readback(self, env) -> Dict[str, Any]:
+        """What the simulator holds now, in the shape of ``apply``'s ``expected``."""
         raise NotImplementedError
 
     def transform(self, image: np.ndarray, params: Dict[str, float]) -> np.ndarray:
+        """An observation-side kind's transform of one RGB image (identity for env-side kinds)."""
         return image
 
 
@@ -96,12 +99,11 @@ def max_abs_difference(applied: Any, expected: Any) -> float:
 
 
 @FACTOR_KINDS.register("light_scale")
-
-
 class LightScale(FactorKind):
     """Every scene light's diffuse, ambient and specular colour, and the headlight's, times alpha."""
 
     level_params = ("alpha",)
+    requires = ("lights",)
 
     def apply(self, env, params, draw):
         nominal = env.nominal_lights()
@@ -114,13 +116,12 @@ class LightScale(FactorKind):
 
 
 @FACTOR_KINDS.register("camera_rotation")
-
-
 class CameraRotation(FactorKind):
     """Third-person cameras rotated in place by (yaw, pitch) = theta_max * u, u uniform in the unit disk."""
 
     draw_kind = "unit_disk"
     level_params = ("theta_max_deg",)
+    requires = ("cameras",)
 
     def draw(self, spec, rng, env=None):
         radius, angle = np.sqrt(rng.uniform()), rng.uniform(0.0, 2.0 * np.pi)
@@ -145,8 +146,6 @@ class CameraRotation(FactorKind):
 
 
 @FACTOR_KINDS.register("base_offset")
-
-
 class BaseOffset(FactorKind):
     """Mobile-base (forward, side) offset sigma_xy_m * z[:2] and yaw sigma_psi_deg * z[2], z standard normal.
 
@@ -157,6 +156,7 @@ class BaseOffset(FactorKind):
 
     draw_kind = "standard_normal_3"
     level_params = ("sigma_xy_m", "sigma_psi_deg")
+    requires = ("base",)
 
     @staticmethod
     def offset(params, z) -> Dict[str, float]:
@@ -188,8 +188,6 @@ class BaseOffset(FactorKind):
 
 
 @FACTOR_KINDS.register("gaussian_blur")
-
-
 class GaussianBlur(FactorKind):
     """cv2.GaussianBlur(img, (0, 0), sigmaX=s, sigmaY=s), default border, uint8 in and out."""
 
@@ -207,7 +205,13 @@ class GaussianBlur(FactorKind):
 
 
 def factor_kind(spec) -> FactorKind:
+    """An instance of the kind a factor spec names."""
     return FACTOR_KINDS.get(spec.kind)()
+
+
+def required_hooks(protocol) -> Dict[str, Tuple[str, ...]]:
+    """Factor name -> the backend hooks its kind requires, for every factor of the protocol."""
+    return {name: tuple(FACTOR_KINDS.get(spec.kind).requires) for name, spec in protocol.factors.items()}
 
 
 def describe_conditions(protocol) -> List[Dict[str, Any]]:

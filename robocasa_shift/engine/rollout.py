@@ -170,6 +170,7 @@ class Rollout:
                 instruction=self.env.task.instruction,
                 step=self.step_index,
                 privileged=self.env.privileged_state() if self.policy.privileged else None,
+                task=self.key.task,
             )
             self.timing["render_s"] += time.perf_counter() - t0
             return obs

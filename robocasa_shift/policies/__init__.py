@@ -17,6 +17,10 @@ POLICIES.register("reference-blind", "robocasa_shift.policies.reference:BlindRef
 POLICIES.register("gr00t", "robocasa_shift.policies.gr00t:Gr00tPolicy")
 POLICIES.register("openpi", "robocasa_shift.policies.openpi:OpenpiPolicy")
 POLICIES.register("lerobot", "robocasa_shift.policies.lerobot:LeRobotPolicy")
+# policies of the testing backend (backends/fake.py): image-driven, privileged, negative control
+POLICIES.register("fake", "robocasa_shift.backends.fake:FakePolicy")
+POLICIES.register("fake-expert", "robocasa_shift.backends.fake:FakeExpertPolicy")
+POLICIES.register("fake-random", "robocasa_shift.backends.fake:FakeRandomPolicy")
 
 
 def make_policy(name: str, **options: Any) -> Policy:

@@ -21,10 +21,15 @@ class Observation:
             observation-side perturbation.
         camera_roles: camera name -> "third_person" | "wrist".
         proprio: the robot's own sensing (robosuite names; quaternions x, y, z, w).
-        instruction: the task's language instruction.
+        instruction: the task's language instruction (what a language-conditioned
+            model is given; an instruction never identifies the task).
         step: control steps taken so far in the rollout.
         privileged: object poses from the simulator, only for policies that
             declare ``privileged = True`` (the scripted ``expert``).
+        task: the backend's name of the task being run (e.g. ``"Lift"``); policies
+            that act per task (``expert``, ``reference``) read it instead of guessing
+            the task from the instruction or the scene. Keyword-only, so a
+            positional construction written before it existed fails loudly.
     """
 
     images: Dict[str, np.ndarray]
@@ -33,6 +38,7 @@ class Observation:
     instruction: str
     step: int
     privileged: Optional[Dict[str, np.ndarray]] = None
+    task: str = field(kw_only=True)
 
 
 class Policy:

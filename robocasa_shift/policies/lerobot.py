@@ -25,7 +25,7 @@ embedded backend's third-person ``robot0_robotview`` feeds both
 
 Actions: 12-D in LeRobot's RoboCasa order (base motion 4, control mode 1, end
 effector position 3, rotation 3, gripper 1) -> the PandaOmron action
-(``openpi.ACTION_LAYOUTS``). ``mode="step"`` calls ``select_action`` at every
+(``remote.ACTION_LAYOUTS``). ``mode="step"`` calls ``select_action`` at every
 control step, as LeRobot's evaluation loop does (the policy keeps its own
 action queue and observation history); ``mode="chunk"`` calls
 ``predict_action_chunk`` once per ``n_action_steps`` (one render per chunk;
@@ -34,9 +34,9 @@ policies that read an observation history, such as diffusion, refuse it).
 Seeding. LeRobot's samplers (diffusion's DDPM noise, flow matching in pi0 and
 SmolVLA) draw from torch's GLOBAL generator, and ``torch.manual_seed`` would
 leak into everything else in the process. Instead ``reset(seed)`` makes a
-private generator state; every call into the model runs inside
-``torch.random.fork_rng`` with that state installed as the global one, and
-the state the call left behind is stored back. The actions are a function of
+private generator state (``remote.TorchSessionRNG``: CPU and the model's
+CUDA device); every call into the model runs with that state installed as
+the global one, and the state the call left behind is stored back. The actions are a function of
 the seed and the observations only, the caller's global RNG is never touched,
 and ``rng_fingerprint`` hashes the stored state.
 """
@@ -44,26 +44,28 @@ and ``rng_fingerprint`` hashes the stored state.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import numpy as np
 
 from robocasa_shift.policies.base import Observation, Policy
-from robocasa_shift.policies.openpi import (
+from robocasa_shift.policies.remote import (
+    NOT_RESET,
+    CameraMapLike,
     LayoutLike,
-    _as_state_layout,
+    StateLayoutLike,
+    TorchSessionRNG,
+    as_camera_map,
+    as_state_layout,
     checked_image,
     flat_to_actions,
     layout_name,
     proprio_vector,
     resolve_layout,
 )
-from robocasa_shift.seeding import rng_state_hash
 
-NOT_RESET = "not-reset"
 IMAGE_PREFIX = "observation.images."
 STATE_KEY = "observation.state"
 # Harness camera -> LeRobot camera names (the part after "observation.images.").
@@ -91,55 +93,6 @@ def directory_digest(root: Union[str, Path], block: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-class PolicyRNG:
-    """A private torch generator state, installed as the global one only around a call into the model."""
-
-    def __init__(self, torch, device: str):
-        self.torch = torch
-        dev = torch.device(device)
-        self.cuda_index = (dev.index or 0) if dev.type == "cuda" else None
-        self.cpu_state = None
-        self.cuda_state = None
-
-    def seed(self, seed: int) -> None:
-        torch = self.torch
-        self.cpu_state = torch.Generator().manual_seed(int(seed) % 2**63).get_state()
-        if self.cuda_index is not None:
-            gen = torch.Generator(device=f"cuda:{self.cuda_index}").manual_seed(int(seed) % 2**63)
-            self.cuda_state = gen.get_state()
-
-    def fingerprint(self) -> str:
-        if self.cpu_state is None:
-            return NOT_RESET
-        states = [self.cpu_state.numpy()] + ([self.cuda_state.numpy()] if self.cuda_state is not None else [])
-        return rng_state_hash(*states)
-
-    def run(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` with this state as the global torch RNG; the state it leaves is kept, the caller's restored."""
-        if self.cpu_state is None:
-            raise RuntimeError("the lerobot policy was never reset: call reset(seed) before act")
-        torch = self.torch
-        devices = [self.cuda_index] if self.cuda_index is not None else []
-        with torch.random.fork_rng(devices=devices):
-            torch.set_rng_state(self.cpu_state)
-            if self.cuda_index is not None:
-                torch.cuda.set_rng_state(self.cuda_state, self.cuda_index)
-            try:
-                return fn()
-            finally:
-                self.cpu_state = torch.get_rng_state()
-                if self.cuda_index is not None:
-                    self.cuda_state = torch.cuda.get_rng_state(self.cuda_index)
-
-
-def _as_camera_map(camera_map) -> Dict[str, Tuple[str, ...]]:
-    if camera_map is None:
-        return dict(DEFAULT_CAMERA_MAP)
-    if isinstance(camera_map, str):
-        camera_map = json.loads(camera_map)
-    return {str(k): ((v,) if isinstance(v, str) else tuple(v)) for k, v in camera_map.items()}
-
-
 class LeRobotPolicy(Policy):
     """A local LeRobot checkpoint, in process.
 
@@ -150,7 +103,7 @@ class LeRobotPolicy(Policy):
         n_action_steps: in chunk mode, steps of each chunk run (default: the config's ``n_action_steps``).
         camera_map: harness camera -> LeRobot camera name(s); a dict or its JSON.
         state_layout: (proprio key, dimension) list for ``observation.state`` (default: RoboCasa's 16-D).
-        action_layout: a name in ``openpi.ACTION_LAYOUTS`` or a list of slots.
+        action_layout: a name in ``remote.ACTION_LAYOUTS`` or a list of slots.
         instruction: replaces the task's instruction (sent as ``task``).
         image_size: render size (default: the size of the checkpoint's image features).
     """
@@ -165,8 +118,8 @@ class LeRobotPolicy(Policy):
         device: str = "cpu",
         mode: str = "step",
         n_action_steps: Optional[int] = None,
-        camera_map: Union[None, str, Mapping[str, Union[str, Sequence[str]]]] = None,
-        state_layout: Union[None, str, Sequence[Tuple[str, int]]] = None,
+        camera_map: CameraMapLike = None,
+        state_layout: StateLayoutLike = None,
         action_layout: LayoutLike = "robocasa-lerobot",
         instruction: Optional[str] = None,
         image_size: Optional[int] = None,
@@ -211,8 +164,8 @@ class LeRobotPolicy(Policy):
             raise ValueError(f"a '{config.type}' policy keeps an observation history in select_action; "
                              "run it with mode='step'")
         self.n_action_steps = int(n_action_steps or getattr(config, "n_action_steps", 1))
-        self.camera_map = _as_camera_map(camera_map)
-        self.state_layout = _as_state_layout(state_layout)
+        self.camera_map = as_camera_map(camera_map, DEFAULT_CAMERA_MAP)
+        self.state_layout = as_state_layout(state_layout)
         self.layout = resolve_layout(action_layout)
         self.instruction = instruction
         self.image_keys = list(config.image_features)
@@ -232,19 +185,22 @@ class LeRobotPolicy(Policy):
             have = (sum(d for _, d in self.state_layout),)
             if want != have:
                 raise ValueError(f"the checkpoint's {STATE_KEY} has shape {want}, state_layout gives {have}")
-        self.rng = PolicyRNG(torch, self.device)
+        device_spec = torch.device(self.device)
+        # only the model's own CUDA device: its generator is the one the samplers draw from
+        self._rng_devices: Tuple[int, ...] = ((device_spec.index or 0),) if device_spec.type == "cuda" else ()
+        self.rng: Optional[TorchSessionRNG] = None
         self._digest: Optional[str] = None
 
     # ------------------------------------------------------------------ protocol
 
     def reset(self, seed: int) -> None:
-        self.rng.seed(seed)
+        self.rng = TorchSessionRNG(self.torch, seed, self._rng_devices)
         self.model.reset()  # action queues, observation history
         for pipeline in (self.preprocessor, self.postprocessor):
             pipeline.reset()
 
     def rng_fingerprint(self) -> str:
-        return self.rng.fingerprint()
+        return NOT_RESET if self.rng is None else self.rng.fingerprint()
 
     def batch(self, obs: Observation) -> Dict[str, Any]:
         """The batch LeRobot's evaluation loop would build (before the preprocessor)."""
@@ -266,6 +222,8 @@ class LeRobotPolicy(Policy):
         return batch
 
     def act(self, obs: Observation) -> np.ndarray:
+        if self.rng is None:
+            raise RuntimeError("the lerobot policy was never reset: call reset(seed) before act")
         torch = self.torch
 
         def infer():

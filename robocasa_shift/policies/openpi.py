@@ -24,11 +24,11 @@ Observation mapping (LIBERO-style keys, as openpi's examples; all configurable):
 - ``prompt``: the task instruction.
 
 Actions: ``"actions"`` (T, D) -> the 12-D PandaOmron action through a flat
-layout (``ACTION_LAYOUTS``). The default, ``robocasa-lerobot``, is the order of
-RoboCasa's LeRobot datasets and LeRobot's RoboCasa env: base motion (4: x, y,
-yaw, torso), control mode (1), end effector position (3), rotation (3),
-gripper (1); gripper and mode are binarised at 0.5 as RoboCasa's gym wrapper
-does. The first ``n_action_steps`` of each chunk run before the next
+layout (``remote.ACTION_LAYOUTS``, shared with ``lerobot``). The default,
+``robocasa-lerobot``, is the order of RoboCasa's LeRobot datasets and
+LeRobot's RoboCasa env: base motion (4: x, y, yaw, torso), control mode (1),
+end effector position (3), rotation (3), gripper (1); gripper and mode are
+binarised at 0.5 as RoboCasa's gym wrapper does. The first ``n_action_steps`` of each chunk run before the next
 observation (openpi's LIBERO example replans every 5 steps).
 
 Pairing. openpi's server takes no seed: a JAX policy splits one key kept by
@@ -46,26 +46,33 @@ sent this message.
 from __future__ import annotations
 
 import inspect
-import json
 import warnings
-from dataclasses import asdict, dataclass
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+from dataclasses import asdict
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from robocasa_shift.errors import ActionFormatError, PolicyServerError, PolicyServerTimeout
 from robocasa_shift.policies.base import Observation, Policy
-from robocasa_shift.policies.gr00t import (
-    ACTION_DIM,
-    ActionFormatError,
-    PolicyServerError,
-    PolicyServerTimeout,
-    _canonical,
+from robocasa_shift.policies.remote import (
+    NOT_RESET,
+    ROBOCASA_STATE,
+    UNSEEDED,
+    CameraMapLike,
+    LayoutLike,
+    StateLayoutLike,
+    as_camera_map,
+    as_state_layout,
+    canonical,
+    checked_image,
     content_hash,
+    flat_to_actions,
+    layout_name,
+    proprio_vector,
+    resolve_layout,
 )
 
 DEFAULT_PORT = 8000
-UNSEEDED = "unseeded-server"
-NOT_RESET = "not-reset"
 SEEDED_RESET_KEY = "seeded_reset"  # in the server's metadata
 RESET_MESSAGE_KEY = "__reset__"  # the client's reset message: {"__reset__": {"seed": int}}
 
@@ -75,144 +82,6 @@ DEFAULT_CAMERA_MAP: Dict[str, Tuple[str, ...]] = {
     "robot0_agentview_left": ("observation/image",),  # RoboCasa
     "robot0_eye_in_hand": ("observation/wrist_image",),
 }
-# (proprio key, dimension) in the order of RoboCasa's LeRobot ``observation.state`` (16-D).
-ROBOCASA_STATE: Tuple[Tuple[str, int], ...] = (
-    ("robot0_base_pos", 3),
-    ("robot0_base_quat", 4),
-    ("robot0_base_to_eef_pos", 3),
-    ("robot0_base_to_eef_quat", 4),
-    ("robot0_gripper_qpos", 2),
-)
-
-
-@dataclass(frozen=True)
-class FlatSlot:
-    """Where some columns of a flat model action go in the 12-D PandaOmron action."""
-
-    name: str
-    columns: Tuple[int, ...]  # model action columns
-    targets: Tuple[int, ...]  # PandaOmron action index of each column
-    binary: bool = False  # < 0.5 -> -1, else +1 (RoboCasa's gym wrapper)
-
-
-# PandaOmron: arm position 0:3, arm axis-angle 3:6, torso 6, base velocity 7:10, gripper 10, mode 11.
-ACTION_LAYOUTS: Dict[str, Tuple[FlatSlot, ...]] = {
-    # RoboCasa's LeRobot datasets (PandaOmron_modality.json) and LeRobot's RoboCasa env
-    "robocasa-lerobot": (
-        FlatSlot("base_motion", (0, 1, 2, 3), (7, 8, 9, 6)),
-        FlatSlot("control_mode", (4,), (11,), binary=True),
-        FlatSlot("end_effector_position", (5, 6, 7), (0, 1, 2)),
-        FlatSlot("end_effector_rotation", (8, 9, 10), (3, 4, 5)),
-        FlatSlot("gripper_close", (11,), (10,), binary=True),
-    ),
-    # RoboCasa's HDF5 datasets and robocasa.utils.env_utils.convert_action
-    "robocasa-hdf5": (
-        FlatSlot("end_effector_position", (0, 1, 2), (0, 1, 2)),
-        FlatSlot("end_effector_rotation", (3, 4, 5), (3, 4, 5)),
-        FlatSlot("gripper_close", (6,), (10,), binary=True),
-        FlatSlot("base_motion", (7, 8, 9, 10), (7, 8, 9, 6)),
-        FlatSlot("control_mode", (11,), (11,), binary=True),
-    ),
-    # the environment's own action, unchanged
-    "panda-omron": (FlatSlot("action", tuple(range(ACTION_DIM)), tuple(range(ACTION_DIM))),),
-}
-
-LayoutLike = Union[str, Sequence[Union[FlatSlot, Mapping[str, Any]]]]
-
-
-def resolve_layout(layout: LayoutLike) -> Tuple[FlatSlot, ...]:
-    """A layout by name, or from slots (dicts with name, columns, targets, binary; or their JSON).
-
-    Raises:
-        ValueError: the slots do not fill each of the 12 action indices exactly once.
-    """
-    if isinstance(layout, str) and not layout.lstrip().startswith("["):
-        if layout not in ACTION_LAYOUTS:
-            from robocasa_shift.errors import UnknownNameError
-
-            raise UnknownNameError("action layout", layout, sorted(ACTION_LAYOUTS))
-        return ACTION_LAYOUTS[layout]
-    if isinstance(layout, str):
-        layout = json.loads(layout)
-    slots = tuple(s if isinstance(s, FlatSlot) else FlatSlot(str(s["name"]), tuple(s["columns"]), tuple(s["targets"]),
-                                                             bool(s.get("binary", False))) for s in layout)
-    targets = sorted(t for s in slots for t in s.targets)
-    if targets != list(range(ACTION_DIM)) or any(len(s.columns) != len(s.targets) for s in slots):
-        raise ValueError(f"an action layout must map one column to each of the {ACTION_DIM} PandaOmron action "
-                         f"indices exactly once; got targets {targets}")
-    return slots
-
-
-def layout_name(slots: Sequence[FlatSlot]) -> Optional[str]:
-    return next((name for name, known in ACTION_LAYOUTS.items() if tuple(slots) == known), None)
-
-
-def flat_to_actions(chunk: Any, layout: Sequence[FlatSlot], n_action_steps: Optional[int] = None,
-                    source: str = "actions") -> np.ndarray:
-    """The (steps, 12) PandaOmron chunk of a flat (T, D) model action chunk.
-
-    Raises:
-        ActionFormatError: wrong shape, too few steps or non-finite values.
-    """
-    width = 1 + max(c for s in layout for c in s.columns)
-    value = np.asarray(chunk, dtype=np.float64)
-    if value.ndim == 1:
-        value = value[None]
-    if value.ndim != 2 or value.shape[1] != width or len(value) == 0:
-        raise ActionFormatError(
-            f"'{source}' has shape {tuple(np.shape(chunk))}, expected (T, {width}) for this action layout; "
-            "check the server's output transform (openpi's *Outputs slice the model's padded actions to the "
-            "dataset's action dimension) or choose another action_layout"
-        )
-    if not np.all(np.isfinite(value)):
-        raise ActionFormatError(f"'{source}' has non-finite values")
-    steps = len(value)
-    if n_action_steps is not None:
-        if n_action_steps > steps:
-            raise ActionFormatError(f"n_action_steps={n_action_steps} exceeds the chunk of {steps} steps in '{source}'")
-        steps = n_action_steps
-    actions = np.zeros((steps, ACTION_DIM))
-    for slot in layout:
-        part = value[:steps, list(slot.columns)]
-        actions[:, list(slot.targets)] = np.where(part < 0.5, -1.0, 1.0) if slot.binary else part
-    return actions
-
-
-def proprio_vector(obs: Observation, layout: Sequence[Tuple[str, int]], dtype=np.float32) -> np.ndarray:
-    """The proprio keys of ``layout`` concatenated; a missing key or a wrong size raises naming it."""
-    parts = []
-    for key, dim in layout:
-        if key not in obs.proprio:
-            raise KeyError(f"the state needs proprio '{key}', which the backend does not provide; "
-                           f"it provides: {', '.join(sorted(obs.proprio))}")
-        value = np.asarray(obs.proprio[key], dtype=np.float64).reshape(-1)
-        if value.shape != (dim,):
-            raise ValueError(f"proprio '{key}' has {value.size} values, expected {dim}")
-        parts.append(value)
-    return np.concatenate(parts).astype(dtype)
-
-
-def checked_image(camera: str, image: Any) -> np.ndarray:
-    image = np.asarray(image)
-    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
-        raise ValueError(f"camera {camera!r}: expected a uint8 (H, W, 3) image, got {image.dtype} {image.shape}")
-    return np.ascontiguousarray(image)
-
-
-def _as_camera_map(camera_map) -> Dict[str, Tuple[str, ...]]:
-    if camera_map is None:
-        return dict(DEFAULT_CAMERA_MAP)
-    if isinstance(camera_map, str):  # JSON from a command line
-        camera_map = json.loads(camera_map)
-    return {str(k): ((v,) if isinstance(v, str) else tuple(v)) for k, v in camera_map.items()}
-
-
-def _as_state_layout(state_layout) -> Tuple[Tuple[str, int], ...]:
-    if state_layout is None:
-        return ROBOCASA_STATE
-    if isinstance(state_layout, str):
-        state_layout = json.loads(state_layout)
-    return tuple((str(k), int(d)) for k, d in state_layout)
 
 
 def observation_to_openpi(
@@ -388,7 +257,7 @@ class OpenpiPolicy(Policy):
         state_key: where the proprio vector goes ("" sends none); state_layout: its
             (proprio key, dimension) list, a list or its JSON.
         prompt_key: where the instruction goes; instruction: replaces the task's.
-        action_layout: a name in ``ACTION_LAYOUTS`` or a list of slots (see ``resolve_layout``).
+        action_layout: a name in ``remote.ACTION_LAYOUTS`` or a list of slots (see ``remote.resolve_layout``).
         actions_key: the reply key holding the (T, D) chunk.
         n_action_steps: steps of each chunk executed before the next observation (None: all).
         image_size: square render size (openpi's models take 224 x 224).
@@ -406,9 +275,9 @@ class OpenpiPolicy(Policy):
         api_key: Optional[str] = None,
         timeout_s: float = 30.0,
         connect_timeout_s: float = 10.0,
-        camera_map: Union[None, str, Mapping[str, Union[str, Sequence[str]]]] = None,
+        camera_map: CameraMapLike = None,
         state_key: str = "observation/state",
-        state_layout: Union[None, str, Sequence[Tuple[str, int]]] = None,
+        state_layout: StateLayoutLike = None,
         prompt_key: str = "prompt",
         instruction: Optional[str] = None,
         action_layout: LayoutLike = "robocasa-lerobot",
@@ -416,8 +285,8 @@ class OpenpiPolicy(Policy):
         n_action_steps: Optional[int] = 5,
         image_size: int = 224,
     ):
-        self.camera_map = _as_camera_map(camera_map)
-        self.state_key, self.state_layout = state_key, _as_state_layout(state_layout)
+        self.camera_map = as_camera_map(camera_map, DEFAULT_CAMERA_MAP)
+        self.state_key, self.state_layout = state_key, as_state_layout(state_layout)
         self.prompt_key, self.instruction = prompt_key, instruction
         self.layout = resolve_layout(action_layout)
         self.actions_key = actions_key
@@ -467,7 +336,7 @@ class OpenpiPolicy(Policy):
         return {
             "name": self.name,
             "endpoint": self.client.uri,
-            "server_metadata": _canonical(server_metadata),
+            "server_metadata": canonical(server_metadata),
             "server_metadata_sha256": content_hash(server_metadata),
             "seeded_reset": self.client.seeded,
             "openpi_client_version": version("openpi-client"),

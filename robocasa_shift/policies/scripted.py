@@ -7,15 +7,10 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from robocasa_shift.embodiments.panda_omron import ACTION_DIM, ARM_MODE, ARM_POS, ARM_ROT, CLOSE, GRIPPER, MODE, OPEN
 from robocasa_shift.geometry import quat_xyzw_to_mat, wrap
 from robocasa_shift.policies.base import NumpySeededPolicy, Observation, Policy
 
-# PandaOmron's 12-D action: arm OSC deltas in the base frame (0:3 position,
-# 3:6 axis-angle), torso (6), base velocity (7:10), gripper (10, +1 closes),
-# control mode (11, -1 = arm).
-ARM_POS, ARM_ROT, GRIPPER, MODE = slice(0, 3), slice(3, 6), 10, 11
-ACTION_DIM = 12
-OPEN, CLOSE = -1.0, 1.0
 POS_GAIN = 10.0  # action 1.0 asks 5 cm per step; this saturates at 10 cm of error
 YAW_GAIN = 3.0
 
@@ -41,7 +36,7 @@ def arm_action(proprio: Dict[str, np.ndarray], target_world: np.ndarray, grip: f
     action[ARM_POS] = np.clip(POS_GAIN * delta, -1.0, 1.0)
     action[ARM_ROT] = [0.0, 0.0, np.clip(yaw_rate, -1.0, 1.0)]
     action[GRIPPER] = grip
-    action[MODE] = -1.0
+    action[MODE] = ARM_MODE
     return action
 
 
@@ -82,8 +77,8 @@ class ExpertPolicy(Policy):
     def __init__(self):
         self._plans: Dict[str, List[Phase]] = {
             "Lift": self._pick("cube", lift_to=0.25, retreat=False),
-            "Stack": self._pick("cubeA", lift_to=0.15, avoid="cubeB") + self._place_on_point(self._stack_target),
-            "PickPlaceCan": self._pick("can", lift_to=0.30) + self._place_on_point(self._bin_target, high=0.32),
+            "Stack": self._pick("cubeA", lift_to=0.15, avoid="cubeB") + self._place_on_point(self._stack_target, "cubeA"),
+            "PickPlaceCan": self._pick("can", lift_to=0.30) + self._place_on_point(self._bin_target, "can", high=0.32),
             "NutAssemblySquare": self._nut_plan(),
         }
         self.reset(0)
@@ -92,7 +87,6 @@ class ExpertPolicy(Policy):
         self._phase = 0
         self._steps_in_phase = 0
         self._memo: dict = {}
-        self._task: Optional[str] = None
 
     # -------------------------------------------------------------- plans
 
@@ -139,14 +133,12 @@ class ExpertPolicy(Policy):
         return obs.privileged["bin_pos"] + [0, 0, 0.10]
 
     @staticmethod
-    def _place_on_point(goal: Callable[[Observation], np.ndarray], high: float = 0.15) -> List[Phase]:
-        """Carry the held object (tracking its live offset from the gripper) to ``goal`` and let go."""
+    def _place_on_point(goal: Callable[[Observation], np.ndarray], held: str, high: float = 0.15) -> List[Phase]:
+        """Carry the ``held`` object (tracking its live offset from the gripper) to ``goal`` and let go."""
 
         def held_offset(obs, memo):
             # eef - object, re-read live so a slipping grasp is compensated
-            key = {"cubeA_pos", "can_pos", "nut_pos"} & set(obs.privileged)
-            o = obs.privileged[sorted(key)[0]]
-            return obs.proprio["robot0_eef_pos"] - o
+            return obs.proprio["robot0_eef_pos"] - obs.privileged[f"{held}_pos"]
 
         def over(obs, memo):
             t = goal(obs) + held_offset(obs, memo)
@@ -238,8 +230,10 @@ class ExpertPolicy(Policy):
     def act(self, obs: Observation) -> np.ndarray:
         if obs.privileged is None:
             raise ValueError("the expert policy needs privileged state")
-        task = self._task or self._infer_task(obs)
-        plan = self._plans[task]
+        plan = self._plans.get(obs.task)
+        if plan is None:
+            raise ValueError(f"the expert has no plan for task {obs.task!r}; it has plans for: "
+                             f"{', '.join(sorted(self._plans))}")
         while True:
             phase = plan[self._phase]
             self._memo["target"] = phase.target(obs, self._memo)
@@ -252,14 +246,6 @@ class ExpertPolicy(Policy):
         yaw_rate = phase.yaw(obs, self._memo) if phase.yaw else 0.0
         return arm_action(obs.proprio, self._memo["target"], phase.grip, yaw_rate)[None]
 
-    def _infer_task(self, obs: Observation) -> str:
-        keys = set(obs.privileged)
-        for task, marker in (("NutAssemblySquare", "nut_pos"), ("PickPlaceCan", "can_pos"), ("Stack", "cubeA_pos"), ("Lift", "cube_pos")):
-            if marker in keys:
-                self._task = task
-                return task
-        raise ValueError(f"the expert has no plan for a scene with {sorted(keys)}")
-
 
 class RandomPolicy(NumpySeededPolicy):
     """Uniform random arm and gripper actions; the base stays still. A negative control."""
@@ -271,5 +257,5 @@ class RandomPolicy(NumpySeededPolicy):
         action[ARM_POS] = self.rng.uniform(-1.0, 1.0, 3)
         action[ARM_ROT] = self.rng.uniform(-1.0, 1.0, 3)
         action[GRIPPER] = self.rng.choice([OPEN, CLOSE])
-        action[MODE] = -1.0
+        action[MODE] = ARM_MODE
         return action[None]

@@ -13,75 +13,15 @@ the software renderer and torch do not oversubscribe the cores.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+import multiprocessing as mp
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
+from robocasa_shift.config import ExecutionConfig, StudyConfig
 from robocasa_shift.engine.records import Record, RolloutKey
 from robocasa_shift.registry import Registry
+from robocasa_shift.study.worker import Worker, init_worker, run_in_worker
 
 EXECUTORS: Registry[type] = Registry("executor", "robocasa_shift.executors")
-THREAD_VARIABLES = ("LP_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """Everything a worker needs to build its own Study: plain data, so it pickles."""
-
-    backend: str
-    policy: str
-    render_profile: str = "fast"
-    threads: int = 1
-    policy_options: Optional[Dict[str, Any]] = None
-    batch: int = 1
-
-
-def default_threads(workers: int) -> int:
-    return max(1, (os.cpu_count() or 1) // max(1, workers))
-
-
-def apply_threads(threads: int) -> None:
-    """Thread counts for the renderer (llvmpipe) and torch; must run before either starts."""
-    for name in THREAD_VARIABLES:
-        os.environ[name] = str(threads)
-    try:
-        import torch
-
-        torch.set_num_threads(threads)
-    except ImportError:
-        pass
-
-
-class _Worker:
-    """A Study living in one process; its environment is reused across keys of the same task."""
-
-    def __init__(self, config: WorkerConfig):
-        apply_threads(config.threads)
-        from robocasa_shift.study.runner import Study
-
-        self.parent = os.getppid()
-        self.study = Study(config.backend, config.policy, config.render_profile, dict(config.policy_options or {}))
-
-    def run(self, keys: Sequence[RolloutKey]) -> List[Dict[str, Any]]:
-        """Run one lockstep group (see ``lockstep_groups``); one result per key."""
-        records = self.study.run_keys(keys)
-        info, rss = getattr(self.study, "renderer_info", None), peak_rss_mb()
-        return [{"record": r.to_json(), "renderer_info": info, "pid": os.getpid(), "rss_mb": rss} for r in records]
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory. ``VmHWM``, not ``ru_maxrss``: a spawned worker's
-    ``ru_maxrss`` keeps its parent's peak across ``exec``."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return round(int(line.split()[1]) / 1024.0, 1)
-    except OSError:
-        pass
-    import resource
-
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
 
 
 def lockstep_groups(keys: Sequence[RolloutKey], batch: int) -> List[List[RolloutKey]]:
@@ -99,60 +39,53 @@ def lockstep_groups(keys: Sequence[RolloutKey], batch: int) -> List[List[Rollout
     return groups
 
 
-_WORKER: Optional[_Worker] = None
-
-
-def _init_worker(config: WorkerConfig) -> None:
-    global _WORKER
-    _WORKER = _Worker(config)
-
-
-def _run_in_worker(keys: Sequence[RolloutKey]) -> List[Dict[str, Any]]:
-    if os.getppid() != _WORKER.parent:  # the writer died: stop instead of computing for nobody
-        os._exit(0)
-    return _WORKER.run(keys)
-
-
 class LocalExecutor:
-    """Runs keys in a spawn-context process pool (or in this process when ``workers == 1``)."""
+    """Runs keys in a spawn-context process pool (or in this process when there is one worker).
+
+    Args:
+        study: what each worker builds.
+        execution: resolved execution settings (workers, threads per worker, batch).
+    """
 
     name = "local"
 
-    def __init__(self, config: WorkerConfig, workers: int = 2, address: Optional[str] = None):
-        self.config, self.workers = config, max(1, int(workers))
+    def __init__(self, study: StudyConfig, execution: ExecutionConfig):
+        self.study, self.execution = study, execution.resolved()
+        self.workers = self.execution.workers
         self._pool = None
-        self._inline: Optional[_Worker] = None
+        self._inline: Optional[Worker] = None
 
     def map(self, keys: Sequence[RolloutKey]) -> Iterator[Dict[str, Any]]:
+        """Run ``keys`` (task-grouped), yielding one result per key as it completes."""
         if not keys:
             return
+        groups = lockstep_groups(keys, self.execution.batch)
         if self.workers == 1:
             if self._inline is None:
-                apply_threads(self.config.threads)
-                self._inline = _Worker(self.config)
-                self._inline.parent = os.getppid()
-            for group in lockstep_groups(keys, self.config.batch):
+                self._inline = Worker(self.study, self.execution.threads)
+            for group in groups:
                 yield from self._inline.run(group)
             return
         if self._pool is None:
-            import multiprocessing as mp
-
-            self._pool = mp.get_context("spawn").Pool(self.workers, initializer=_init_worker, initargs=(self.config,))
+            self._pool = mp.get_context("spawn").Pool(self.workers, initializer=init_worker,
+                                                      initargs=(self.study, self.execution.threads))
         # chunksize 1: a worker takes the next group only when done, so tasks stay grouped per worker
-        for results in self._pool.imap_unordered(_run_in_worker, lockstep_groups(keys, self.config.batch), chunksize=1):
+        for results in self._pool.imap_unordered(run_in_worker, groups, chunksize=1):
             yield from results
 
     def describe(self) -> Dict[str, Any]:
-        return {"executor": self.name, "workers": self.workers, "threads_per_worker": self.config.threads,
-                "batch": self.config.batch}
+        """The executor's settings, for logs."""
+        return {"executor": self.name, "workers": self.workers, "threads_per_worker": self.execution.threads,
+                "batch": self.execution.batch}
 
     def close(self) -> None:
+        """Stop the pool (or close the in-process worker)."""
         if self._pool is not None:
             self._pool.terminate()
             self._pool.join()
             self._pool = None
         if self._inline is not None:
-            self._inline.study.close()
+            self._inline.close()
             self._inline = None
 
 
@@ -160,11 +93,17 @@ EXECUTORS.register("local", LocalExecutor)
 EXECUTORS.register("ray", "robocasa_shift.study.ray_executor:RayExecutor")
 
 
-def make_executor(name: str, config: WorkerConfig, workers: int, address: Optional[str] = None):
-    return EXECUTORS.get(name)(config, workers=workers, address=address)
+def make_executor(study: StudyConfig, execution: ExecutionConfig):
+    """The executor registered as ``execution.executor``, built from the two configs.
+
+    Raises:
+        UnknownNameError: no executor of that name (the message lists the registered ones).
+    """
+    return EXECUTORS.get(execution.executor)(study, execution)
 
 
 def as_record(result: Dict[str, Any]) -> Record:
+    """The record inside a worker's result."""
     return Record.from_json(result["record"])
 
 
@@ -174,5 +113,4 @@ def group_by_task(keys: Sequence[RolloutKey]) -> List[RolloutKey]:
     return sorted(keys, key=lambda k: (order[k.task], k.phase, k.episode, k.replicate))
 
 
-__all__ = ["EXECUTORS", "LocalExecutor", "WorkerConfig", "apply_threads", "as_record", "default_threads",
-           "group_by_task", "lockstep_groups", "make_executor", "peak_rss_mb"]
+__all__ = ["EXECUTORS", "LocalExecutor", "as_record", "group_by_task", "lockstep_groups", "make_executor"]

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from robocasa_shift import errors, specs
-from robocasa_shift.checks.audit import add_to_plan, read_plan
+from robocasa_shift.config import ExecutionConfig, StudyConfig
 from robocasa_shift.engine.records import RolloutKey
 from robocasa_shift.errors import RunDirError
-from robocasa_shift.study.runner import Execution, RunSession, Study, pending_keys, plan_keys
+from robocasa_shift.study.plan import pending_keys, plan_keys
+from robocasa_shift.study.runner import RunSession
 from robocasa_shift.study.store import IDENTITY_FIELDS, RunStore, atomic_write_json
 
 POOLS_DIR = specs.PROJECT_ROOT / "pools"
@@ -20,6 +21,8 @@ POOLS_DIR = specs.PROJECT_ROOT / "pools"
 
 @dataclass(frozen=True)
 class Pool:
+    """A frozen candidate pool (``pools/<backend>.yaml``): candidates, N+M schedule, screening rule."""
+
     backend: str
     version: int
     candidates: Tuple[str, ...]
@@ -35,6 +38,11 @@ class Pool:
 
 
 def load_pool(backend: str, path: Optional[Path | str] = None) -> Pool:
+    """The candidate pool of ``backend`` (or the file at ``path``), checked field by field.
+
+    Raises:
+        SpecError: no pool file, a missing or mistyped field, or a schedule that does not add up.
+    """
     path = Path(path or POOLS_DIR / f"{backend}.yaml")
     if not path.exists():
         raise errors.SpecError(path, "(document)", f"no candidate pool for backend '{backend}'")
@@ -88,14 +96,18 @@ def _outcomes(store: RunStore, tasks: Sequence[str], n: int) -> Dict[str, List[b
     }
 
 
-def screen(run_dir: Path | str, policy: str, backend: str = "robosuite", execution: Execution = Execution(),
-           progress: bool = True, pool_path: Optional[Path] = None,
-           policy_options: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """Clean-competence screening with the pool's N+M schedule; writes the table and the formal suite."""
-    pool = load_pool(backend, pool_path)
-    study = Study(backend_name=backend, policy_name=policy, policy_options=dict(policy_options or {}))
-    study.check_names(pool.candidates, ["clean"])
-    with RunSession(run_dir, study, pool.candidates, execution, progress) as session:
+def screen(run_dir: Path | str, study: StudyConfig = StudyConfig(), execution: ExecutionConfig = ExecutionConfig(),
+           pool_path: Optional[Path] = None) -> Dict[str, Any]:
+    """Clean-competence screening with the pool's N+M schedule; writes the table and the formal suite.
+
+    Args:
+        run_dir: the run directory (screening rollouts use the screening seed stream).
+        study: the policy screened and its backend (whose pool ``pools/<backend>.yaml`` is used).
+        execution: how the rollouts are executed.
+        pool_path: another candidate-pool file.
+    """
+    pool = load_pool(study.backend, pool_path)
+    with RunSession(run_dir, pool.candidates, ["clean"], study, execution) as session:
 
         def screen_tasks(tasks: Sequence[str]) -> Dict[str, Dict[str, Any]]:
             session.execute(plan_keys(tasks, range(pool.first_batch), ["clean"], phase="screening"), desc="screening")
@@ -121,7 +133,7 @@ def screen(run_dir: Path | str, policy: str, backend: str = "robosuite", executi
     result = {
         "pool": pool.path,
         "pool_sha256": pool.content_hash,
-        "policy": policy,
+        "policy": study.policy,
         "rule": {"first_batch": pool.first_batch, "exclude_at_most": pool.exclude_at_most,
                  "extended": pool.extended, "retain_at_least": pool.retain_at_least,
                  "schedule": f"{pool.initial}+{pool.reserve}", "minimum_suite": pool.minimum_suite},
@@ -138,6 +150,7 @@ def screen(run_dir: Path | str, policy: str, backend: str = "robosuite", executi
 
 
 def screening_markdown(result: Dict[str, Any]) -> str:
+    """The screening table as Markdown (``screening/screening.md``)."""
     r = result["rule"]
     lines = [
         "# Clean-competence screening (paper Table IV)", "",
@@ -155,6 +168,7 @@ def screening_markdown(result: Dict[str, Any]) -> str:
 
 
 def formal_suite(run_dir: Path | str) -> Optional[List[str]]:
+    """The tasks screening retained in ``run_dir`` (``suite.json``), or None before screening."""
     path = Path(run_dir) / "suite.json"
     return json.loads(path.read_text())["tasks"] if path.exists() else None
 
@@ -214,5 +228,5 @@ def merge(out: Path | str, sources: Sequence[Path | str]) -> Dict[str, Any]:
                     dest = out / path.relative_to(store.root)
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(path, dest)
-            add_to_plan(out, read_plan(src))
+            target.add_to_plan(store.planned_keys())
     return {"records": len(seen), "sources": len(sources)}

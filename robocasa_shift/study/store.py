@@ -4,6 +4,7 @@ Layout::
 
     D/manifest.json             spec hashes, study seed, versions, renderer, seed rule, first command
     D/commands.jsonl            every command run on D, appended
+    D/plan.json                 every key planned on D: the rollouts the audit expects
     D/records/<phase>/<task>/<episode>__<condition>__r<replicate>.json
     D/history/...               records superseded by --retry-errors
     D/.lock                     held with flock while a process writes to D
@@ -23,12 +24,13 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 from robocasa_shift.engine.records import Record, RolloutKey
 from robocasa_shift.errors import RunDirError, RunDirLocked
 
 MANIFEST = "manifest.json"
+PLAN = "plan.json"
 # Manifest fields that must agree between every command writing to one run directory.
 IDENTITY_FIELDS = ("spec_hash", "study_seed", "backend", "policy", "versions", "stage_spec_hashes", "env_config")
 
@@ -154,6 +156,25 @@ class RunStore:
         }
         with open(self.root / "commands.jsonl", "a") as f:
             f.write(json.dumps(entry) + "\n")
+
+    # ------------------------------------------------------------------ plan
+
+    @property
+    def plan_path(self) -> Path:
+        """``D/plan.json``: every key any command on this run directory planned."""
+        return self.root / PLAN
+
+    def planned_keys(self) -> List[RolloutKey]:
+        """Every key a command on this run directory planned: the rollouts the audit expects."""
+        if not self.plan_path.exists():
+            return []
+        with open(self.plan_path) as f:
+            return [RolloutKey.from_id(k) for k in json.load(f)["keys"]]
+
+    def add_to_plan(self, keys: Iterable[RolloutKey]) -> None:
+        """Add ``keys`` to the plan (a sorted set, rewritten atomically); planning a key twice changes nothing."""
+        merged = sorted(set(self.planned_keys()) | set(keys))
+        atomic_write_json(self.plan_path, {"keys": [k.id for k in merged]})
 
     # ------------------------------------------------------------------ records
 

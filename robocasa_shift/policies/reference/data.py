@@ -16,9 +16,10 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from robocasa_shift.embodiments.panda_omron import OPEN
 from robocasa_shift.geometry import quat_xyzw_to_mat
 from robocasa_shift.policies.base import Observation
-from robocasa_shift.policies.scripted import OPEN, ExpertPolicy, arm_action
+from robocasa_shift.policies.scripted import ExpertPolicy, arm_action
 from robocasa_shift.seeding import derive_seed
 
 # Seed of all training data; a stream of its own, unrelated to any study seed.
@@ -139,7 +140,7 @@ def generate(task: str, out: Path, frames: int | None = None, progress: bool = T
                 searching = np.linalg.norm(target - proprio["robot0_eef_pos"]) > 0.02 and step < 60
                 action = arm_action(proprio, target, OPEN)
             else:
-                obs = Observation({}, {}, proprio, env.task.instruction, step, privileged)
+                obs = Observation({}, {}, proprio, env.task.instruction, step, privileged, task=task)
                 action = expert.act(obs)[0]
             action[:3] += noise.normal(0.0, perception.noise, 3)
             env.step(action)
@@ -175,7 +176,7 @@ def generate_on_policy(task: str, out: Path, weights_dir: Path, frames: int | No
                 data.add(env, episode, images)
                 if data.full():
                     break
-                chunk = list(policy.act(Observation(images, roles, env.proprio(), env.task.instruction, step)))
+                chunk = list(policy.act(Observation(images, roles, env.proprio(), env.task.instruction, step, task=task)))
             env.step(chunk.pop(0))
             if env.is_success():
                 break

@@ -2,7 +2,8 @@
 
 It stands in for a vision-language-action model in the embedded study:
 
-- It reads only camera images and proprioception, never object state.
+- It reads only camera images, proprioception and the task's name
+  (``obs.task``: its networks and plans are per task), never object state.
   A third-person network estimates object positions in the robot base frame
   for the coarse approach; a wrist network estimates the object relative to
   the gripper and closes the loop for the final approach, as VLAs
@@ -25,6 +26,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from robocasa_shift.embodiments.panda_omron import ACTION_DIM, ARM_MODE, ARM_POS, ARM_YAW, CLOSE, GRIPPER, MODE, OPEN
 from robocasa_shift.errors import WeightsMissing
 from robocasa_shift.geometry import quat_xyzw_to_mat, wrap
 from robocasa_shift.policies.base import Observation, Policy
@@ -33,14 +35,6 @@ from robocasa_shift.policies.reference.train import MANIFEST, WEIGHTS_DIR
 from robocasa_shift.policies.scripted import YAW_GAIN, closing_axis_yaw
 from robocasa_shift.seeding import rng_state_hash
 
-GRIPPER, MODE = 10, 11
-OPEN, CLOSE = -1.0, 1.0
-INSTRUCTIONS = {
-    "lift the red cube": "Lift",
-    "stack the red cube on the green cube": "Stack",
-    "pick the can and place it in its bin": "PickPlaceCan",
-    "put the square nut on the square peg": "NutAssemblySquare",
-}
 # Approximate object sizes a VLA would know from experience (metres).
 CUBE_A_HALF, CUBE_B_HALF = 0.021, 0.025
 
@@ -117,10 +111,11 @@ class ReferencePolicy(Policy):
         return _NETS[cache_key]
 
     def _task(self, obs: Observation) -> str:
-        task = INSTRUCTIONS.get(obs.instruction)
-        if task is None:
-            raise ValueError(f"the reference policy was not trained for {obs.instruction!r}; known: {sorted(INSTRUCTIONS.values())}")
-        return task
+        """``obs.task``, when the weights hold networks for it."""
+        if obs.task not in self.manifest["tasks"]:
+            raise ValueError(f"the reference policy has no networks for task {obs.task!r}; it has networks for: "
+                             f"{', '.join(sorted(self.manifest['tasks']))}")
+        return obs.task
 
     def _perceive(self, task: str, estimates: Dict[str, np.ndarray]) -> None:
         """Take in fresh network outputs; dropout keeps some old estimates (never the first ones)."""
@@ -174,13 +169,13 @@ class ReferencePolicy(Policy):
         return self._chunk(eef, target, grip)
 
     def _chunk(self, eef: np.ndarray, target: np.ndarray, grip: float) -> np.ndarray:
-        actions = np.zeros((self.chunk, 12))
-        actions[:, :3] = np.clip(self.gain * (target - eef), -1.0, 1.0)
-        actions[:, 5] = np.clip(self._yaw_rate, -1.0, 1.0)
+        actions = np.zeros((self.chunk, ACTION_DIM))
+        actions[:, ARM_POS] = np.clip(self.gain * (target - eef), -1.0, 1.0)
+        actions[:, ARM_YAW] = np.clip(self._yaw_rate, -1.0, 1.0)
         noise = self._torch.randn((self.chunk, 3), generator=self.generator, dtype=self._torch.float64).numpy()
-        actions[:, :3] = np.clip(actions[:, :3] + self.action_noise * noise, -1.0, 1.0)
+        actions[:, ARM_POS] = np.clip(actions[:, ARM_POS] + self.action_noise * noise, -1.0, 1.0)
         actions[:, GRIPPER] = grip
-        actions[:, MODE] = -1.0
+        actions[:, MODE] = ARM_MODE
         return actions
 
     def _advance(self, done: bool) -> None:

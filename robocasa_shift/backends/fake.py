@@ -1,0 +1,580 @@
+"""The testing backend: a point gripper and a point object on a table plane, in pure numpy.
+
+Registered as ``fake`` like any backend, with the policies ``fake`` (image-driven,
+stochastic), ``fake-expert`` (privileged, scripted, deterministic) and
+``fake-random`` (a negative control). It exists so that the harness's bookkeeping
+(runs, resume, shards, merge, retry, audit, report, compare, executors) can be
+tested in milliseconds per rollout, the way Gymnasium's tests use
+``GenericTestEnv``: it models no physics worth studying, and results on it say
+nothing about robots. It never imports MuJoCo, robosuite or torch.
+
+It offers what a simulator backend offers:
+
+- State: the mobile base's planar pose, the gripper's position in the base
+  frame, the object and the target on the table (world frame), whether the
+  gripper is closed and whether it holds the object: 11 floats, restored bit
+  for bit (``get_state`` / ``set_state``). ``reset(seed)`` draws the episode
+  from one numpy Generator seeded by ``seed`` only.
+- Model: light colours and camera poses, the values perturbations edit, in one
+  table (:data:`PERTURBABLE`); ``restore_nominal`` copies them back and the
+  fingerprint hashes them with the state, both derived from that table.
+- Rendering: a pinhole camera ray-cast onto the table plane (checkerboard
+  table, green target disc, red object disc, blue gripper ring), shaded by the
+  scene lights and the headlight (ambient, diffuse, Blinn-Phong specular), so
+  illumination, camera rotation, base offsets and blur change what a policy sees.
+- Stage predicates registered under ``fake.*`` and stage specs in
+  ``stage_specs/fake/``.
+
+Action (3,): planar gripper velocity in the base frame (each in [-1, 1], 1 =
+:data:`MAX_STEP_M` per step) and a gripper command (> 0 closes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from robocasa_shift.backends.base import TaskInfo, TaskTable
+from robocasa_shift.engine.stages import predicate
+from robocasa_shift.geometry import axis_angle_quat, quat_mul, quat_to_mat
+from robocasa_shift.policies.base import NumpySeededPolicy, Observation, Policy
+
+HORIZON = 40
+ACTION_DIM = 3
+MAX_STEP_M = 0.04  # gripper travel per control step at action 1.0
+GRASP_RADIUS_M = 0.025  # closing the gripper this close to the object grasps it
+TOUCH_M = 0.025  # Reach succeeds with the gripper this close to the object
+PLACE_TOL_M = 0.03  # PickPlace succeeds with the object released this close to the target
+# The gripper's reach in the base frame (x forward, y left).
+ARM_X_M, ARM_Y_M = (0.1, 0.85), (-0.45, 0.45)
+HOME_M = (0.25, 0.0)
+OBJECT_REGION_M = ((0.40, 0.70), (-0.20, 0.20))
+MIN_TARGET_DISTANCE_M = 0.15
+COLLISION_M = 0.04  # a base offset that puts the gripper this close to the object is invalid
+
+THIRD_PERSON_CAMERAS = ("agentview",)
+WRIST_CAMERAS = ("eye_in_hand",)
+CAMERAS = THIRD_PERSON_CAMERAS + WRIST_CAMERAS
+RENDER_PROFILES = ("fast", "default")  # the same picture: the caster has no expensive features
+
+# State layout of the integration vector (``get_state()["integration"]``).
+STATE_LAYOUT = ("base_forward_m", "base_side_m", "base_yaw_rad", "eef_x_m", "eef_y_m",
+                "object_x_m", "object_y_m", "target_x_m", "target_y_m", "gripper_closed", "holding")
+BASE, EEF, OBJECT, TARGET, CLOSED, HOLDING = slice(0, 3), slice(3, 5), slice(5, 7), slice(7, 9), 9, 10
+
+# Scene: albedos (RGB), disc radii (m), light positions (world, m), table extent.
+TABLE_X_M, TABLE_Y_M = (0.0, 1.0), (-0.5, 0.5)
+CHECKER_M = 0.05
+ALBEDO = {"table_a": (0.58, 0.55, 0.50), "table_b": (0.46, 0.44, 0.40), "floor": (0.22, 0.22, 0.25),
+          "target": (0.10, 0.75, 0.20), "object": (0.90, 0.08, 0.08), "gripper": (0.10, 0.20, 0.90)}
+TARGET_RADIUS_M, OBJECT_RADIUS_M = 0.045, 0.03
+GRIPPER_RING_M = {False: (0.012, 0.02), True: (0.005, 0.02)}  # (inner, outer) open / closed
+LIGHT_POS_M = np.array([[0.3, 0.6, 1.5], [0.8, -0.5, 1.2]])
+SHININESS = 24.0
+
+
+def _camera_quat(pitch_deg: float) -> np.ndarray:
+    """A camera whose image up is the base's +x, looking down and pitched forward (MuJoCo: looks along -z)."""
+    q = axis_angle_quat([0.0, 0.0, 1.0], -np.pi / 2)  # x -> -y (image right), y -> +x (image up)
+    return quat_mul(q, axis_angle_quat([1.0, 0.0, 0.0], np.deg2rad(pitch_deg)))
+
+
+def nominal_model() -> Dict[str, np.ndarray]:
+    """The unperturbed model values: every light colour and every camera pose (cameras in CAMERAS order)."""
+    grey = lambda *v: np.array([[x, x, x] for x in v], dtype=float)  # noqa: E731
+    return {
+        "light_diffuse": grey(0.55, 0.30),
+        "light_ambient": grey(0.08, 0.05),
+        "light_specular": grey(0.30, 0.10),
+        "headlight_diffuse": np.array([0.35, 0.35, 0.35]),
+        "headlight_ambient": np.array([0.10, 0.10, 0.10]),
+        "headlight_specular": np.array([0.15, 0.15, 0.15]),
+        # agentview on the base behind the gripper; eye_in_hand on the gripper, looking down
+        "cam_quat": np.array([_camera_quat(30.0), _camera_quat(0.0)]),
+        "cam_pos": np.array([[0.0, 0.0, 0.9], [0.0, 0.0, 0.2]]),
+        "cam_fovy": np.array([45.0, 60.0]),
+    }
+
+
+# Every value a perturbation may edit: restore_nominal and the fingerprint derive from this table.
+PERTURBABLE: Tuple[str, ...] = tuple(nominal_model())
+LIGHT_KEYS = tuple(k for k in PERTURBABLE if "light" in k)
+
+
+def _hash_arrays(items: Mapping[str, Any]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(items):
+        value = np.ascontiguousarray(np.asarray(items[name], dtype=np.float64))
+        h.update(name.encode())
+        h.update(str(value.shape).encode())
+        h.update(value.tobytes())
+    return h.hexdigest()
+
+
+def _rot_z(theta: float) -> np.ndarray:
+    c, s = np.cos(theta), np.sin(theta)
+    return np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
+
+
+def pixel_rays(size: int, fovy_deg: float) -> np.ndarray:
+    """Ray directions in the camera frame, (size, size, 3), top row first (x right, y up, looking along -z)."""
+    t = np.tan(np.deg2rad(fovy_deg) / 2)
+    c = (np.arange(size) + 0.5) / size * 2 - 1
+    u, v = np.meshgrid(c * t, -c * t)  # columns right, rows down
+    return np.stack([u, v, -np.ones_like(u)], axis=-1)
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+@dataclass(frozen=True)
+class FakeTask:
+    name: str
+    instruction: str
+    description: str
+    horizon: int = HORIZON
+
+    def info(self) -> TaskInfo:
+        return TaskInfo(self.name, self.horizon, self.instruction, self.description)
+
+
+TASKS: Dict[str, FakeTask] = {
+    t.name: t
+    for t in [
+        # Task Description: move the gripper onto the red object.
+        # Randomizations: object position, gripper start (1 cm).
+        # Success Conditions: the gripper within TOUCH_M of the object.
+        FakeTask("Reach", "touch the red object", "Move the gripper to within 2.5 cm of the object."),
+        # Task Description: carry the red object onto the green target and let go.
+        # Randomizations: object and target positions (at least 15 cm apart), gripper start (1 cm).
+        # Success Conditions: the object released within PLACE_TOL_M of the target.
+        FakeTask("PickPlace", "put the red object on the green target",
+                 "Grasp the object, carry it onto the target and release it within 3 cm of the target's centre."),
+    ]
+}
+
+
+# --------------------------------------------------------------------------- environment
+
+
+class FakeEnv:
+    """A live environment of one fake task, reused across rollouts."""
+
+    third_person_cameras = THIRD_PERSON_CAMERAS
+    wrist_cameras = WRIST_CAMERAS
+    action_dim = ACTION_DIM
+
+    def __init__(self, task: FakeTask, render_profile: str = "fast"):
+        if render_profile not in RENDER_PROFILES:
+            from robocasa_shift.errors import UnknownNameError
+
+            raise UnknownNameError("render profile", render_profile, list(RENDER_PROFILES))
+        self.spec = task
+        self.task = task.info()
+        self.render_profile = render_profile
+        self._nominal = nominal_model()
+        self.model = {k: v.copy() for k, v in self._nominal.items()}
+        self.x = np.zeros(len(STATE_LAYOUT))
+        self.steps = 0
+        self._rays: Dict[Tuple[int, float], np.ndarray] = {}
+
+    # ------------------------------------------------------------------ reset, step, success
+
+    def reset(self, seed: int) -> None:
+        """Restore the nominal model, then draw the episode of ``seed`` (bit-identical in any process)."""
+        self.restore_nominal()
+        rng = np.random.default_rng(seed)
+        (x0, x1), (y0, y1) = OBJECT_REGION_M
+        obj = rng.uniform([x0, y0], [x1, y1])
+        target = rng.uniform([x0, y0], [x1, y1])
+        while np.linalg.norm(target - obj) < MIN_TARGET_DISTANCE_M:
+            target = rng.uniform([x0, y0], [x1, y1])
+        eef = np.array(HOME_M) + rng.uniform(-0.01, 0.01, 2)
+        self.x = np.concatenate([[0.0, 0.0, 0.0], eef, obj, target, [0.0, 0.0]])
+        self.steps = 0
+
+    def step(self, action: np.ndarray) -> None:
+        a = np.asarray(action, dtype=np.float64).reshape(-1)
+        if a.shape != (ACTION_DIM,) or not np.isfinite(a).all():
+            raise ValueError(f"the fake backend takes a finite action of shape ({ACTION_DIM},), got {a.shape}")
+        x = self.x
+        x[EEF] = np.clip(x[EEF] + MAX_STEP_M * np.clip(a[:2], -1.0, 1.0), [ARM_X_M[0], ARM_Y_M[0]], [ARM_X_M[1], ARM_Y_M[1]])
+        close = a[2] > 0
+        if close and not x[CLOSED] and np.linalg.norm(self.eef_world() - x[OBJECT]) < GRASP_RADIUS_M:
+            x[HOLDING] = 1.0
+        if not close:
+            x[HOLDING] = 0.0
+        x[CLOSED] = float(close)
+        if x[HOLDING]:
+            x[OBJECT] = self.eef_world()
+        self.steps += 1
+
+    def is_success(self) -> bool:
+        if self.spec.name == "Reach":
+            return bool(self.eef_object_distance() < TOUCH_M)
+        return bool(not self.x[HOLDING] and self.object_target_distance() < PLACE_TOL_M)
+
+    # ------------------------------------------------------------------ geometry
+
+    def base_rotation(self) -> np.ndarray:
+        return _rot_z(self.x[2])
+
+    def eef_world(self) -> np.ndarray:
+        return self.x[BASE][:2] + self.base_rotation()[:2, :2] @ self.x[EEF]
+
+    def eef_object_distance(self) -> float:
+        return float(np.linalg.norm(self.eef_world() - self.x[OBJECT]))
+
+    def object_target_distance(self) -> float:
+        return float(np.linalg.norm(self.x[OBJECT] - self.x[TARGET]))
+
+    def camera_pose(self, camera: str) -> Tuple[np.ndarray, np.ndarray]:
+        """World position and rotation (columns: camera x, y, z) of ``camera``."""
+        i = CAMERAS.index(camera)
+        rot = self.base_rotation()
+        parent = np.array([*self.x[BASE][:2], 0.0])
+        if camera in WRIST_CAMERAS:
+            parent = np.array([*self.eef_world(), 0.0])
+        return parent + rot @ self.model["cam_pos"][i], rot @ quat_to_mat(self.model["cam_quat"][i])
+
+    # ------------------------------------------------------------------ observations
+
+    def render(self, camera: str, size: int) -> np.ndarray:
+        """One RGB frame (uint8, size x size x 3, top row first) ray-cast onto the table plane."""
+        if camera not in CAMERAS:
+            from robocasa_shift.errors import UnknownNameError
+
+            raise UnknownNameError("camera", camera, list(CAMERAS))
+        fovy = float(self.model["cam_fovy"][CAMERAS.index(camera)])
+        rays = self._rays.get((size, fovy))
+        if rays is None:
+            rays = self._rays.setdefault((size, fovy), pixel_rays(size, fovy))
+        pos, rot = self.camera_pose(camera)
+        d = rays @ rot.T  # world directions
+        down = d[..., 2] < -1e-9
+        s = np.where(down, -pos[2] / np.where(down, d[..., 2], -1.0), 0.0)
+        p = pos[:2] + s[..., None] * d[..., :2]  # hit points on the table plane
+        albedo = self._albedo(p, down)
+        # shading: scene point lights and the headlight (a light at the camera), ambient + diffuse + specular
+        m = self.model
+        hit = np.concatenate([p, np.zeros(p.shape[:-1] + (1,))], axis=-1)
+        view = pos - hit
+        view /= np.linalg.norm(view, axis=-1, keepdims=True)
+        light = np.zeros(p.shape[:-1] + (3,)) + m["headlight_ambient"] + m["light_ambient"].sum(axis=0)
+        specular = np.zeros_like(light)
+        sources = [(LIGHT_POS_M[i], m["light_diffuse"][i], m["light_specular"][i]) for i in range(len(LIGHT_POS_M))]
+        sources.append((pos, m["headlight_diffuse"], m["headlight_specular"]))
+        for lpos, diffuse, spec in sources:
+            to_light = lpos - hit
+            to_light /= np.linalg.norm(to_light, axis=-1, keepdims=True)
+            cos = np.clip(to_light[..., 2], 0.0, 1.0)  # the table's normal is +z
+            half = to_light + view
+            half /= np.linalg.norm(half, axis=-1, keepdims=True)
+            light += cos[..., None] * diffuse
+            specular += (np.clip(half[..., 2], 0.0, 1.0) ** SHININESS)[..., None] * spec
+        image = albedo * light + specular
+        image[~down] = 0.0  # above the horizon: black
+        return np.clip(image * 255.0 + 0.5, 0, 255).astype(np.uint8)
+
+    def _albedo(self, p: np.ndarray, on_plane: np.ndarray) -> np.ndarray:
+        x, y = p[..., 0], p[..., 1]
+        table = (x >= TABLE_X_M[0]) & (x <= TABLE_X_M[1]) & (y >= TABLE_Y_M[0]) & (y <= TABLE_Y_M[1]) & on_plane
+        checker = (np.floor(x / CHECKER_M) + np.floor(y / CHECKER_M)) % 2 == 0
+        out = np.empty(p.shape[:-1] + (3,))
+        out[...] = ALBEDO["floor"]
+        out[table & checker] = ALBEDO["table_a"]
+        out[table & ~checker] = ALBEDO["table_b"]
+
+        def dist(c):
+            return np.hypot(x - c[0], y - c[1])
+
+        if self.spec.name == "PickPlace":
+            out[dist(self.x[TARGET]) < TARGET_RADIUS_M] = ALBEDO["target"]
+        out[dist(self.x[OBJECT]) < OBJECT_RADIUS_M] = ALBEDO["object"]
+        inner, outer = GRIPPER_RING_M[bool(self.x[CLOSED])]
+        r = dist(self.eef_world())
+        out[(r >= inner) & (r < outer)] = ALBEDO["gripper"]
+        return out
+
+    def proprio(self) -> Dict[str, np.ndarray]:
+        """The gripper's position in the base frame, whether it is closed and whether it holds something."""
+        return {"eef_pos": self.x[EEF].copy(), "gripper_closed": np.array([self.x[CLOSED]]),
+                "grasping": np.array([self.x[HOLDING]])}
+
+    def privileged_state(self) -> Dict[str, np.ndarray]:
+        """World positions of the gripper, object and target, and the base pose (fake-expert reads it)."""
+        return {"eef_pos": self.eef_world(), "object_pos": self.x[OBJECT].copy(), "target_pos": self.x[TARGET].copy(),
+                "base_pose": self.x[BASE].copy(), "holding": np.array([self.x[HOLDING]])}
+
+    # ------------------------------------------------------------------ state: snapshot, restore, fingerprint
+
+    def get_state(self) -> Dict[str, Any]:
+        """A bit-exact snapshot: the state vector (layout STATE_LAYOUT) and the step counter."""
+        return {"integration": self.x.copy(), "steps": np.array(self.steps)}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        self.set_physics_state(state["integration"])
+        self.steps = int(state["steps"])
+
+    def set_physics_state(self, integration: np.ndarray) -> None:
+        integration = np.asarray(integration, dtype=np.float64)
+        if integration.shape != self.x.shape:
+            raise ValueError(f"the fake backend's state has shape {self.x.shape}, got {integration.shape}")
+        self.x = integration.copy()
+
+    def fingerprint(self) -> str:
+        """Hash of the state and of every perturbable model value (the PERTURBABLE table)."""
+        state = self.get_state()
+        return _hash_arrays({**{f"state.{k}": v for k, v in state.items()},
+                             **{f"model.{k}": self.model[k] for k in PERTURBABLE}})
+
+    def restore_nominal(self) -> None:
+        """Undo every perturbation edit of the model (the values are copied back)."""
+        for k in PERTURBABLE:
+            self.model[k][...] = self._nominal[k]
+
+    # ------------------------------------------------------------------ perturbation hooks
+
+    def nominal_lights(self) -> Dict[str, np.ndarray]:
+        return {k: self._nominal[k].copy() for k in LIGHT_KEYS}
+
+    def lights(self) -> Dict[str, np.ndarray]:
+        return {k: self.model[k].copy() for k in LIGHT_KEYS}
+
+    def set_lights(self, values: Mapping[str, Any]) -> None:
+        unknown = sorted(set(values) - set(LIGHT_KEYS))
+        if unknown:
+            from robocasa_shift.errors import UnknownNameError
+
+            raise UnknownNameError("light", unknown[0], list(LIGHT_KEYS))
+        for key, value in values.items():
+            self.model[key][...] = value
+
+    def nominal_camera_quat(self, camera: str) -> np.ndarray:
+        return self._nominal["cam_quat"][CAMERAS.index(camera)].copy()
+
+    def camera_quat(self, camera: str) -> np.ndarray:
+        return self.model["cam_quat"][CAMERAS.index(camera)].copy()
+
+    def camera_vertical(self, camera: str) -> np.ndarray:
+        """The world vertical in the frame of the camera's parent (the base or the gripper: both yaw only)."""
+        CAMERAS.index(camera)
+        return np.array([0.0, 0.0, 1.0])
+
+    def set_camera_quat(self, camera: str, quat: np.ndarray) -> None:
+        self.model["cam_quat"][CAMERAS.index(camera)] = quat
+
+    def base_offset(self) -> Dict[str, float]:
+        """(forward, side, yaw) of the base, read from the state (nominal is 0)."""
+        b = self.x[BASE]
+        return {"forward_m": float(b[0]), "side_m": float(b[1]), "yaw_deg": float(np.rad2deg(b[2]))}
+
+    def set_base_offset(self, offset: Mapping[str, float]) -> None:
+        """Move the base; the gripper moves with it (its position is kept in the base frame)."""
+        self.x[BASE] = [offset["forward_m"], offset["side_m"], np.deg2rad(offset["yaw_deg"])]
+
+    def base_offset_problem(self, offset: Mapping[str, float]) -> Optional[str]:
+        """Why ``offset`` is invalid (the gripper would start on the object), or None; the state is unchanged."""
+        base = np.array([offset["forward_m"], offset["side_m"]])
+        eef = base + _rot_z(np.deg2rad(offset["yaw_deg"]))[:2, :2] @ self.x[EEF]
+        gap = float(np.linalg.norm(eef - self.x[OBJECT]))
+        if gap < COLLISION_M:
+            return f"gripper would start {gap * 100:.1f} cm from the object (collision below {COLLISION_M * 100:.0f} cm)"
+        return None
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def renderer_info(self) -> Dict[str, Any]:
+        return {"MUJOCO_GL": None, "gl_renderer": "numpy ray caster (fake backend)", "render_profile": self.render_profile}
+
+    def close(self) -> None:
+        self._rays.clear()
+
+
+class FakeBackend(TaskTable):
+    """The testing backend: tasks Reach and PickPlace of a point gripper in the plane (no simulator)."""
+
+    name = "fake"
+    tasks = TASKS
+
+    def make(self, task: str, render_profile: str = "fast") -> FakeEnv:
+        self.task(task)
+        return FakeEnv(TASKS[task], render_profile)
+
+    def config(self) -> Dict[str, Any]:
+        """The frozen configuration recorded in manifests."""
+        return {
+            "testing_backend": True,
+            "action": "planar eef velocity (base frame) x2, gripper (>0 closes)",
+            "max_step_m": MAX_STEP_M,
+            "third_person_cameras": list(THIRD_PERSON_CAMERAS),
+            "wrist_cameras": list(WRIST_CAMERAS),
+            "state_layout": list(STATE_LAYOUT),
+            "horizons": {t.name: t.horizon for t in TASKS.values()},
+        }
+
+    def versions(self) -> Dict[str, str]:
+        return {"numpy": np.__version__}
+
+    def check_available(self) -> None:
+        """Always available: numpy is all it needs."""
+        return None
+
+
+# --------------------------------------------------------------------------- stage predicates
+
+
+@predicate("fake", "gripper_near")
+def gripper_near(env: FakeEnv, distance_m: float) -> bool:
+    """The gripper is within ``distance_m`` of the object."""
+    return bool(env.eef_object_distance() < distance_m)
+
+
+@predicate("fake", "holding")
+def holding(env: FakeEnv) -> bool:
+    """The closed gripper holds the object."""
+    return bool(env.x[HOLDING])
+
+
+@predicate("fake", "object_near_target")
+def object_near_target(env: FakeEnv, distance_m: float) -> bool:
+    """The object is within ``distance_m`` of the target (held or not)."""
+    return bool(env.object_target_distance() < distance_m)
+
+
+@predicate("fake", "released_on_target")
+def released_on_target(env: FakeEnv, distance_m: float) -> bool:
+    """The object is within ``distance_m`` of the target and the gripper no longer holds it."""
+    return bool(not env.x[HOLDING] and env.object_target_distance() < distance_m)
+
+
+# --------------------------------------------------------------------------- policies
+
+OPEN, CLOSE = -1.0, 1.0
+
+
+def _velocity(delta_m: np.ndarray) -> np.ndarray:
+    """The action (in [-1, 1] per axis) that moves the gripper by ``delta_m``, saturating at one step."""
+    return np.clip(np.asarray(delta_m) / MAX_STEP_M, -1.0, 1.0)
+
+
+def camera_to_table(pixel_rc: np.ndarray, size: int, camera: str = THIRD_PERSON_CAMERAS[0]) -> np.ndarray:
+    """Base-frame table point seen at (row, col) of a ``size`` image of the NOMINAL camera.
+
+    The image-driven policy assumes its camera is where it was calibrated: a rotated
+    camera biases its estimate, as it would a real policy's.
+    """
+    model = nominal_model()
+    i = CAMERAS.index(camera)
+    t = np.tan(np.deg2rad(model["cam_fovy"][i]) / 2)
+    r, c = pixel_rc
+    ray = np.array([((c + 0.5) / size * 2 - 1) * t, -((r + 0.5) / size * 2 - 1) * t, -1.0])
+    d = quat_to_mat(model["cam_quat"][i]) @ ray
+    pos = model["cam_pos"][i]
+    return pos[:2] - pos[2] / d[2] * d[:2]
+
+
+def find_colour(image: np.ndarray, channel: int, ratio: float = 1.6, floor: float = 40.0) -> Optional[np.ndarray]:
+    """Centroid (row, col) of the pixels where ``channel`` dominates the other two by ``ratio``; None if none."""
+    im = image.astype(np.float64)
+    others = np.delete(im, channel, axis=-1)
+    mask = (im[..., channel] > floor) & (im[..., channel] > ratio * others.max(axis=-1))
+    if not mask.any():
+        return None
+    rows, cols = np.nonzero(mask)
+    return np.array([rows.mean(), cols.mean()])
+
+
+class FakePolicy(NumpySeededPolicy):
+    """Image-driven: finds the red object (and the green target) in the third-person image.
+
+    It locates the object by colour in the image, back-projects it through the
+    nominal camera, moves the gripper (known from proprioception) there with
+    seeded Gaussian action noise, grasps, carries and releases. A rotated camera
+    biases its estimates; heavy blur or darkness hides the object from it (it
+    then wanders, seeded). Randomness: one numpy Generator seeded by ``reset``.
+    """
+
+    name = "fake"
+    camera_roles = ("third_person",)
+    image_size = 64
+    chunk = 2  # actions per decision, executed open loop
+
+    def __init__(self, action_noise: float = 0.15):
+        super().__init__()
+        self.action_noise = float(action_noise)
+        self._memory: Dict[str, np.ndarray] = {}
+
+    def reset(self, seed: int) -> None:
+        super().reset(seed)
+        self._memory = {}
+
+    def _locate(self, obs: Observation, name: str, channel: int) -> Optional[np.ndarray]:
+        image = next(im for cam, im in obs.images.items() if obs.camera_roles[cam] == "third_person")
+        pixel = find_colour(image, channel)
+        if pixel is not None:
+            self._memory[name] = camera_to_table(pixel, image.shape[0])
+        return self._memory.get(name)
+
+    def act(self, obs: Observation) -> np.ndarray:
+        eef = obs.proprio["eef_pos"]
+        grasping = bool(obs.proprio["grasping"][0])
+        obj = self._locate(obs, "object", 0)
+        target = self._locate(obs, "target", 1) if obs.instruction.startswith("put") else None
+        grip = OPEN
+        if obj is None:
+            goal = eef + self.rng.uniform(-0.08, 0.08, 2)  # nothing seen: look around
+        elif target is None:
+            goal = obj
+        elif not grasping:
+            goal = obj
+            grip = CLOSE if np.linalg.norm(obj - eef) < 0.012 else OPEN
+        else:
+            goal = target
+            grip = OPEN if np.linalg.norm(target - eef) < 0.012 else CLOSE
+        chunk = np.zeros((self.chunk, ACTION_DIM))
+        chunk[:, :2] = _velocity(goal - eef) + self.rng.normal(0.0, self.action_noise, (self.chunk, 2))
+        chunk[:, 2] = grip
+        return np.clip(chunk, -1.0, 1.0)
+
+    def identity(self) -> Dict[str, Any]:
+        return {"name": self.name, "action_noise": self.action_noise, "testing": True}
+
+
+class FakeExpertPolicy(Policy):
+    """Privileged and scripted: reads the object and target from the simulator state. Deterministic."""
+
+    name = "fake-expert"
+    privileged = True
+
+    def act(self, obs: Observation) -> np.ndarray:
+        s = obs.privileged
+        rot = _rot_z(s["base_pose"][2])[:2, :2]
+        eef, obj, target = s["eef_pos"], s["object_pos"], s["target_pos"]
+        action = np.zeros(ACTION_DIM)
+        if obs.instruction.startswith("touch"):
+            goal, grip = obj, OPEN
+        elif not s["holding"][0]:
+            close = np.linalg.norm(obj - eef) < 0.005
+            goal, grip = obj, CLOSE if close else OPEN
+        else:
+            goal = target
+            grip = OPEN if np.linalg.norm(target - eef) < 0.005 else CLOSE
+        action[:2] = _velocity(rot.T @ (goal - eef))  # the action is in the base frame
+        action[2] = grip
+        return action[None]
+
+
+class FakeRandomPolicy(NumpySeededPolicy):
+    """Uniform random gripper velocity and gripper command: a negative control."""
+
+    name = "fake-random"
+
+    def act(self, obs: Observation) -> np.ndarray:
+        return np.concatenate([self.rng.uniform(-1.0, 1.0, 2), [self.rng.choice([OPEN, CLOSE])]])[None]
+
+
+__all__ = ["FakeBackend", "FakeEnv", "FakeExpertPolicy", "FakePolicy", "FakeRandomPolicy", "TASKS"]

@@ -1,0 +1,159 @@
+"""The run configuration: what is studied (:class:`StudyConfig`) and how it is executed (:class:`ExecutionConfig`).
+
+Both are frozen dataclasses, built once per command (by the CLI or a notebook)
+and passed whole down to the run session, the executors and the workers; both
+pickle, so a spawned or remote worker gets exactly what the caller built. Each
+field carries its help text in ``field(metadata={"help": ...})`` (the CLI takes
+its option help from there) and, where a value can be wrong, a ``check`` that
+runs on construction and raises :class:`~robocasa_shift.errors.BadInput`.
+
+Names (backend, policy, tasks, conditions) are checked against their registries
+when a run starts, not here, so building a config never imports a simulator.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+from robocasa_shift.errors import BadInput
+
+DEFAULT_POLICY = "reference"
+DEFAULT_BACKEND = "robosuite"
+
+# A field check returns a problem ("must be at least 1, got 0") or None.
+Check = Callable[[Any], Optional[str]]
+
+
+def at_least_one(value: Any) -> Optional[str]:
+    """Field check: ``None`` (meaning "choose for me") or an integer >= 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"must be an integer, got {value!r}"
+    return None if value >= 1 else f"must be at least 1, got {value}"
+
+
+def a_name(value: Any) -> Optional[str]:
+    """Field check: a non-empty string."""
+    return None if isinstance(value, str) and value.strip() else f"must be a non-empty name, got {value!r}"
+
+
+def _option(default: Any = MISSING, *, help: str, check: Optional[Check] = None, **kwargs) -> Any:
+    """A dataclass field with its help text (and optional check) beside it."""
+    metadata = {"help": help, **({"check": check} if check else {})}
+    return field(default=default, metadata=metadata, **kwargs)
+
+
+def config_field(cls: type, name: str) -> Field:
+    """The dataclass field ``name`` of config class ``cls`` (KeyError listing the fields on a miss)."""
+    by_name = {f.name: f for f in fields(cls)}
+    if name not in by_name:
+        raise KeyError(f"{cls.__name__} has no field '{name}'; fields: {', '.join(by_name)}")
+    return by_name[name]
+
+
+def field_help(cls: type, name: str) -> str:
+    """The help text of field ``name`` of ``cls``: what the CLI shows for the matching option."""
+    return config_field(cls, name).metadata["help"]
+
+
+def check_field(cls: type, name: str, value: Any) -> Optional[str]:
+    """The problem with ``value`` for field ``name`` of ``cls``, or None when it is acceptable."""
+    check = config_field(cls, name).metadata.get("check")
+    return check(value) if check else None
+
+
+def _validate(config: Any) -> None:
+    for f in fields(config):
+        problem = check_field(type(config), f.name, getattr(config, f.name))
+        if problem:
+            raise BadInput(f"{type(config).__name__}.{f.name} {problem}")
+
+
+def freeze_options(options: Optional[Mapping[str, Any]] | Tuple[Tuple[str, Any], ...]) -> Tuple[Tuple[str, Any], ...]:
+    """Policy options as a tuple of ``(name, value)`` pairs in their given order (frozen, picklable)."""
+    if options is None:
+        return ()
+    items = tuple(options.items()) if isinstance(options, Mapping) else tuple(tuple(item) for item in options)
+    for item in items:
+        if len(item) != 2 or not isinstance(item[0], str) or not item[0]:
+            raise BadInput(f"policy options must map option names to values, got {item!r}")
+    names = [name for name, _ in items]
+    if len(set(names)) != len(names):
+        raise BadInput(f"policy option given twice: {sorted({n for n in names if names.count(n) > 1})}")
+    return items
+
+
+def default_threads(workers: int) -> int:
+    """Renderer and torch threads per worker when not given: the cores shared out among the workers."""
+    return max(1, (os.cpu_count() or 1) // max(1, workers))
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """What is studied: the backend, the policy and its options, the render profile.
+
+    Everything here is fixed for one run directory (the manifest records it);
+    ``policy_options`` is kept as a tuple of ``(name, value)`` pairs so the
+    config stays frozen, and may be given as any mapping; :attr:`policy_kwargs`
+    is its dict view.
+    """
+
+    backend: str = _option(DEFAULT_BACKEND, help="Simulator backend.", check=a_name)
+    policy: str = _option(DEFAULT_POLICY, help="Registered policy name.", check=a_name)
+    policy_options: Tuple[Tuple[str, Any], ...] = _option(
+        (), help="Option for the policy's constructor, repeatable; values are YAML "
+                 "(e.g. --policy-option checkpoint=ckpt/ --policy-option port=8000). Recorded in the manifest.")
+    render_profile: str = _option("fast", help="fast: no shadows, reflections or multisampling.", check=a_name)
+
+    def __post_init__(self):
+        object.__setattr__(self, "policy_options", freeze_options(self.policy_options))
+        _validate(self)
+
+    @property
+    def policy_kwargs(self) -> Dict[str, Any]:
+        """The policy options as a new dict (keyword arguments of the policy's constructor)."""
+        return dict(self.policy_options)
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """How rollouts are executed: where, by how many workers, with how many threads, in what batches.
+
+    None of it changes a record, except ``batch`` for a policy whose outputs
+    depend on the batch's composition; :meth:`record` is what the manifest and
+    ``commands.jsonl`` keep of it.
+    """
+
+    executor: str = _option("local", help="local: a process pool on this machine; ray: an existing Ray cluster.",
+                            check=a_name)
+    workers: Optional[int] = _option(None, help="Parallel workers [default: one per core].", check=at_least_one)
+    address: Optional[str] = _option(None, help="Ray cluster address (ray executor); none starts a local Ray.")
+    threads: Optional[int] = _option(None, help="Renderer and torch threads per worker [default: cores / workers].",
+                                     check=at_least_one)
+    batch: int = _option(1, help="Conditions of one base episode a worker steps in lockstep, with one batched policy "
+                                 "call per decision point. Records are unchanged for policies whose outputs do not "
+                                 "depend on the batch (reference); the batch size is recorded in commands.jsonl.",
+                         check=at_least_one)
+    progress: bool = _option(True, help="Show a progress bar with ETA.")
+
+    def __post_init__(self):
+        _validate(self)
+        if self.batch is None:
+            raise BadInput("ExecutionConfig.batch must be at least 1, got None")
+
+    def resolved(self) -> "ExecutionConfig":
+        """A copy with the defaults filled in: workers = one per core, threads = cores / workers."""
+        workers = self.workers or os.cpu_count() or 1
+        return replace(self, workers=workers, threads=self.threads or default_threads(workers))
+
+    def record(self) -> Dict[str, Any]:
+        """The settings kept with the run (manifest ``executions``, ``commands.jsonl``); not the progress bar."""
+        return {"executor": self.executor, "workers": self.workers, "address": self.address,
+                "threads": self.threads, "batch": self.batch}
+
+
+__all__ = ["DEFAULT_BACKEND", "DEFAULT_POLICY", "ExecutionConfig", "StudyConfig", "check_field", "config_field",
+           "default_threads", "field_help", "freeze_options"]

@@ -1,0 +1,127 @@
+"""Harness observations to GR00T payloads and GR00T replies to PandaOmron actions (RoboCasa's GR00T naming).
+
+- ``video.*``: (1, H, W, 3) uint8, top row first. The embedded backend's
+  third-person ``robot0_robotview`` feeds both ``video.robot0_agentview_left``
+  and ``video.robot0_agentview_right``; RoboCasa's cameras map to themselves.
+- ``state.*``: (1, D) float64 from proprioception (``STATE_MAP``).
+- ``annotation.human.task_description``: ``[instruction]``.
+- actions (T, D) per key -> the 12-D PandaOmron action (``ACTION_LAYOUT``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from robocasa_shift.embodiments.panda_omron import ACTION_DIM, ARM_POS, ARM_ROT, BASE_MOTION, GRIPPER, MODE, indices
+from robocasa_shift.errors import ActionFormatError
+from robocasa_shift.policies.base import Observation
+from robocasa_shift.policies.remote import binarize, checked_image, proprio_part
+
+LANGUAGE_KEY = "annotation.human.task_description"
+# Harness camera name -> GR00T video keys. Cameras not listed map to "video.<name>".
+DEFAULT_CAMERA_MAP: Dict[str, Tuple[str, ...]] = {
+    # embedded backend: one third-person camera stands in for both agentview cameras
+    "robot0_robotview": ("video.robot0_agentview_left", "video.robot0_agentview_right"),
+    "robot0_eye_in_hand": ("video.robot0_eye_in_hand",),
+    # RoboCasa: identity
+    "robot0_agentview_left": ("video.robot0_agentview_left",),
+    "robot0_agentview_right": ("video.robot0_agentview_right",),
+}
+# GR00T state key -> (proprio key, dimension). Quaternions stay in robosuite's x, y, z, w order,
+# as RoboCasa's gym wrapper serves them.
+STATE_MAP: Dict[str, Tuple[str, int]] = {
+    "state.end_effector_position_relative": ("robot0_base_to_eef_pos", 3),
+    "state.end_effector_rotation_relative": ("robot0_base_to_eef_quat", 4),
+    "state.base_position": ("robot0_base_pos", 3),
+    "state.base_rotation": ("robot0_base_quat", 4),
+    "state.gripper_qpos": ("robot0_gripper_qpos", 2),
+}
+
+
+@dataclass(frozen=True)
+class ActionSlot:
+    """Where the columns of one GR00T action key go in the 12-D PandaOmron action."""
+
+    key: str
+    dim: int
+    targets: Tuple[int, ...]  # action index of each column
+    binary: bool = False  # read through ``remote.binarize``
+
+
+ACTION_LAYOUT: Tuple[ActionSlot, ...] = (
+    ActionSlot("action.end_effector_position", 3, indices(ARM_POS)),
+    ActionSlot("action.end_effector_rotation", 3, indices(ARM_ROT)),
+    ActionSlot("action.base_motion", 4, BASE_MOTION),
+    ActionSlot("action.gripper_close", 1, (GRIPPER,), binary=True),
+    ActionSlot("action.control_mode", 1, (MODE,), binary=True),
+)
+
+
+def observation_to_gr00t(
+    obs: Observation,
+    camera_map: Mapping[str, Tuple[str, ...]] = DEFAULT_CAMERA_MAP,
+    state_map: Mapping[str, Tuple[str, int]] = STATE_MAP,
+    instruction: Optional[str] = None,
+    language_key: str = LANGUAGE_KEY,
+) -> Dict[str, Any]:
+    """The GR00T request payload of one observation (batch of one, one frame)."""
+    payload: Dict[str, Any] = {}
+    for camera, image in obs.images.items():
+        image = checked_image(camera, image)
+        for key in camera_map.get(camera, (f"video.{camera}",)):
+            payload[key] = np.ascontiguousarray(image[None])
+    for key, (proprio_key, dim) in state_map.items():
+        payload[key] = proprio_part(obs, proprio_key, dim, needed_by=key)[None]
+    payload[language_key] = [instruction if instruction is not None else obs.instruction]
+    return payload
+
+
+def gr00t_to_actions(
+    reply: Mapping[str, Any],
+    chunk_size: Optional[int] = 16,
+    n_action_steps: Optional[int] = 8,
+    layout: Sequence[ActionSlot] = ACTION_LAYOUT,
+) -> np.ndarray:
+    """The (n_action_steps, 12) PandaOmron action chunk of a GR00T reply.
+
+    Args:
+        reply: action key -> (T, D) array; a (T, 1) key may arrive as (T,).
+        chunk_size: the T every key must have (None: any T, the same for all keys).
+        n_action_steps: how many of the T steps to execute (None: all).
+
+    Raises:
+        ActionFormatError: a key is missing, has the wrong shape or non-finite values.
+    """
+    if not isinstance(reply, Mapping):
+        raise ActionFormatError(f"expected a dict of action arrays from get_action, got {type(reply).__name__}")
+    arrays: Dict[str, np.ndarray] = {}
+    for slot in layout:
+        if slot.key not in reply:
+            raise ActionFormatError(f"the server's reply has no '{slot.key}'; it has: {', '.join(sorted(map(str, reply)))}")
+        value = np.asarray(reply[slot.key], dtype=np.float64)
+        if value.ndim == 1 and slot.dim == 1:
+            value = value[:, None]
+        expected = f"({chunk_size if chunk_size is not None else 'T'}, {slot.dim})"
+        if value.ndim != 2 or value.shape[1] != slot.dim or len(value) == 0:
+            raise ActionFormatError(f"'{slot.key}' has shape {tuple(np.shape(reply[slot.key]))}, expected {expected}")
+        if chunk_size is not None and len(value) != chunk_size:
+            raise ActionFormatError(f"'{slot.key}' has {len(value)} steps, expected {expected}")
+        if not np.all(np.isfinite(value)):
+            raise ActionFormatError(f"'{slot.key}' has non-finite values")
+        arrays[slot.key] = value
+    lengths = {k: len(v) for k, v in arrays.items()}
+    if len(set(lengths.values())) != 1:
+        raise ActionFormatError(f"action keys disagree on the chunk length: {lengths}")
+    steps = next(iter(lengths.values()))
+    if n_action_steps is not None:
+        if n_action_steps > steps:
+            raise ActionFormatError(f"n_action_steps={n_action_steps} exceeds the server's chunk of {steps} steps")
+        steps = n_action_steps
+    actions = np.zeros((steps, ACTION_DIM))
+    for slot in layout:
+        value = arrays[slot.key][:steps]
+        actions[:, list(slot.targets)] = binarize(value) if slot.binary else value
+    return actions

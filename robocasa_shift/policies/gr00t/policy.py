@@ -1,0 +1,131 @@
+"""``Gr00tPolicy``: GR00T N1.5 behind a ZeroMQ server, as a harness policy.
+
+Each ``reset(seed)`` seeds this policy's session on a ``Gr00tLauncher``; a
+plain N1.5 server has no ``reset`` and is recorded as ``"unseeded-server"``
+with one warning (see ``launcher`` for why it cannot be paired).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from robocasa_shift.errors import PolicyServerError
+from robocasa_shift.policies.base import Observation, Policy
+from robocasa_shift.policies.gr00t.client import Gr00tClient
+from robocasa_shift.policies.gr00t.mapping import (
+    DEFAULT_CAMERA_MAP,
+    LANGUAGE_KEY,
+    STATE_MAP,
+    gr00t_to_actions,
+    observation_to_gr00t,
+)
+from robocasa_shift.policies.gr00t.protocol import DEFAULT_PORT
+from robocasa_shift.policies.remote import NOT_RESET, UNSEEDED, CameraMapLike, as_camera_map, canonical, content_hash
+
+
+class Gr00tPolicy(Policy):
+    """GR00T N1.5 behind a ZeroMQ server; one observation per ``n_action_steps`` control steps.
+
+    Args:
+        host, port, timeout_s, retries, serializer, api_token: see ``Gr00tClient``.
+        camera_map: harness camera -> GR00T video key(s); a dict (or its JSON). Default
+            ``DEFAULT_CAMERA_MAP``; unlisted cameras map to ``video.<camera>``.
+        chunk_size: the chunk length the server must return (None: any).
+        n_action_steps: how many steps of each chunk run before the next observation.
+        instruction: replaces the task's instruction.
+        language_key: the payload key of the instruction.
+        image_size: square render size (RoboCasa's gym wrapper serves 256).
+        session: the session id (random by default; one per policy instance).
+    """
+
+    name = "gr00t"
+    camera_roles = ("third_person", "wrist")
+    image_size = 256
+    deterministic = False
+
+    _warned_unseeded = False
+
+    def __init__(
+        self,
+        host: str = "localhost",
+        port: int = DEFAULT_PORT,
+        timeout_s: float = 15.0,
+        retries: int = 2,
+        serializer: str = "msgpack",
+        api_token: Optional[str] = None,
+        camera_map: CameraMapLike = None,
+        chunk_size: Optional[int] = 16,
+        n_action_steps: Optional[int] = 8,
+        instruction: Optional[str] = None,
+        language_key: str = LANGUAGE_KEY,
+        image_size: int = 256,
+        session: Optional[str] = None,
+    ):
+        self.client = Gr00tClient(host, port, timeout_s, retries, serializer, api_token, session)
+        self.camera_map = as_camera_map(camera_map, DEFAULT_CAMERA_MAP)
+        self.chunk_size = None if chunk_size is None else int(chunk_size)
+        self.n_action_steps = None if n_action_steps is None else int(n_action_steps)
+        if self.chunk_size is not None and self.n_action_steps is not None and self.n_action_steps > self.chunk_size:
+            raise ValueError(f"n_action_steps={self.n_action_steps} exceeds chunk_size={self.chunk_size}")
+        self.instruction = instruction
+        self.language_key = language_key
+        self.image_size = int(image_size)
+        self._fingerprint = NOT_RESET
+        self._server_info: Optional[Dict[str, Any]] = None
+
+    def reset(self, seed: int) -> None:
+        try:
+            reply = self.client.reset(seed)
+        except PolicyServerError as exc:
+            if not exc.unknown_endpoint:
+                raise
+            if not self._warned_unseeded:
+                warnings.warn(
+                    f"the GR00T server at {self.client.endpoint} has no 'reset' endpoint (a plain N1.5 server): "
+                    "its noise comes from the server's global RNG, so paired rollouts cannot be guaranteed; "
+                    "serve the model with `python -m robocasa_shift.policies.gr00t serve` to seed it per session",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                self._warned_unseeded = True
+            self._fingerprint = UNSEEDED
+            return
+        fingerprint = reply.get("rng_fingerprint") if isinstance(reply, dict) else None
+        if not isinstance(fingerprint, str):
+            raise PolicyServerError(f"'reset' of {self.client.endpoint} returned no rng_fingerprint: {reply!r}", "reset")
+        self._fingerprint = fingerprint
+
+    def rng_fingerprint(self) -> str:
+        return self._fingerprint
+
+    def act(self, obs: Observation) -> np.ndarray:
+        payload = observation_to_gr00t(obs, self.camera_map, STATE_MAP, self.instruction, self.language_key)
+        return gr00t_to_actions(self.client.get_action(payload), self.chunk_size, self.n_action_steps)
+
+    def server_info(self) -> Dict[str, Any]:
+        """The server's modality config hash and its ``model`` field (asked once)."""
+        if self._server_info is None:
+            config = self.client.get_modality_config()
+            model = config.get("model") if isinstance(config, dict) else None
+            self._server_info = {"modality_config_sha256": content_hash(config), "model": canonical(model)}
+        return self._server_info
+
+    def identity(self) -> Dict[str, Any]:
+        return {
+            "name": self.name,
+            "endpoint": self.client.endpoint,
+            "serializer": self.client.serializer.name,
+            **self.server_info(),
+            "camera_map": {k: list(v) for k, v in sorted(self.camera_map.items())},
+            "chunk_size": self.chunk_size,
+            "n_action_steps": self.n_action_steps,
+            "instruction": self.instruction,
+            "language_key": self.language_key,
+            "image_size": self.image_size,
+        }
+
+    def close(self) -> None:
+        self.client.close()

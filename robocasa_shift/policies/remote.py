@@ -1,0 +1,304 @@
+"""What the adapters of served or separately loaded models share (``gr00t``, ``openpi``, ``lerobot``).
+
+- Fingerprints for a policy that was never reset (``NOT_RESET``) and for a
+  server that cannot be seeded (``UNSEEDED``).
+- Session RNGs: a generator state private to one session, installed as the
+  process's global one only around a call into the model, because GR00T,
+  openpi's PyTorch models and LeRobot's samplers all draw from the global
+  generator and a global seed would leak into everything else.
+- Observation helpers: camera maps, image checks, proprio vectors.
+- Flat action layouts: where the columns of a model's (T, D) action go in the
+  PandaOmron action, for openpi and LeRobot.
+- ``content_hash`` of server replies and metadata, as recorded in manifests.
+
+Errors live in ``robocasa_shift.errors``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from robocasa_shift.embodiments.panda_omron import (
+    ACTION_DIM,
+    ARM_POS,
+    ARM_ROT,
+    BASE_MOTION,
+    GRIPPER,
+    MODE,
+    indices,
+)
+from robocasa_shift.errors import ActionFormatError, UnknownNameError
+from robocasa_shift.policies.base import Observation
+from robocasa_shift.seeding import rng_state_hash
+
+NOT_RESET = "not-reset"
+UNSEEDED = "unseeded-server"
+
+CameraMapLike = Union[None, str, Mapping[str, Union[str, Sequence[str]]]]
+StateLayoutLike = Union[None, str, Sequence[Tuple[str, int]]]
+
+# (proprio key, dimension) in the order of RoboCasa's LeRobot ``observation.state`` (16-D).
+ROBOCASA_STATE: Tuple[Tuple[str, int], ...] = (
+    ("robot0_base_pos", 3),
+    ("robot0_base_quat", 4),
+    ("robot0_base_to_eef_pos", 3),
+    ("robot0_base_to_eef_quat", 4),
+    ("robot0_gripper_qpos", 2),
+)
+
+
+# =========================================================================== content hash
+
+
+def canonical(obj: Any) -> Any:
+    """A JSON-ready form of ``obj``: arrays with dtype and shape, bytes as their sha256."""
+    if isinstance(obj, np.ndarray):
+        return {"dtype": str(obj.dtype), "shape": list(obj.shape), "data": obj.tolist()}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, Mapping):
+        return {str(k): canonical(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [canonical(v) for v in obj]
+    if isinstance(obj, bytes):
+        return hashlib.sha256(obj).hexdigest()
+    return obj
+
+
+def content_hash(obj: Any) -> str:
+    """sha256 of a canonical JSON form (sorted keys; arrays with dtype and shape)."""
+    return hashlib.sha256(json.dumps(canonical(obj), sort_keys=True).encode()).hexdigest()
+
+
+# =========================================================================== session RNGs
+
+
+def cuda_devices(torch) -> Tuple[int, ...]:
+    """Every CUDA device index of this process (none without CUDA)."""
+    return tuple(range(torch.cuda.device_count())) if torch.cuda.is_available() else ()
+
+
+class TorchSessionRNG:
+    """A session's torch generator states (CPU and ``devices``), global only while the model runs.
+
+    Args:
+        torch: the torch module (imported by the caller, so this module needs no torch).
+        seed: the session's seed.
+        devices: CUDA device indices whose generators belong to the session.
+    """
+
+    def __init__(self, torch, seed: int, devices: Sequence[int] = ()):
+        self.torch = torch
+        self.devices = tuple(int(i) for i in devices)
+        self.cpu_state = torch.Generator().manual_seed(int(seed) % 2**63).get_state()
+        self.cuda_states = [torch.Generator(device=f"cuda:{i}").manual_seed(int(seed) % 2**63).get_state()
+                            for i in self.devices]
+
+    def fingerprint(self) -> str:
+        """sha256 of the current states, read back from them."""
+        return rng_state_hash(self.cpu_state.numpy(), *(s.numpy() for s in self.cuda_states))
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        """Call ``fn`` with this session's state as the global torch state; keep what it consumed.
+
+        The caller's global state is restored afterwards, also when ``fn`` raises.
+        """
+        torch = self.torch
+        saved_cpu = torch.get_rng_state()
+        saved_cuda = [torch.cuda.get_rng_state(i) for i in self.devices]
+        torch.set_rng_state(self.cpu_state)
+        for i, state in zip(self.devices, self.cuda_states):
+            torch.cuda.set_rng_state(state, i)
+        try:
+            return fn()
+        finally:
+            self.cpu_state = torch.get_rng_state()
+            self.cuda_states = [torch.cuda.get_rng_state(i) for i in self.devices]
+            torch.set_rng_state(saved_cpu)
+            for i, state in zip(self.devices, saved_cuda):
+                torch.cuda.set_rng_state(state, i)
+
+
+class NumpySessionRNG:
+    """Without torch: the session's state is swapped into numpy's global (legacy) generator."""
+
+    def __init__(self, seed: int):
+        self.state = np.random.RandomState(int(seed) % 2**32).get_state()
+
+    def fingerprint(self) -> str:
+        """sha256 of the current state."""
+        return rng_state_hash(self.state[1], repr(self.state[2:]))
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        """Call ``fn`` with this session's state as numpy's global state; keep what it consumed."""
+        saved = np.random.get_state()
+        np.random.set_state(self.state)
+        try:
+            return fn()
+        finally:
+            self.state = np.random.get_state()
+            np.random.set_state(saved)
+
+
+# =========================================================================== observations
+
+
+def as_camera_map(camera_map: CameraMapLike, default: Mapping[str, Tuple[str, ...]]) -> Dict[str, Tuple[str, ...]]:
+    """Harness camera -> model camera key(s), from a dict, its JSON (a command line) or None (``default``)."""
+    if camera_map is None:
+        return dict(default)
+    if isinstance(camera_map, str):
+        camera_map = json.loads(camera_map)
+    return {str(k): ((v,) if isinstance(v, str) else tuple(v)) for k, v in camera_map.items()}
+
+
+def as_state_layout(state_layout: StateLayoutLike) -> Tuple[Tuple[str, int], ...]:
+    """(proprio key, dimension) pairs from a list, its JSON or None (``ROBOCASA_STATE``)."""
+    if state_layout is None:
+        return ROBOCASA_STATE
+    if isinstance(state_layout, str):
+        state_layout = json.loads(state_layout)
+    return tuple((str(k), int(d)) for k, d in state_layout)
+
+
+def checked_image(camera: str, image: Any) -> np.ndarray:
+    """``image`` as a contiguous uint8 (H, W, 3) array; anything else raises naming the camera."""
+    image = np.asarray(image)
+    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"camera {camera!r}: expected a uint8 (H, W, 3) image, got {image.dtype} {image.shape}")
+    return np.ascontiguousarray(image)
+
+
+def proprio_part(obs: Observation, key: str, dim: int, needed_by: Optional[str] = None) -> np.ndarray:
+    """Proprio ``key`` as a float64 vector of ``dim`` values.
+
+    Args:
+        needed_by: the model input that reads it, named in the errors (default: the state vector).
+
+    Raises:
+        KeyError: the backend does not provide ``key`` (the message lists what it provides).
+        ValueError: ``key`` has another size.
+    """
+    if key not in obs.proprio:
+        raise KeyError(f"{needed_by or 'the state'} needs proprio '{key}', which the backend does not provide; "
+                       f"it provides: {', '.join(sorted(obs.proprio))}")
+    value = np.asarray(obs.proprio[key], dtype=np.float64).reshape(-1)
+    if value.shape != (dim,):
+        prefix = f"{needed_by}: " if needed_by else ""
+        raise ValueError(f"{prefix}proprio '{key}' has {value.size} values, expected {dim}")
+    return value
+
+
+def proprio_vector(obs: Observation, layout: Sequence[Tuple[str, int]], dtype=np.float32) -> np.ndarray:
+    """The proprio keys of ``layout`` concatenated; a missing key or a wrong size raises naming it."""
+    return np.concatenate([proprio_part(obs, key, dim) for key, dim in layout]).astype(dtype)
+
+
+# =========================================================================== actions
+
+
+def binarize(values: np.ndarray) -> np.ndarray:
+    """RoboCasa's gym wrapper's reading of gripper and mode outputs: < 0.5 -> -1, else +1."""
+    return np.where(values < 0.5, -1.0, 1.0)
+
+
+@dataclass(frozen=True)
+class FlatSlot:
+    """Where some columns of a flat model action go in the 12-D PandaOmron action."""
+
+    name: str
+    columns: Tuple[int, ...]  # model action columns
+    targets: Tuple[int, ...]  # PandaOmron action index of each column
+    binary: bool = False  # read through ``binarize``
+
+
+ACTION_LAYOUTS: Dict[str, Tuple[FlatSlot, ...]] = {
+    # RoboCasa's LeRobot datasets (PandaOmron_modality.json) and LeRobot's RoboCasa env
+    "robocasa-lerobot": (
+        FlatSlot("base_motion", (0, 1, 2, 3), BASE_MOTION),
+        FlatSlot("control_mode", (4,), (MODE,), binary=True),
+        FlatSlot("end_effector_position", (5, 6, 7), indices(ARM_POS)),
+        FlatSlot("end_effector_rotation", (8, 9, 10), indices(ARM_ROT)),
+        FlatSlot("gripper_close", (11,), (GRIPPER,), binary=True),
+    ),
+    # RoboCasa's HDF5 datasets and robocasa.utils.env_utils.convert_action
+    "robocasa-hdf5": (
+        FlatSlot("end_effector_position", (0, 1, 2), indices(ARM_POS)),
+        FlatSlot("end_effector_rotation", (3, 4, 5), indices(ARM_ROT)),
+        FlatSlot("gripper_close", (6,), (GRIPPER,), binary=True),
+        FlatSlot("base_motion", (7, 8, 9, 10), BASE_MOTION),
+        FlatSlot("control_mode", (11,), (MODE,), binary=True),
+    ),
+    # the environment's own action, unchanged
+    "panda-omron": (FlatSlot("action", tuple(range(ACTION_DIM)), tuple(range(ACTION_DIM))),),
+}
+
+LayoutLike = Union[str, Sequence[Union[FlatSlot, Mapping[str, Any]]]]
+
+
+def resolve_layout(layout: LayoutLike) -> Tuple[FlatSlot, ...]:
+    """A layout by name, or from slots (dicts with name, columns, targets, binary; or their JSON).
+
+    Raises:
+        UnknownNameError: an unknown layout name.
+        ValueError: the slots do not fill each of the 12 action indices exactly once.
+    """
+    if isinstance(layout, str) and not layout.lstrip().startswith("["):
+        if layout not in ACTION_LAYOUTS:
+            raise UnknownNameError("action layout", layout, sorted(ACTION_LAYOUTS))
+        return ACTION_LAYOUTS[layout]
+    if isinstance(layout, str):
+        layout = json.loads(layout)
+    slots = tuple(s if isinstance(s, FlatSlot) else FlatSlot(str(s["name"]), tuple(s["columns"]), tuple(s["targets"]),
+                                                             bool(s.get("binary", False))) for s in layout)
+    targets = sorted(t for s in slots for t in s.targets)
+    if targets != list(range(ACTION_DIM)) or any(len(s.columns) != len(s.targets) for s in slots):
+        raise ValueError(f"an action layout must map one column to each of the {ACTION_DIM} PandaOmron action "
+                         f"indices exactly once; got targets {targets}")
+    return slots
+
+
+def layout_name(slots: Sequence[FlatSlot]) -> Optional[str]:
+    """The name of a known layout with exactly these slots (None for a custom one)."""
+    return next((name for name, known in ACTION_LAYOUTS.items() if tuple(slots) == known), None)
+
+
+def flat_to_actions(chunk: Any, layout: Sequence[FlatSlot], n_action_steps: Optional[int] = None,
+                    source: str = "actions") -> np.ndarray:
+    """The (steps, 12) PandaOmron chunk of a flat (T, D) model action chunk.
+
+    Args:
+        chunk: (T, D) or one (D,) step.
+        n_action_steps: how many of the T steps to keep (None: all).
+        source: the reply key or model output, named in the errors.
+
+    Raises:
+        ActionFormatError: wrong shape, too few steps or non-finite values.
+    """
+    width = 1 + max(c for s in layout for c in s.columns)
+    value = np.asarray(chunk, dtype=np.float64)
+    if value.ndim == 1:
+        value = value[None]
+    if value.ndim != 2 or value.shape[1] != width or len(value) == 0:
+        raise ActionFormatError(
+            f"'{source}' has shape {tuple(np.shape(chunk))}, expected (T, {width}) for this action layout; "
+            "check the server's output transform (openpi's *Outputs slice the model's padded actions to the "
+            "dataset's action dimension) or choose another action_layout"
+        )
+    if not np.all(np.isfinite(value)):
+        raise ActionFormatError(f"'{source}' has non-finite values")
+    steps = len(value)
+    if n_action_steps is not None:
+        if n_action_steps > steps:
+            raise ActionFormatError(f"n_action_steps={n_action_steps} exceeds the chunk of {steps} steps in '{source}'")
+        steps = n_action_steps
+    actions = np.zeros((steps, ACTION_DIM))
+    for slot in layout:
+        part = value[:steps, list(slot.columns)]
+        actions[:, list(slot.targets)] = binarize(part) if slot.binary else part
+    return actions

@@ -1,0 +1,95 @@
+"""The study plan: which rollout keys a command runs, in what order, in which shard.
+
+Pure functions of their inputs (the run directory's ``plan.json`` belongs to
+:class:`~robocasa_shift.study.store.RunStore`: ``store.add_to_plan(keys)``,
+``store.planned_keys()``).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.errors import BadInput, UnknownNameError
+from robocasa_shift.seeding import PHASES
+from robocasa_shift.study.store import RunStore
+
+
+def parse_episodes(text: str) -> List[int]:
+    """``'0-19'`` -> 0..19; ``'0,3,5-7'`` -> [0, 3, 5, 6, 7].
+
+    Raises:
+        BadInput: a malformed or empty range.
+    """
+    out: List[int] = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise BadInput(f"episodes must look like '0-19' or '0,3,5-7', got {text!r}") from None
+        if first < 0 or last < first:
+            raise BadInput(f"bad episode range {part!r} in {text!r}")
+        out.extend(range(first, last + 1))
+    if not out:
+        raise BadInput(f"no episodes in {text!r}")
+    return sorted(set(out))
+
+
+def plan_keys(
+    tasks: Sequence[str],
+    episodes: Iterable[int],
+    conditions: Sequence[str],
+    phase: str = "formal",
+    replicates: Sequence[int] = (0,),
+) -> List[RolloutKey]:
+    """Keys in execution order: task, episode, replicate, then condition (clean first).
+
+    Raises:
+        UnknownNameError: ``phase`` is not a seed stream of the protocol.
+    """
+    if phase not in PHASES:
+        raise UnknownNameError("phase", phase, list(PHASES))
+    episodes = list(episodes)
+    return [
+        RolloutKey(phase, task, ep, cond, rep)
+        for task in tasks
+        for ep in episodes
+        for rep in replicates
+        for cond in conditions
+    ]
+
+
+def parse_shard(text: Optional[str]) -> Optional[Tuple[int, int]]:
+    """``'2/8'`` -> (2, 8): the third of eight slices (0-based index i of n); empty -> None (no sharding)."""
+    if not text:
+        return None
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise BadInput(f"--shard must look like i/n (e.g. 0/4), got {text!r}") from None
+    if not 0 <= i < n:
+        raise BadInput(f"--shard {text}: need 0 <= i < n")
+    return i, n
+
+
+def shard_keys(keys: Sequence[RolloutKey], shard: Optional[Tuple[int, int]]) -> List[RolloutKey]:
+    """A disjoint, deterministic slice: base episodes (all their conditions together) dealt round-robin."""
+    if shard is None:
+        return list(keys)
+    i, n = shard
+    groups = sorted({(k.phase, k.task, k.episode, k.replicate) for k in keys})
+    mine = {g for j, g in enumerate(groups) if j % n == i}
+    return [k for k in keys if (k.phase, k.task, k.episode, k.replicate) in mine]
+
+
+def pending_keys(store: RunStore, keys: Sequence[RolloutKey], retry_errors: bool = False) -> List[RolloutKey]:
+    """Keys without a record in ``store``; with ``retry_errors`` also keys whose record is invalid."""
+    done = store.recorded_keys()
+    return [k for k in keys if k not in done or (retry_errors and not done[k])]
+
+
+__all__ = ["parse_episodes", "parse_shard", "pending_keys", "plan_keys", "shard_keys"]

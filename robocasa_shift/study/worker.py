@@ -1,0 +1,194 @@
+"""The worker side of a study: one process's cache of live environments and policies.
+
+:class:`StudyCache` holds what a :class:`~robocasa_shift.config.StudyConfig`
+describes, made live: the verified protocol, the backend, one environment per
+lockstep slot (reused across rollouts of a task; switching tasks closes the
+previous task's) and one policy per slot. :class:`Worker` is a cache living in
+one executor process (or Ray actor); ``init_worker`` / ``run_in_worker`` are
+the process-pool plumbing around one process-global worker.
+
+Everything a worker is built from (a ``StudyConfig`` and a thread count) is
+plain, picklable data, so a spawned or remote worker builds exactly the study
+its caller described.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from typing import Any, Dict, List, Optional, Sequence
+
+from robocasa_shift import specs
+from robocasa_shift.backends import get_backend
+from robocasa_shift.config import StudyConfig
+from robocasa_shift.engine.records import Record, RolloutKey
+from robocasa_shift.engine.rollout import run_lockstep, run_rollout
+from robocasa_shift.policies import check_policy_options, make_policy
+
+THREAD_VARIABLES = ("LP_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def apply_threads(threads: int) -> None:
+    """Thread counts for the renderer (llvmpipe) and torch; must run before either starts."""
+    for name in THREAD_VARIABLES:
+        os.environ[name] = str(threads)
+    try:
+        import torch  # optional and heavy: only where it is installed
+    except ImportError:
+        return
+    torch.set_num_threads(threads)
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MiB.
+
+    ``VmHWM``, not ``ru_maxrss``: a spawned worker's ``ru_maxrss`` keeps its
+    parent's peak across ``exec``.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024.0, 1)
+    except OSError:
+        pass
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
+
+
+class StudyCache:
+    """A study made live in one process: protocol, backend, and the environments and policies it reuses.
+
+    Args:
+        study: what is studied (backend, policy and its options, render profile).
+    """
+
+    def __init__(self, study: StudyConfig = StudyConfig()):
+        self.config = study
+        self.protocol = specs.load_protocol(verify=True)
+        self.backend = get_backend(study.backend)
+        self.renderer_info: Optional[Dict[str, Any]] = None
+        self._renderer: Optional[str] = None
+        self._policies: List[Any] = []
+        self._envs: Dict[str, List[Any]] = {}
+
+    @property
+    def policy(self):
+        """The first policy instance (made on first use)."""
+        return self.policies(1)[0]
+
+    def policies(self, n: int) -> List[Any]:
+        """``n`` policy instances (lockstep rollouts need one each; each has its own generators)."""
+        while len(self._policies) < n:
+            self._policies.append(make_policy(self.config.policy, **self.config.policy_kwargs))
+        return self._policies[:n]
+
+    def check_names(self, tasks: Sequence[str], conditions: Sequence[str]) -> None:
+        """Check every name before anything runs.
+
+        Raises:
+            UnknownNameError: a task or condition that does not exist (the message lists the valid ones).
+            PolicyOptionError: an option the policy does not take.
+            BackendUnavailable: the backend's simulator or assets are missing.
+        """
+        check_policy_options(self.config.policy, self.config.policy_kwargs)
+        for task in tasks:
+            self.backend.task(task)
+        for cond in conditions:
+            specs.parse_condition(cond, self.protocol)
+        # a backend whose simulator or assets may be missing says so here, not in every rollout's record
+        self.backend.check_available()
+
+    def stage_spec(self, task: str) -> specs.StageSpec:
+        """The frozen stage spec of ``task`` on this backend."""
+        return specs.load_stage_spec(self.config.backend, task)
+
+    def env(self, task: str):
+        """The live environment of ``task``, reused across rollouts."""
+        return self.envs(task, 1)[0]
+
+    def envs(self, task: str, n: int) -> List[Any]:
+        """``n`` live environments of ``task``; switching tasks closes the previous task's."""
+        for other in [t for t in self._envs if t != task]:
+            for env in self._envs.pop(other):
+                env.close()
+        live = self._envs.setdefault(task, [])
+        while len(live) < n:
+            live.append(self.backend.make(task, render_profile=self.config.render_profile))
+        return live[:n]
+
+    def run_key(self, key: RolloutKey) -> Record:
+        """Run one key; return its record."""
+        return self.run_keys([key])[0]
+
+    def run_keys(self, keys: Sequence[RolloutKey]) -> List[Record]:
+        """Run keys of one task: alone, or in lockstep with one batched policy call per decision point."""
+        task = keys[0].task
+        envs, spec = self.envs(task, len(keys)), self.stage_spec(task)
+        backend = self.config.backend
+        if len(keys) == 1:
+            records = [run_rollout(envs[0], self.policy, keys[0], self.protocol, spec, backend)]
+        else:
+            records = run_lockstep(envs, self.policies(len(keys)), keys, self.protocol, spec, backend)
+        for record in records:
+            record.renderer = self._renderer_summary(envs[0])
+        return records
+
+    def _renderer_summary(self, env) -> str:
+        if self._renderer is None:
+            info = env.renderer_info()
+            self._renderer = f"{info.get('MUJOCO_GL')}/{info.get('gl_renderer')}/{info.get('render_profile')}"
+            self.renderer_info = info
+        return self._renderer
+
+    def close(self) -> None:
+        """Close every live environment and policy."""
+        for envs in self._envs.values():
+            for env in envs:
+                env.close()
+        self._envs.clear()
+        for policy in self._policies:
+            policy.close()
+        self._policies.clear()
+
+
+class Worker:
+    """A :class:`StudyCache` living in one executor process or Ray actor.
+
+    Args:
+        study: what is studied.
+        threads: renderer and torch threads of this process (set before either starts).
+    """
+
+    def __init__(self, study: StudyConfig, threads: int = 1):
+        apply_threads(threads)
+        self.parent = os.getppid()
+        self.cache = StudyCache(study)
+
+    def run(self, keys: Sequence[RolloutKey]) -> List[Dict[str, Any]]:
+        """Run one lockstep group (see ``executors.lockstep_groups``); one result per key."""
+        records = self.cache.run_keys(keys)
+        info, rss = self.cache.renderer_info, peak_rss_mb()
+        return [{"record": r.to_json(), "renderer_info": info, "pid": os.getpid(), "rss_mb": rss} for r in records]
+
+    def close(self) -> None:
+        """Close the worker's environments and policies."""
+        self.cache.close()
+
+
+_WORKER: Optional[Worker] = None
+
+
+def init_worker(study: StudyConfig, threads: int = 1) -> None:
+    """Process-pool initializer: build this process's worker."""
+    global _WORKER
+    _WORKER = Worker(study, threads)
+
+
+def run_in_worker(keys: Sequence[RolloutKey]) -> List[Dict[str, Any]]:
+    """Process-pool task: run ``keys`` on this process's worker (see :func:`init_worker`)."""
+    if os.getppid() != _WORKER.parent:  # the writer died: stop instead of computing for nobody
+        os._exit(0)
+    return _WORKER.run(keys)
+
+
+__all__ = ["StudyCache", "THREAD_VARIABLES", "Worker", "apply_threads", "init_worker", "peak_rss_mb", "run_in_worker"]

@@ -1,0 +1,155 @@
+"""The package's shape: no import cycles, documented contracts, layers that import without a simulator."""
+
+import ast
+import importlib
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from robocasa_shift import specs
+from robocasa_shift.backends.base import Cameras, Lights, MobileBase, check_hooks, missing_hooks
+from robocasa_shift.engine.perturbations import required_hooks
+from robocasa_shift.errors import BackendUnavailable
+
+PACKAGE = Path(__file__).resolve().parent.parent / "robocasa_shift"
+CONTRACT_MODULES = (
+    "robocasa_shift.backends.base",
+    "robocasa_shift.policies.base",
+    "robocasa_shift.errors",
+    "robocasa_shift.registry",
+    "robocasa_shift.engine.perturbations",
+)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph():
+    """Module -> the package's modules it imports anywhere in its body (function bodies included)."""
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = name.split(".") if is_package else name.split(".")[:-1]
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            else:
+                continue
+            edges |= {t for t in targets if t in modules and t != name and t != "robocasa_shift"}
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph):
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    sys.setrecursionlimit(10000)
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_package_has_no_import_cycle_even_through_imports_inside_functions():
+    graph = import_graph()
+    assert "robocasa_shift.engine.rollout" in graph and graph["robocasa_shift.engine.rollout"]
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function_body():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_every_public_function_and_class_of_the_contract_modules_has_a_docstring():
+    missing = []
+    for name in CONTRACT_MODULES:
+        module = importlib.import_module(name)
+        for attr, obj in vars(module).items():
+            if attr.startswith("_") or getattr(obj, "__module__", None) != name:
+                continue
+            if inspect.isclass(obj) or inspect.isfunction(obj):
+                if not inspect.getdoc(obj):
+                    missing.append(f"{name}.{attr}")
+                if inspect.isclass(obj):
+                    for meth, fn in vars(obj).items():  # an override may inherit its contract's docstring
+                        if not meth.startswith("_") and inspect.isfunction(fn) and not inspect.getdoc(getattr(obj, meth)):
+                            missing.append(f"{name}.{attr}.{meth}")
+    assert missing == []
+
+
+def test_measures_compare_export_and_the_report_page_import_without_a_simulator_or_torch():
+    code = (
+        "import sys\n"
+        "import robocasa_shift.analysis.measures, robocasa_shift.analysis.compare\n"
+        "import robocasa_shift.analysis.export, robocasa_shift.analysis.report, robocasa_shift.checks.audit\n"
+        "heavy = sorted(m for m in ('mujoco', 'robosuite', 'torch', 'matplotlib', 'cv2') if m in sys.modules)\n"
+        "print(heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+class NoLights:
+    """An environment with cameras and a base but no light hook."""
+
+    third_person_cameras = ("cam",)
+
+    def nominal_camera_quat(self, camera): ...
+    def camera_quat(self, camera): ...
+    def camera_vertical(self, camera): ...
+    def set_camera_quat(self, camera, quat): ...
+    def base_offset(self): ...
+    def set_base_offset(self, offset): ...
+    def base_offset_problem(self, offset): ...
+
+
+def test_every_factor_kind_of_the_protocol_declares_the_hooks_it_requires():
+    needs = required_hooks(specs.load_protocol())
+    assert needs == {"illumination": ("lights",), "camera": ("cameras",), "base": ("base",), "blur": ()}
+
+
+def test_an_environment_without_a_hook_a_factor_requires_is_refused_naming_factor_and_hook():
+    env = NoLights()
+    assert isinstance(env, Cameras) and isinstance(env, MobileBase) and not isinstance(env, Lights)
+    assert missing_hooks(env, ("lights", "cameras", "base")) == ["lights"]
+    with pytest.raises(BackendUnavailable, match="cannot run factor 'illumination'.*'lights' hook.*set_lights"):
+        check_hooks(env, required_hooks(specs.load_protocol()), "toy")
+    check_hooks(env, {"camera": ("cameras",), "base": ("base",), "blur": ()}, "toy")  # what it has is enough
