@@ -38,6 +38,8 @@ from robocasa_shift.backends import get_backend
 from robocasa_shift.config import DEFAULT_POLICY, StudyConfig
 from robocasa_shift.engine.records import RolloutKey
 from robocasa_shift.engine.rollout import prepare_episode, run_lockstep, run_rollout
+from robocasa_shift.policies.base import Observation, act_batch
+from robocasa_shift.policies.reference import ReferencePolicy
 from robocasa_shift.study.executors import as_record
 from robocasa_shift.study.worker import apply_threads, init_worker, run_in_worker
 
@@ -156,9 +158,6 @@ class BatchBench:
     """The reference policy for the 13 conditions of one base episode: one batched call vs 13 calls."""
 
     def __init__(self, env, conditions: Sequence[str]):
-        from robocasa_shift.policies.base import Observation
-        from robocasa_shift.policies.reference import ReferencePolicy
-
         env.reset(1)
         images = {c: env.render(c, 128) for c in list(env.third_person_cameras) + list(env.wrist_cameras)}
         roles = {c: ("wrist" if c in env.wrist_cameras else "third_person") for c in images}
@@ -186,8 +185,6 @@ class BatchBench:
 
     def batched(self, calls: int = 10) -> float:
         """Seconds for ``calls`` rounds of one batched call for all conditions."""
-        from robocasa_shift.policies.base import act_batch
-
         for i, p in enumerate(self.policies):
             p.reset(i)
         return _timed(lambda: [act_batch(self.policies, self.obs) for _ in range(calls)])

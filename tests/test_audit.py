@@ -14,10 +14,11 @@ CONDITIONS = ["clean", "camera:L1", "camera:L3", "base:L2", "blur:L1"]
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
-    from robocasa_shift.study.runner import Execution, run
+    from robocasa_shift.config import ExecutionConfig, StudyConfig
+    from robocasa_shift.study.runner import run
 
     run_dir = tmp_path_factory.mktemp("audit") / "run"
-    run(run_dir, ["Lift"], CONDITIONS, [0, 1], policy="expert", progress=False, execution=Execution(workers=1))
+    run(run_dir, ["Lift"], CONDITIONS, [0, 1], StudyConfig(policy="expert"), ExecutionConfig(workers=1, progress=False))
     return run_dir
 
 

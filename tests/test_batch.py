@@ -46,12 +46,13 @@ def _records(run_dir):
 @pytest.mark.sim
 @pytest.mark.slow
 def test_batched_run_writes_the_records_of_an_unbatched_run(tmp_path):
-    from robocasa_shift.study.runner import Execution, run
+    from robocasa_shift.config import ExecutionConfig, StudyConfig
+    from robocasa_shift.study.runner import run
 
     conditions = ["clean", "blur:L2", "illumination:L1"]
     for batch in (1, 3):
-        run(tmp_path / f"b{batch}", ["Lift"], conditions, [0], policy="reference", progress=False,
-            execution=Execution(workers=1, batch=batch))
+        run(tmp_path / f"b{batch}", ["Lift"], conditions, [0], StudyConfig(policy="reference"),
+            ExecutionConfig(workers=1, batch=batch, progress=False))
     one, three = _records(tmp_path / "b1"), _records(tmp_path / "b3")
     assert len(one) == 3 and one == three
     assert all(r["valid"] and r["policy_calls"] > 0 for r in one.values())

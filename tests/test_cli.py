@@ -36,13 +36,18 @@ def test_tasks_json():
         (["run", "--task", "Lfit", "--run-dir", "X"], "unknown task 'Lfit' (did you mean 'Lift'?); known: Lift, Stack"),
         (["run", "--task", "Lift", "--condition", "blur:L9", "--run-dir", "X"], "unknown condition 'blur:L9'"),
         (["run", "--task", "Lift", "--policy", "gpt", "--run-dir", "X"], "unknown policy 'gpt'; known: expert"),
-        (["run", "--task", "Lift", "--backend", "isaac", "--run-dir", "X"], "unknown backend 'isaac'; known: robocasa, robosuite"),
+        (["run", "--task", "Lift", "--backend", "isaac", "--run-dir", "X"], "unknown backend 'isaac'; known: "),
         (["run", "--task", "Lift", "--episodes", "5-2", "--run-dir", "X"], "bad episode range"),
         (["tasks", "--backend", "isaac"], "unknown backend 'isaac'"),
         (["run", "--task", "Lift", "--policy-option", "bogus=1", "--run-dir", "X"],
          "policy 'reference' takes no option 'bogus'; its options: weights_dir, blind"),
         (["run", "--task", "Lift", "--policy-option", "gain", "--run-dir", "X"], "expected KEY=VALUE, got 'gain'"),
         (["run", "--task", "Lift", "--batch", "0", "--run-dir", "X"], "must be at least 1"),
+        (["run", "--task", "Lift", "--workers", "0", "--run-dir", "X"], "'--workers': must be at least 1, got 0"),
+        (["run", "--task", "Lift", "--threads", "-1", "--run-dir", "X"], "'--threads': must be at least 1, got -1"),
+        (["formal", "--task", "Lift", "--workers", "0", "--run-dir", "X"], "'--workers': must be at least 1"),
+        (["screen", "--batch", "0", "--run-dir", "X"], "'--batch': must be at least 1"),
+        (["run", "--task", "Lift", "--shard", "3/2", "--run-dir", "X"], "need 0 <= i < n"),
     ],
 )
 def test_bad_names_exit_2_with_the_valid_ones(tmp_path, args, message):
@@ -96,12 +101,63 @@ def test_tampered_spec_refuses_to_run(tmp_path, spec_copy):
 
 
 def test_policy_options_are_typed_yaml_and_reach_the_manifest(tmp_path):
-    from robocasa_shift.cli import _policy_options
-    from robocasa_shift.study.runner import Study
+    from robocasa_shift.cli.common import parse_policy_options
+    from robocasa_shift.config import StudyConfig
+    from robocasa_shift.study.runner import study_manifest
+    from robocasa_shift.study.worker import StudyCache
 
-    options = _policy_options(["gain=6.5", "blind=true", "weights_dir=some/dir/", "chunk=8"])
+    options = parse_policy_options(["gain=6.5", "blind=true", "weights_dir=some/dir/", "chunk=8"])
     assert options == {"gain": 6.5, "blind": True, "weights_dir": "some/dir/", "chunk": 8}
-    study = Study("robosuite", "reference", policy_options={"gain": 6.5, "chunk": 8})
-    manifest = study.manifest(["Lift"])
+    study = StudyConfig("robosuite", "reference", policy_options={"gain": 6.5, "chunk": 8})
+    assert study.policy_options == (("gain", 6.5), ("chunk", 8)) and study.policy_kwargs == {"gain": 6.5, "chunk": 8}
+    manifest = study_manifest(StudyCache(study), ["Lift"])
     assert manifest["policy_options"] == {"gain": 6.5, "chunk": 8}
     assert manifest["policy"]["gain"] == 6.5 and manifest["policy"]["chunk"] == 8
+
+
+def test_workers_below_one_exits_2_before_the_run_directory_exists(tmp_path):
+    from click.testing import CliRunner
+
+    from robocasa_shift.cli import main
+
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(main, ["run", "--task", "Lift", "--workers", "0", "--run-dir", str(run_dir)])
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--workers': must be at least 1, got 0" in result.stderr
+    assert not run_dir.exists()
+
+
+def test_the_default_policy_is_reference_in_the_cli_and_the_api():
+    import inspect
+
+    from click.testing import CliRunner
+
+    from robocasa_shift.cli import main
+    from robocasa_shift.config import DEFAULT_POLICY, StudyConfig
+    from robocasa_shift.study.pipeline import screen
+
+    assert DEFAULT_POLICY == "reference" and StudyConfig().policy == "reference"
+    assert inspect.signature(screen).parameters["study"].default.policy == "reference"
+    for command in ("run", "formal", "screen", "validate-pairing", "bench"):
+        assert "[default: reference]" in " ".join(CliRunner().invoke(main, [command, "--help"]).output.split())
+
+
+def test_execution_and_study_configs_validate_on_construction_and_pickle():
+    import pickle
+
+    from robocasa_shift.config import ExecutionConfig, StudyConfig, field_help
+    from robocasa_shift.errors import BadInput
+
+    for bad in ({"workers": 0}, {"threads": 0}, {"batch": 0}, {"batch": None}, {"workers": 1.5}, {"workers": True}):
+        with pytest.raises(BadInput, match="ExecutionConfig"):
+            ExecutionConfig(**bad)
+    with pytest.raises(BadInput, match="StudyConfig.policy must be a non-empty name"):
+        StudyConfig(policy="")
+    execution = ExecutionConfig(workers=2, batch=3, progress=False).resolved()
+    assert execution.workers == 2 and execution.threads >= 1 and execution.batch == 3
+    assert execution.record() == {"executor": "local", "workers": 2, "address": None,
+                                  "threads": execution.threads, "batch": 3}
+    study = StudyConfig(policy="expert", policy_options={"gain": 2})
+    assert pickle.loads(pickle.dumps(study)) == study and pickle.loads(pickle.dumps(execution)) == execution
+    assert hash(study) == hash(StudyConfig(policy="expert", policy_options=(("gain", 2),)))
+    assert field_help(ExecutionConfig, "workers").startswith("Parallel workers")

@@ -17,24 +17,14 @@ import torch
 import zmq
 from helpers import paired_lift_rollouts
 
+from robocasa_shift.errors import ActionFormatError, PolicyServerError, PolicyServerTimeout
 from robocasa_shift.policies.base import Observation
-from robocasa_shift.policies.gr00t import (
-    LANGUAGE_KEY,
-    UNSEEDED,
-    ActionFormatError,
-    Gr00tClient,
-    Gr00tLauncher,
-    Gr00tPolicy,
-    PolicyServerError,
-    PolicyServerTimeout,
-    content_hash,
-    gr00t_to_actions,
-    observation_to_gr00t,
-    packb,
-    torch_packb,
-    torch_unpackb,
-    unpackb,
-)
+from robocasa_shift.policies.gr00t.client import Gr00tClient
+from robocasa_shift.policies.gr00t.launcher import Gr00tLauncher
+from robocasa_shift.policies.gr00t.mapping import LANGUAGE_KEY, gr00t_to_actions, observation_to_gr00t
+from robocasa_shift.policies.gr00t.policy import Gr00tPolicy
+from robocasa_shift.policies.gr00t.protocol import packb, torch_packb, torch_unpackb, unpackb
+from robocasa_shift.policies.remote import UNSEEDED, content_hash
 from robocasa_shift.seeding import rng_state_hash
 
 HOST = "127.0.0.1"
@@ -66,7 +56,7 @@ class StandInModel:
         instruction = obs[LANGUAGE_KEY][0]
         if instruction == "explode":
             raise RuntimeError("stand-in model failure")
-        eef = obs["state.end_effector_position_relative"][0]
+        assert obs["state.end_effector_position_relative"].shape == (1, 3)  # the state reaches the model
         brightness = obs["video.robot0_agentview_left"].mean() / 255.0
         noise = torch.randn(CHUNK, 7).numpy()  # the global RNG, as N1.5's flow-matching head
         pos = np.clip(5.0 * np.array([0.0, 0.0, 0.05]) + [0.2 * brightness, 0.0, 0.0], -1, 1) + 0.1 * noise[:, :3]
@@ -112,7 +102,7 @@ def make_obs(instruction="lift the red cube", step=0):
         "robot0_eef_pos": np.zeros(3),
     }
     roles = {"robot0_robotview": "third_person", "robot0_eye_in_hand": "wrist"}
-    return Observation(images, roles, proprio, instruction, step)
+    return Observation(images, roles, proprio, instruction, step, task="Lift")
 
 
 def torch_fingerprint(seed):
@@ -197,7 +187,7 @@ def test_observation_mapping_feeds_gr00t_keys():
     assert len([k for k in payload if k.startswith("video.")]) == 3
     # RoboCasa's cameras map to themselves; the instruction can be overridden
     robocasa = Observation({"robot0_agentview_right": third}, {"robot0_agentview_right": "third_person"},
-                           obs.proprio, "x", 0)
+                           obs.proprio, "x", 0, task="OpenDrawer")
     payload = observation_to_gr00t(robocasa, instruction="open the drawer")
     assert [k for k in payload if k.startswith("video.")] == ["video.robot0_agentview_right"]
     assert payload[LANGUAGE_KEY] == ["open the drawer"]

@@ -82,7 +82,7 @@ def make_obs(seed=3, instruction="lift the red cube"):
         "robot0_gripper_qpos": np.array([0.02, -0.02]),
     }
     roles = {"robot0_robotview": "third_person", "robot0_eye_in_hand": "wrist"}
-    return Observation(images, roles, proprio, instruction, 0)
+    return Observation(images, roles, proprio, instruction, 0, task="Lift")
 
 
 def torch_fingerprint(seed):

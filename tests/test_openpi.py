@@ -25,20 +25,15 @@ import websockets  # noqa: E402
 import websockets.asyncio.server  # noqa: E402
 from openpi_client import msgpack_numpy  # noqa: E402
 
+from robocasa_shift.errors import ActionFormatError, PolicyServerError, PolicyServerTimeout  # noqa: E402
 from robocasa_shift.policies.base import Observation  # noqa: E402
 from robocasa_shift.policies.openpi import (  # noqa: E402
-    ACTION_LAYOUTS,
     RESET_MESSAGE_KEY,
     SEEDED_RESET_KEY,
-    UNSEEDED,
-    ActionFormatError,
     OpenpiPolicy,
-    PolicyServerError,
-    PolicyServerTimeout,
-    flat_to_actions,
     observation_to_openpi,
-    resolve_layout,
 )
+from robocasa_shift.policies.remote import ACTION_LAYOUTS, UNSEEDED, flat_to_actions, resolve_layout  # noqa: E402
 from robocasa_shift.seeding import rng_state_hash  # noqa: E402
 
 HOST = "127.0.0.1"
@@ -157,7 +152,7 @@ def make_obs(instruction="lift the red cube", step=0, size=8):
         "robot0_eef_pos": np.zeros(3),
     }
     roles = {"robot0_robotview": "third_person", "robot0_eye_in_hand": "wrist"}
-    return Observation(images, roles, proprio, instruction, step)
+    return Observation(images, roles, proprio, instruction, step, task="Lift")
 
 
 def free_port():
@@ -206,7 +201,7 @@ def test_observation_mapping_uses_libero_style_keys_and_robocasa_state_order():
     third = obs.images["robot0_robotview"]
     robocasa = Observation({"robot0_agentview_left": third, "robot0_agentview_right": third},
                            {"robot0_agentview_left": "third_person", "robot0_agentview_right": "third_person"},
-                           obs.proprio, "x", 0)
+                           obs.proprio, "x", 0, task="OpenDrawer")
     assert sorted(k for k in observation_to_openpi(robocasa) if k.endswith("image") or "agentview" in k) == [
         "observation/image", "observation/robot0_agentview_right"]
     custom = observation_to_openpi(obs, {"robot0_robotview": ("base_0_rgb",), "robot0_eye_in_hand": ("wrist",)},

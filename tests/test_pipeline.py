@@ -43,7 +43,7 @@ def test_embedded_pool_file():
 
 
 def test_shards_are_disjoint_deterministic_and_cover_the_plan():
-    from robocasa_shift.study.runner import plan_keys, shard_keys
+    from robocasa_shift.study.plan import plan_keys, shard_keys
 
     keys = plan_keys(["Lift", "Stack"], range(5), ["clean", "blur:L1", "camera:L2"])
     shards = [shard_keys(keys, (i, 3)) for i in range(3)]

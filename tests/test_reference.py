@@ -35,6 +35,17 @@ def test_rng_fingerprint_is_read_back_from_the_seeded_generator():
     assert policy.rng_fingerprint() != expected
 
 
+def test_the_task_comes_from_the_observation_and_an_unknown_one_names_the_trained_tasks():
+    from robocasa_shift.policies.base import Observation
+
+    policy = make_policy("reference")
+    # the instruction of Lift does not make it Lift: only obs.task names the task
+    obs = Observation({}, {}, {}, "lift the red cube", 0, task="OpenDrawer")
+    with pytest.raises(ValueError, match="no networks for task 'OpenDrawer'; it has networks for: "
+                                         "Lift, NutAssemblySquare, PickPlaceCan, Stack"):
+        policy.act(obs)
+
+
 @pytest.fixture(scope="module")
 def lift_obs():
     from robocasa_shift.backends import get_backend
@@ -44,7 +55,7 @@ def lift_obs():
     env.reset(5)
     images = {c: env.render(c, 128) for c in ("robot0_robotview", "robot0_eye_in_hand")}
     obs = Observation(images, {"robot0_robotview": "third_person", "robot0_eye_in_hand": "wrist"}, env.proprio(),
-                      env.task.instruction, 0)
+                      env.task.instruction, 0, task="Lift")
     env.close()
     return obs
 

@@ -39,13 +39,14 @@ class FinickyPolicy(ExpertPolicy):
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory):
     from robocasa_shift.analysis.report import build_report
-    from robocasa_shift.study.runner import Execution, run
+    from robocasa_shift.config import ExecutionConfig, StudyConfig
+    from robocasa_shift.study.runner import run
 
     if "finicky" not in POLICIES:
         POLICIES.register("finicky", FinickyPolicy)
     run_dir = tmp_path_factory.mktemp("report") / "run"
-    run(run_dir, ["Lift", "Stack"], ["clean", "illumination:L2", "blur:L3"], [0], policy="finicky", progress=False,
-        execution=Execution(workers=1))
+    run(run_dir, ["Lift", "Stack"], ["clean", "illumination:L2", "blur:L3"], [0], StudyConfig(policy="finicky"),
+        ExecutionConfig(workers=1, progress=False))
     page = build_report(run_dir, videos_per_kind=1, n_boot=500)
     return run_dir, page
 

@@ -289,12 +289,14 @@ class CrashPolicy:
 
 
 def test_a_crashing_rollout_becomes_an_invalid_record_and_the_run_goes_on(tmp_path):
-    from robocasa_shift.study.runner import Execution, run
+    from robocasa_shift.config import ExecutionConfig, StudyConfig
+    from robocasa_shift.study.runner import run
     from robocasa_shift.study.store import RunStore
 
     if "crash-at-5" not in POLICIES:
         POLICIES.register("crash-at-5", CrashPolicy)
-    summary = run(tmp_path / "run", ["Lift"], ["clean", "blur:L1"], [0], policy="crash-at-5", progress=False, execution=Execution(workers=1))
+    summary = run(tmp_path / "run", ["Lift"], ["clean", "blur:L1"], [0], StudyConfig(policy="crash-at-5"),
+                  ExecutionConfig(workers=1, progress=False))
     assert summary == {"planned": 2, "ran": 2, "skipped": 0, "failures": 0, "invalid": 2}
     records = RunStore(tmp_path / "run").records()
     assert len(records) == 2
@@ -304,15 +306,17 @@ def test_a_crashing_rollout_becomes_an_invalid_record_and_the_run_goes_on(tmp_pa
 
 
 def test_resume_skips_recorded_keys_and_keeps_them(tmp_path):
-    from robocasa_shift.study.runner import Execution, run
+    from robocasa_shift.config import ExecutionConfig, StudyConfig
+    from robocasa_shift.study.runner import run
     from robocasa_shift.study.store import RunStore
 
     run_dir = tmp_path / "run"
-    first = run(run_dir, ["Lift"], ["clean"], [0, 1], policy="expert", progress=False, execution=Execution(workers=1))
+    serial = ExecutionConfig(workers=1, progress=False)
+    first = run(run_dir, ["Lift"], ["clean"], [0, 1], StudyConfig(policy="expert"), serial)
     assert first["ran"] == 2
     store = RunStore(run_dir)
     before = {p: p.read_bytes() for p in store.record_files()}
-    second = run(run_dir, ["Lift"], ["clean"], [0, 1, 2], policy="expert", progress=False, execution=Execution(workers=1))
+    second = run(run_dir, ["Lift"], ["clean"], [0, 1, 2], StudyConfig(policy="expert"), serial)
     assert second == {"planned": 3, "ran": 1, "skipped": 2, "failures": 0, "invalid": 0}
     after = {p: p.read_bytes() for p in store.record_files()}
     assert len(after) == 3 and all(after[p] == b for p, b in before.items())

@@ -32,8 +32,9 @@ Action (3,): planar gripper velocity in the base frame (each in [-1, 1], 1 =
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -70,10 +71,12 @@ TABLE_X_M, TABLE_Y_M = (0.0, 1.0), (-0.5, 0.5)
 CHECKER_M = 0.05
 ALBEDO = {"table_a": (0.58, 0.55, 0.50), "table_b": (0.46, 0.44, 0.40), "floor": (0.22, 0.22, 0.25),
           "target": (0.10, 0.75, 0.20), "object": (0.90, 0.08, 0.08), "gripper": (0.10, 0.20, 0.90)}
+SURFACES = tuple(ALBEDO)  # table_a, table_b (adjacent: the checker adds 0 or 1), floor, target, object, gripper
+PALETTE = np.array([ALBEDO[k] for k in SURFACES])
 TARGET_RADIUS_M, OBJECT_RADIUS_M = 0.045, 0.03
 GRIPPER_RING_M = {False: (0.012, 0.02), True: (0.005, 0.02)}  # (inner, outer) open / closed
 LIGHT_POS_M = np.array([[0.3, 0.6, 1.5], [0.8, -0.5, 1.2]])
-SHININESS = 24.0
+SHININESS = 24
 
 
 def _camera_quat(pitch_deg: float) -> np.ndarray:
@@ -253,50 +256,48 @@ class FakeEnv:
         if rays is None:
             rays = self._rays.setdefault((size, fovy), pixel_rays(size, fovy))
         pos, rot = self.camera_pose(camera)
-        d = rays @ rot.T  # world directions
-        down = d[..., 2] < -1e-9
-        s = np.where(down, -pos[2] / np.where(down, d[..., 2], -1.0), 0.0)
-        p = pos[:2] + s[..., None] * d[..., :2]  # hit points on the table plane
-        albedo = self._albedo(p, down)
-        # shading: scene point lights and the headlight (a light at the camera), ambient + diffuse + specular
+        dx, dy, dz = (rays @ rot.T).transpose(2, 0, 1)  # world ray directions, one (size, size) array each
+        down = dz < -1e-9
+        s = -pos[2] / np.where(down, dz, -1.0)
+        x, y = pos[0] + s * dx, pos[1] + s * dy  # hit points on the table plane (z = 0, normal +z)
+        albedo = PALETTE[self._surface(x, y, down)]
+        # shading: the scene's point lights and the headlight (a light at the camera): ambient + diffuse +
+        # Blinn-Phong specular; per pixel, l and v are the unit vectors to the light and to the camera
         m = self.model
-        hit = np.concatenate([p, np.zeros(p.shape[:-1] + (1,))], axis=-1)
-        view = pos - hit
-        view /= np.linalg.norm(view, axis=-1, keepdims=True)
-        light = np.zeros(p.shape[:-1] + (3,)) + m["headlight_ambient"] + m["light_ambient"].sum(axis=0)
-        specular = np.zeros_like(light)
-        sources = [(LIGHT_POS_M[i], m["light_diffuse"][i], m["light_specular"][i]) for i in range(len(LIGHT_POS_M))]
-        sources.append((pos, m["headlight_diffuse"], m["headlight_specular"]))
-        for lpos, diffuse, spec in sources:
-            to_light = lpos - hit
-            to_light /= np.linalg.norm(to_light, axis=-1, keepdims=True)
-            cos = np.clip(to_light[..., 2], 0.0, 1.0)  # the table's normal is +z
-            half = to_light + view
-            half /= np.linalg.norm(half, axis=-1, keepdims=True)
-            light += cos[..., None] * diffuse
-            specular += (np.clip(half[..., 2], 0.0, 1.0) ** SHININESS)[..., None] * spec
-        image = albedo * light + specular
+        vx, vy, vz = pos[0] - x, pos[1] - y, np.full_like(x, pos[2])
+        vn = np.sqrt(vx * vx + vy * vy + vz * vz)
+        positions = [*LIGHT_POS_M, pos]
+        diffuse = np.vstack([m["light_diffuse"], m["headlight_diffuse"]])  # (lights, RGB)
+        specular = np.vstack([m["light_specular"], m["headlight_specular"]])
+        cos_l, highlight = [], []
+        for lpos in positions:
+            lx, ly, lz = lpos[0] - x, lpos[1] - y, lpos[2]
+            ln = np.sqrt(lx * lx + ly * ly + lz * lz)
+            cos_lv = (lx * vx + ly * vy + lz * vz) / (ln * vn)
+            cos_h = (lz / ln + vz / vn) / np.sqrt(np.maximum(2.0 + 2.0 * cos_lv, 1e-12))  # normal . half vector
+            cos_l.append(lz / ln)
+            highlight.append(np.clip(cos_h, 0.0, 1.0) ** SHININESS)
+        ambient = m["headlight_ambient"] + m["light_ambient"].sum(axis=0)
+        image = albedo * (ambient + np.tensordot(np.array(cos_l), diffuse, axes=(0, 0))) + np.tensordot(
+            np.array(highlight), specular, axes=(0, 0))
         image[~down] = 0.0  # above the horizon: black
         return np.clip(image * 255.0 + 0.5, 0, 255).astype(np.uint8)
 
-    def _albedo(self, p: np.ndarray, on_plane: np.ndarray) -> np.ndarray:
-        x, y = p[..., 0], p[..., 1]
+    def _surface(self, x: np.ndarray, y: np.ndarray, on_plane: np.ndarray) -> np.ndarray:
+        """Index into PALETTE of what each pixel's ray hits."""
         table = (x >= TABLE_X_M[0]) & (x <= TABLE_X_M[1]) & (y >= TABLE_Y_M[0]) & (y <= TABLE_Y_M[1]) & on_plane
-        checker = (np.floor(x / CHECKER_M) + np.floor(y / CHECKER_M)) % 2 == 0
-        out = np.empty(p.shape[:-1] + (3,))
-        out[...] = ALBEDO["floor"]
-        out[table & checker] = ALBEDO["table_a"]
-        out[table & ~checker] = ALBEDO["table_b"]
+        checker = ((np.floor(x / CHECKER_M) + np.floor(y / CHECKER_M)) % 2).astype(np.intp)
+        out = np.where(table, SURFACES.index("table_a") + checker, SURFACES.index("floor"))
 
         def dist(c):
             return np.hypot(x - c[0], y - c[1])
 
         if self.spec.name == "PickPlace":
-            out[dist(self.x[TARGET]) < TARGET_RADIUS_M] = ALBEDO["target"]
-        out[dist(self.x[OBJECT]) < OBJECT_RADIUS_M] = ALBEDO["object"]
+            out[dist(self.x[TARGET]) < TARGET_RADIUS_M] = SURFACES.index("target")
+        out[dist(self.x[OBJECT]) < OBJECT_RADIUS_M] = SURFACES.index("object")
         inner, outer = GRIPPER_RING_M[bool(self.x[CLOSED])]
         r = dist(self.eef_world())
-        out[(r >= inner) & (r < outer)] = ALBEDO["gripper"]
+        out[(r >= inner) & (r < outer)] = SURFACES.index("gripper")
         return out
 
     def proprio(self) -> Dict[str, np.ndarray]:
@@ -503,9 +504,16 @@ class FakePolicy(NumpySeededPolicy):
     image_size = 64
     chunk = 2  # actions per decision, executed open loop
 
-    def __init__(self, action_noise: float = 0.15):
+    def __init__(self, action_noise: float = 0.15, act_delay_s: float = 0.0):
+        """
+        Args:
+            action_noise: standard deviation of the seeded noise added to each action component.
+            act_delay_s: wall time each decision takes, to emulate a slow model (tests that kill
+                a run half-way need rollouts that last); it changes no record.
+        """
         super().__init__()
         self.action_noise = float(action_noise)
+        self.act_delay_s = float(act_delay_s)
         self._memory: Dict[str, np.ndarray] = {}
 
     def reset(self, seed: int) -> None:
@@ -520,10 +528,15 @@ class FakePolicy(NumpySeededPolicy):
         return self._memory.get(name)
 
     def act(self, obs: Observation) -> np.ndarray:
+        if self.act_delay_s > 0:
+            time.sleep(self.act_delay_s)
         eef = obs.proprio["eef_pos"]
         grasping = bool(obs.proprio["grasping"][0])
         obj = self._locate(obs, "object", 0)
-        target = self._locate(obs, "target", 1) if obs.instruction.startswith("put") else None
+        target = None
+        if obs.instruction.startswith("put"):
+            # the carried object hides part of the target: keep the estimate made before the grasp
+            target = self._memory.get("target") if grasping else self._locate(obs, "target", 1)
         grip = OPEN
         if obj is None:
             goal = eef + self.rng.uniform(-0.08, 0.08, 2)  # nothing seen: look around
@@ -536,12 +549,15 @@ class FakePolicy(NumpySeededPolicy):
             goal = target
             grip = OPEN if np.linalg.norm(target - eef) < 0.012 else CLOSE
         chunk = np.zeros((self.chunk, ACTION_DIM))
-        chunk[:, :2] = _velocity(goal - eef) + self.rng.normal(0.0, self.action_noise, (self.chunk, 2))
-        chunk[:, 2] = grip
-        return np.clip(chunk, -1.0, 1.0)
+        planned = np.array(eef, dtype=float)
+        for a in chunk:  # each action moves toward the goal from where the previous one should have ended
+            a[:2] = np.clip(_velocity(goal - planned) + self.rng.normal(0.0, self.action_noise, 2), -1.0, 1.0)
+            a[2] = grip
+            planned = planned + MAX_STEP_M * _velocity(goal - planned)
+        return chunk
 
     def identity(self) -> Dict[str, Any]:
-        return {"name": self.name, "action_noise": self.action_noise, "testing": True}
+        return {"name": self.name, "action_noise": self.action_noise, "act_delay_s": self.act_delay_s, "testing": True}
 
 
 class FakeExpertPolicy(Policy):

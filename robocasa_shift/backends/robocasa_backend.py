@@ -59,6 +59,8 @@ import numpy as np
 
 from robocasa_shift.backends.base import TaskInfo, TaskTable
 from robocasa_shift.backends.mujoco_env import BASE_JOINTS, RENDER_PROFILES, MujocoEnv, check_render_profile
+from robocasa_shift.embodiments.panda_omron import ACTION_DIM, MODE
+from robocasa_shift.embodiments.panda_omron import PART_RANGES as HARNESS_ACTION_LAYOUT
 from robocasa_shift.engine.stages import predicate
 from robocasa_shift.errors import BackendUnavailable
 
@@ -71,9 +73,7 @@ THIRD_PERSON_CAMERAS = ("robot0_agentview_left", "robot0_agentview_right")
 WRIST_CAMERAS = ("robot0_eye_in_hand",)
 # Seed of the construction (kitchens draw nothing until the first reset, which reseeds).
 MAKE_SEED = 0
-# The harness's 12-D PandaOmron action (robosuite's default part order); the base mode is last.
-HARNESS_ACTION_LAYOUT = {"right": (0, 6), "torso": (6, 7), "base": (7, 10), "right_gripper": (10, 11)}
-BASE_MODE_INDEX = 11
+
 # Asset folders (under robocasa.models.assets_root) every target kitchen task needs, with the
 # download_kitchen_assets --type that provides each.
 REQUIRED_ASSETS = {
@@ -337,7 +337,7 @@ def harness_to_env_action_index(split_indexes: Mapping[str, Tuple[int, int]], ac
         if end - start != h_end - h_start:
             raise ValueError(f"controller part '{part}' has {end - start} dims, the harness's action {h_end - h_start}")
         ix[start:end] = np.arange(h_start, h_end)
-    ix[action_dim - 1] = BASE_MODE_INDEX  # HybridMobileBase reads the base mode from the last entry
+    ix[action_dim - 1] = MODE  # HybridMobileBase reads the base mode from the last entry
     if sorted(ix) != list(range(action_dim)):
         raise ValueError(f"controller layout {dict(split_indexes)} does not cover the {action_dim}-D action")
     return ix
@@ -404,7 +404,7 @@ class RobocasaEnv(MujocoEnv):
             raise BackendUnavailable(f"{task.name} overrides Kitchen.reward; this backend reads success from it")
         if RENDER_PROFILES[render_profile]["offsamples"] is not None:
             self.raw.set_xml_processor(_quality_processor(RENDER_PROFILES[render_profile]["offsamples"]))
-        self.action_dim = BASE_MODE_INDEX + 1
+        self.action_dim = ACTION_DIM
         self._context = None
         self._seed: Optional[int] = None
         self._success = False

@@ -15,12 +15,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter, defaultdict
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
 from robocasa_shift import seeding, specs
+from robocasa_shift.checks.results import CheckResult, write_result
 from robocasa_shift.engine.perturbations import READBACK_ATOL, BaseOffset, max_abs_difference
 from robocasa_shift.engine.records import RolloutKey
 from robocasa_shift.study.store import RunStore
@@ -69,8 +71,8 @@ def _expected_perturbation(rec: Dict[str, Any], protocol: specs.Protocol) -> Lis
     return problems
 
 
-def audit_run(run_dir: Path | str) -> Dict[str, Any]:
-    """Audit ``run_dir``; write ``audit.json`` and ``audit.md`` into it and return the report."""
+def audit_run(run_dir: Path | str) -> CheckResult:
+    """Audit ``run_dir``; write ``audit.json`` and ``audit.md`` into it and return the result."""
     store = RunStore(run_dir)
     manifest = store.manifest() or {}
     protocol = specs.load_protocol()
@@ -165,10 +167,10 @@ def audit_run(run_dir: Path | str) -> Dict[str, Any]:
         }
     report["passed"] = bool(report["tasks"]) and not report["run_problems"] and all(t["passed"] for t in report["tasks"].values())
     report["records_sha256"] = records_digest(run_dir)
-    out = Path(run_dir)
-    (out / "audit.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "audit.md").write_text(audit_markdown(report))
-    return report
+    result = CheckResult("audit", report.pop("passed"), report, "", "audit")
+    result = replace(result, markdown=audit_markdown(result))
+    write_result(result, run_dir)
+    return result
 
 
 def records_digest(run_dir: Path | str) -> str:
@@ -206,7 +208,8 @@ LABELS = {
 }
 
 
-def audit_markdown(report: Dict[str, Any]) -> str:
+def audit_markdown(report: Mapping[str, Any]) -> str:
+    """The audit as a Markdown table, then the failing rollouts of each check."""
     head = ["task", "expected", "valid", "distinct episodes"] + [LABELS[c] for c in ZERO_CHECKS] + ["passed"]
     lines = ["# Integrity audit", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for task, t in report["tasks"].items():

@@ -21,6 +21,7 @@ import numpy as np
 
 from robocasa_shift import specs
 from robocasa_shift.backends import get_backend
+from robocasa_shift.checks.results import CheckResult, write_result
 from robocasa_shift.engine.perturbations import factor_kind
 from robocasa_shift.engine.records import RolloutKey
 from robocasa_shift.engine.rollout import inject, prepare_episode
@@ -43,7 +44,7 @@ def calibrate(
     episodes: Sequence[int] = (0, 1, 2),
     phase: str = "formal",
     image_size: int = 128,
-) -> Dict[str, Any]:
+) -> CheckResult:
     protocol = specs.load_protocol()
     b = get_backend(backend)
     out = Path(run_dir) / "calibration"
@@ -109,9 +110,9 @@ def calibrate(
         "warnings": warnings,
         "passed": failed.empty,
     }
-    (out / "calibration.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "calibration.md").write_text(_markdown(table, report))
-    return report
+    result = CheckResult("calibration", report["passed"], report, _markdown(table, report), "calibration/calibration")
+    write_result(result, run_dir)
+    return result
 
 
 def _intended(condition: str, row: Dict[str, Any], pert) -> bool:

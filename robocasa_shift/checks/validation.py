@@ -6,7 +6,6 @@ Both write JSON and Markdown into ``<run dir>/validation/`` and report
 
 from __future__ import annotations
 
-import json
 import secrets
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -15,6 +14,7 @@ import numpy as np
 
 from robocasa_shift import specs
 from robocasa_shift.backends import get_backend
+from robocasa_shift.checks.results import CheckResult, write_result
 from robocasa_shift.engine.demos import demo_path, load_demo, record_demo
 from robocasa_shift.engine.records import RolloutKey
 from robocasa_shift.engine.rollout import Observer, prepare_episode, run_rollout
@@ -24,11 +24,10 @@ from robocasa_shift.policies import make_policy
 PHASE = "validation"
 
 
-def _write(run_dir: Path, name: str, result: Dict[str, Any], markdown: str) -> None:
-    out = Path(run_dir) / "validation"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    (out / f"{name}.md").write_text(markdown)
+def _finish(run_dir: Path | str, check: str, name: str, report: Dict[str, Any], markdown: str) -> CheckResult:
+    result = CheckResult(check, bool(report["passed"]), report, markdown, f"validation/{name}")
+    write_result(result, run_dir)
+    return result
 
 
 # --------------------------------------------------------------------------- stages
@@ -68,7 +67,7 @@ def validate_stages(
     n_demos: int = 5,
     max_attempts: int = 10,
     n_random: int = 5,
-) -> Dict[str, Any]:
+) -> CheckResult:
     """Replay ``n_demos`` successful expert demonstrations per task through the StageTracker, plus negative controls."""
     protocol = specs.load_protocol()
     b = get_backend(backend)
@@ -133,8 +132,7 @@ def validate_stages(
             "passed": all(checks.values()),
         }
     report["passed"] = all(t["passed"] for t in report["tasks"].values())
-    _write(Path(run_dir), "stages", report, stages_markdown(report))
-    return report
+    return _finish(run_dir, "stage validation", "stages", report, stages_markdown(report))
 
 
 def stages_markdown(report: Dict[str, Any]) -> str:
@@ -190,7 +188,7 @@ def validate_pairing(
     episodes: Sequence[int] = (0, 1),
     phase: str = "formal",
     steps: int = 120,
-) -> Dict[str, Any]:
+) -> CheckResult:
     """Paper Table II: environment-side and policy-side pairing of clean rollouts.
 
     (a) repeated resets of an episode (with other episodes and a perturbed rollout
@@ -257,8 +255,7 @@ def validate_pairing(
             "passed": all(checks.values()),
         }
     report["passed"] = all(t["passed"] for t in report["tasks"].values())
-    _write(Path(run_dir), "pairing", report, pairing_markdown(report))
-    return report
+    return _finish(run_dir, "pairing validation", "pairing", report, pairing_markdown(report))
 
 
 def pairing_markdown(report: Dict[str, Any]) -> str:

@@ -14,7 +14,7 @@ POLICIES.register("random", "robocasa_shift.policies.scripted:RandomPolicy")
 POLICIES.register("replay", "robocasa_shift.policies.replay:ReplayPolicy")
 POLICIES.register("reference", "robocasa_shift.policies.reference:ReferencePolicy")
 POLICIES.register("reference-blind", "robocasa_shift.policies.reference:BlindReferencePolicy")
-POLICIES.register("gr00t", "robocasa_shift.policies.gr00t:Gr00tPolicy")
+POLICIES.register("gr00t", "robocasa_shift.policies.gr00t.policy:Gr00tPolicy")
 POLICIES.register("openpi", "robocasa_shift.policies.openpi:OpenpiPolicy")
 POLICIES.register("lerobot", "robocasa_shift.policies.lerobot:LeRobotPolicy")
 # policies of the testing backend (backends/fake.py): image-driven, privileged, negative control

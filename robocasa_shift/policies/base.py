@@ -81,7 +81,7 @@ class Policy:
         return {"name": self.name}
 
     def close(self) -> None:
-        pass
+        """Release what the policy holds (a server connection, a process); the default holds nothing."""
 
 
 class NumpySeededPolicy(Policy):
@@ -115,9 +115,15 @@ class ChunkCursor:
     index: int = 0
 
     def empty(self) -> bool:
+        """True when every action of the chunk has been taken."""
         return self.index >= len(self.chunk)
 
     def load(self, chunk: np.ndarray) -> None:
+        """Start on a new chunk of shape (k, action_dim) (one action may come as (action_dim,)).
+
+        Raises:
+            ValueError: an empty chunk or one of another shape.
+        """
         chunk = np.asarray(chunk, dtype=np.float64)
         if chunk.ndim == 1:
             chunk = chunk[None]
@@ -126,6 +132,7 @@ class ChunkCursor:
         self.chunk, self.index = chunk, 0
 
     def next(self) -> np.ndarray:
+        """The chunk's next action."""
         action = self.chunk[self.index]
         self.index += 1
         return action

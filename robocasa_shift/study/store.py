@@ -46,6 +46,17 @@ def _condition_slug(condition: str) -> str:
     return condition.replace(":", "-")
 
 
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file and rename it over ``path``: readers see all of it or none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def atomic_write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

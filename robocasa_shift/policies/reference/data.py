@@ -10,7 +10,6 @@ frame (the frame the arm controller acts in).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -19,43 +18,13 @@ import numpy as np
 from robocasa_shift.embodiments.panda_omron import OPEN
 from robocasa_shift.geometry import quat_xyzw_to_mat
 from robocasa_shift.policies.base import Observation
+from robocasa_shift.policies.reference.perception import PERCEPTION, Perception, resize
 from robocasa_shift.policies.scripted import ExpertPolicy, arm_action
 from robocasa_shift.seeding import derive_seed
 
 # Seed of all training data; a stream of its own, unrelated to any study seed.
 TRAINING_SEED = 1_000_003
-NET_IMAGE_SIZE = 96  # networks read images resized to this (cv2.INTER_AREA)
 RENDER_SIZE = 128  # the policy's delivered image size
-
-
-@dataclass(frozen=True)
-class Perception:
-    """What the reference policy estimates for one task."""
-
-    third_points: Tuple[str, ...]  # regressed from robot0_robotview, base frame
-    wrist_points: Tuple[str, ...]  # regressed from robot0_eye_in_hand, relative to the gripper
-    frames: int  # training frames to generate
-    every: int = 3  # render every n control steps
-    noise: float = 0.25  # std of the expert's action noise while generating data
-    # The policy first looks from this height above a search point (PickPlaceCan: the source bin);
-    # the data-generating expert does the same, so the wrist network sees those views.
-    search_hover: Optional[float] = None
-    # Frames rendered along the policy's own clean rollouts after a first training round
-    # (one DAgger round): the wrist network then also knows the views its own mistakes lead to.
-    on_policy_frames: int = 0
-
-
-PERCEPTION: Dict[str, Perception] = {
-    "Lift": Perception(third_points=("cube",), wrist_points=("cube",), frames=5000, every=2),
-    "Stack": Perception(third_points=("cubeA", "cubeB"), wrist_points=("cubeA", "cubeB"), frames=6000,
-                        on_policy_frames=3000),
-    # robot0_robotview sits above the bins looking back at the robot: it never sees the can,
-    # so this task is solved from a learned prior (the mean can position) and the wrist camera.
-    "PickPlaceCan": Perception(third_points=(), wrist_points=("can", "bin"), frames=6000, search_hover=0.2),
-    # the handle's direction from the nut's centre gives the nut's yaw
-    "NutAssemblySquare": Perception(third_points=("nut", "nut_handle", "peg"), wrist_points=("nut", "nut_handle", "peg"),
-                                    frames=6000),
-}
 
 
 def base_frame(proprio: Dict[str, np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
@@ -70,14 +39,6 @@ def labels(privileged: Dict[str, np.ndarray], proprio: Dict[str, np.ndarray], pe
     wrist = [rot.T @ (privileged[f"{p}_pos"] - eef) for p in perception.wrist_points]
     prior = [rot.T @ (privileged[f"{p}_pos"] - origin) for p in perception.wrist_points]
     return (np.concatenate(third or [np.zeros(0)]), np.concatenate(wrist or [np.zeros(0)]), np.concatenate(prior))
-
-
-def resize(image: np.ndarray) -> np.ndarray:
-    import cv2
-
-    if image.shape[0] == NET_IMAGE_SIZE:
-        return image
-    return cv2.resize(image, (NET_IMAGE_SIZE, NET_IMAGE_SIZE), interpolation=cv2.INTER_AREA)
 
 
 class TrainingSet:

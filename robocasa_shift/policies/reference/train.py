@@ -17,11 +17,10 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from robocasa_shift.policies.reference.data import NET_IMAGE_SIZE, PERCEPTION, generate, generate_on_policy
+from robocasa_shift.policies.reference.data import generate, generate_on_policy
+from robocasa_shift.policies.reference.perception import MANIFEST, NET_IMAGE_SIZE, PERCEPTION, WEIGHTS_DIR
 from robocasa_shift.specs import canonical_hash
 
-WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
-MANIFEST = "manifest.json"
 MIN_LABEL_STD_M = 0.01  # a near-constant label (a resting cube's height) must not blow up the loss
 
 

@@ -1,0 +1,114 @@
+"""The protocol's checks: ``validate-stages``, ``validate-pairing``, ``calibrate``, ``audit``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Tuple
+
+import click
+
+from robocasa_shift.checks.audit import audit_run
+from robocasa_shift.checks.calibration import calibrate as run_calibration
+from robocasa_shift.checks.validation import validate_pairing, validate_stages
+from robocasa_shift.cli.common import (
+    BACKEND_OPTION,
+    RUN_DIR_OPTION,
+    TASK_OPTION,
+    config_option,
+    finish,
+    handle_errors,
+    tasks_of,
+)
+from robocasa_shift.config import StudyConfig
+from robocasa_shift.study.pipeline import formal_suite
+from robocasa_shift.study.plan import parse_episodes
+
+
+@click.command(name="validate-stages")
+@TASK_OPTION
+@BACKEND_OPTION
+@RUN_DIR_OPTION
+@click.option("--demos", "n_demos", default=5, show_default=True, help="Successful demonstrations per task.")
+@click.option("--random-rollouts", "n_random", default=5, show_default=True,
+              help="Negative-control rollouts of the random policy per task.")
+@handle_errors
+def validate_stages_command(task_opts: Tuple[str, ...], backend: str, run_dir: Path, n_demos: int,
+                            n_random: int) -> None:
+    """Replay expert demonstrations through the StageTracker; exit 1 on any miss.
+
+    Records the demonstrations (actions and bit-exact states) into RUN_DIR/demos/
+    if absent, replays their states, and checks that every milestone is reached,
+    in order, with no predicate error; negative controls: no milestone holds on
+    the initial states, and random rollouts never reach the last milestone.
+    Writes RUN_DIR/validation/stages.json and stages.md.
+    """
+    report = validate_stages(run_dir, tasks_of(backend, task_opts), backend, n_demos=n_demos, n_random=n_random)
+    finish(report, "stage validation", run_dir / "validation" / "stages.md")
+
+
+@click.command(name="validate-pairing")
+@TASK_OPTION
+@BACKEND_OPTION
+@RUN_DIR_OPTION
+@config_option(StudyConfig, "policy", show_default=True, help="Policy whose pairing is checked.")
+@click.option("--steps", default=120, show_default=True, help="Control steps of each compared rollout.")
+@handle_errors
+def validate_pairing_command(task_opts: Tuple[str, ...], backend: str, run_dir: Path, policy: str, steps: int) -> None:
+    """Check pairing (paper Table II); exit 1 when it does not hold.
+
+    Environment side: repeated resets of an episode give identical fingerprints.
+    Policy side: two clean rollouts with uncontrolled policy randomness act
+    differently (N/A for a deterministic policy); with the shared seed, identically.
+    Writes RUN_DIR/validation/pairing.json and pairing.md.
+    """
+    report = validate_pairing(run_dir, tasks_of(backend, task_opts), policy=policy, backend=backend, steps=steps)
+    finish(report, "pairing validation", run_dir / "validation" / "pairing.md")
+
+
+@click.command(name="calibrate")
+@TASK_OPTION
+@BACKEND_OPTION
+@RUN_DIR_OPTION
+@click.option("--episodes", default="0-2", show_default=True, help="Fixed base episodes (formal phase).")
+@handle_errors
+def calibrate_command(task_opts: Tuple[str, ...], backend: str, run_dir: Path, episodes: str) -> None:
+    """Model-free severity audit: 3 episodes x 13 conditions per task, no policy; exit 1 on a failed check.
+
+    --task suite takes the tasks that screening retained in RUN_DIR.
+
+    Writes RUN_DIR/calibration/ (records.csv, calibration.json, calibration.md and
+    a contact sheet per task: rows = conditions, columns = episodes and cameras).
+    """
+    tasks = tasks_of(backend, task_opts)
+    if "suite" in task_opts:  # the tasks screening retained in this run directory
+        tasks = formal_suite(run_dir) or []
+        if not tasks:
+            raise click.UsageError(f"--task suite: no tasks in {run_dir}/suite.json; run `screen` first")
+    report = run_calibration(run_dir, tasks, backend, parse_episodes(episodes))
+    for warning in report["warnings"]:
+        click.echo(f"warning: {warning}", err=True)
+    finish(report, "calibration", run_dir / "calibration" / "calibration.md")
+
+
+@click.command(name="audit")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@handle_errors
+def audit_command(run_dir: Path) -> None:
+    """Integrity audit (paper Table VII) of a run directory; exit 0 only when it passes.
+
+    Per task: expected and valid rollouts, distinct base episodes, and the counts
+    that must be zero (missing or duplicated records, fingerprint and policy-seed
+    mismatches, renderer errors, invalid perturbation records, runtime failures,
+    StageTracker errors, unexpected truncations); each failing check names its
+    rollouts. Writes RUN_DIR/audit.json and RUN_DIR/audit.md.
+    """
+    report = audit_run(run_dir)
+    for task, t in report["tasks"].items():
+        bad = {name: c["count"] for name, c in t["checks"].items() if c["count"]}
+        click.echo(f"  {task:<18} expected {t['expected_rollouts']:>4}  valid {t['valid_rollouts']:>4}  "
+                   f"{'ok' if t['passed'] else 'FAILED ' + json.dumps(bad)}")
+    finish(report, "audit", run_dir / "audit.md")
+
+
+COMMANDS = [validate_stages_command, validate_pairing_command, calibrate_command, audit_command]

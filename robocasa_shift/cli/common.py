@@ -1,0 +1,196 @@
+"""What the command modules share: error handling, option decorators built from the config fields, helpers.
+
+An option that sets a field of :class:`~robocasa_shift.config.StudyConfig` or
+:class:`~robocasa_shift.config.ExecutionConfig` takes its help and default from
+that field (:func:`config_option`), and a value the field refuses is a usage
+error (exit 2) raised while the command line is parsed, before anything starts.
+:func:`study_options` and :func:`execution_options` hand a command its options
+as one config object.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import MISSING
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import click
+import yaml
+
+from robocasa_shift.backends import get_backend
+from robocasa_shift.config import ExecutionConfig, StudyConfig, check_field, config_field
+from robocasa_shift.errors import BadInput, Error
+from robocasa_shift.study.plan import parse_shard
+
+
+def fail(message: str, code: int) -> None:
+    """Print ``error: message`` on stderr and exit with ``code``."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def handle_errors(fn: Callable) -> Callable:
+    """Turn the harness's errors (one tree, ``robocasa_shift.errors``) into messages and exit statuses."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Error as exc:
+            fail(str(exc), exc.exit_code)
+
+    return wrapper
+
+
+def split_names(values: Iterable[str], universe: Sequence[str]) -> List[str]:
+    """Repeated or comma-separated option values, first occurrence kept; 'all' means every valid name."""
+    out: List[str] = []
+    for value in values:
+        for item in value.split(","):
+            item = item.strip()
+            if item == "all":
+                out.extend(universe)
+            elif item:
+                out.append(item)
+    return list(dict.fromkeys(out))
+
+
+def tasks_of(backend: str, task_opts: Iterable[str]) -> List[str]:
+    """The tasks named by ``--task`` options ('all' = every task of ``backend``)."""
+    return split_names(task_opts, get_backend(backend).task_names())
+
+
+def finish(report: Dict[str, Any], what: str, path: Path) -> None:
+    """Say whether a check passed and where its report is; exit 1 when it did not pass."""
+    click.echo(f"{what}: {'PASSED' if report['passed'] else 'FAILED'} -> {path}")
+    if not report["passed"]:
+        sys.exit(1)
+
+
+def report_run(result: Dict[str, Any], run_dir: Path) -> None:
+    """One line on what a run did."""
+    click.echo(
+        f"{result['ran']} rollouts run, {result['skipped']} already recorded; "
+        f"{result['failures']} failed, {result['invalid']} invalid -> {run_dir}"
+    )
+
+
+def parse_policy_options(opts: Iterable[str]) -> Dict[str, Any]:
+    """``KEY=VALUE`` texts -> ``{KEY: value}``, each value read as YAML (``8`` is an int, ``true`` a bool).
+
+    Raises:
+        click.BadParameter: a text without ``=`` or without a key.
+    """
+    options: Dict[str, Any] = {}
+    for text in opts:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected KEY=VALUE, got {text!r}", param_hint="--policy-option")
+        options[key.strip()] = yaml.safe_load(value)
+    return options
+
+
+# --------------------------------------------------------------------------- options from config fields
+
+
+def checked(cls: type, name: str) -> Callable:
+    """A click callback refusing values that field ``name`` of ``cls`` refuses (a usage error, exit 2)."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        problem = check_field(cls, name, value)
+        if problem:
+            raise click.BadParameter(problem)
+        return value
+
+    return callback
+
+
+def config_option(cls: type, name: str, *flags: str, **kwargs: Any) -> Callable:
+    """A click option for field ``name`` of config class ``cls``, passed to the command as ``name``.
+
+    The option's help and default come from the field unless given; a field
+    with a check gets a callback that applies it while the command line is parsed.
+    ``flags`` default to ``--<name with dashes>``.
+    """
+    f = config_field(cls, name)
+    kwargs.setdefault("help", f.metadata["help"])
+    if "default" not in kwargs and f.default is not MISSING:
+        kwargs["default"] = f.default
+    if "callback" not in kwargs and "check" in f.metadata:
+        kwargs["callback"] = checked(cls, name)
+    return click.option(*(flags or ("--" + name.replace("_", "-"),)), name, **kwargs)
+
+
+def config_options(cls: type, dest: str, options: Sequence[Tuple[str, Callable]]) -> Callable:
+    """Add ``options`` (field name, option decorator) to a command; it receives them as one ``cls`` in ``dest``."""
+    names = [name for name, _ in options]
+
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            values = {name: kwargs.pop(name) for name in names}
+            try:
+                config = cls(**values)
+            except BadInput as exc:
+                raise click.UsageError(str(exc)) from None
+            return fn(*args, **{dest: config}, **kwargs)
+
+        for _, option in reversed(options):
+            wrapper = option(wrapper)
+        return wrapper
+
+    return decorate
+
+
+def study_options(policy_help: Optional[str] = None, render_profile: bool = False) -> Callable:
+    """--policy, --backend, --policy-option (and --render-profile): the command gets ``study: StudyConfig``."""
+
+    def policy_options(ctx: click.Context, param: click.Parameter, value: Tuple[str, ...]) -> Dict[str, Any]:
+        return parse_policy_options(value)
+
+    options = [
+        ("policy", config_option(StudyConfig, "policy", show_default=True,
+                                 **({"help": policy_help} if policy_help else {}))),
+        ("backend", config_option(StudyConfig, "backend", show_default=True)),
+    ]
+    if render_profile:
+        options.append(("render_profile", config_option(StudyConfig, "render_profile", show_default=True,
+                                                        type=click.Choice(["fast", "default"]))))
+    options.append(("policy_options", config_option(StudyConfig, "policy_options", "--policy-option", multiple=True,
+                                                    metavar="KEY=VALUE", callback=policy_options)))
+    return config_options(StudyConfig, "study", options)
+
+
+execution_options = config_options(ExecutionConfig, "execution", [
+    ("executor", config_option(ExecutionConfig, "executor", type=click.Choice(["local", "ray"]), show_default=True)),
+    ("workers", config_option(ExecutionConfig, "workers", type=int)),
+    ("address", config_option(ExecutionConfig, "address")),
+    ("threads", config_option(ExecutionConfig, "threads", type=int)),
+    ("batch", config_option(ExecutionConfig, "batch", type=int, show_default=True)),
+    ("progress", config_option(ExecutionConfig, "progress", "--progress/--no-progress")),
+])
+execution_options.__doc__ = ("--executor, --workers, --address, --threads, --batch, --progress: "
+                             "the command gets ``execution: ExecutionConfig``.")
+
+
+def _shard(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[Tuple[int, int]]:
+    try:
+        return parse_shard(value)
+    except BadInput as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+SHARD_OPTION = click.option("--shard", default=None, callback=_shard,
+                            help="Run only slice i of n (e.g. 0/4) into this run dir; see merge.")
+RETRY_OPTION = click.option("--retry-errors", is_flag=True, help="Re-run invalid records; the old ones go to history/.")
+TASK_OPTION = click.option("--task", "task_opts", multiple=True, default=("all",), show_default=True,
+                           help="Task name(s); comma list or 'all'.")
+BACKEND_OPTION = config_option(StudyConfig, "backend", show_default=True)
+RUN_DIR_OPTION = click.option("--run-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+                              help="Run directory the outputs go into.")
+
+__all__ = ["BACKEND_OPTION", "RETRY_OPTION", "RUN_DIR_OPTION", "SHARD_OPTION", "TASK_OPTION", "checked",
+           "config_option", "config_options", "execution_options", "fail", "finish", "handle_errors",
+           "parse_policy_options", "report_run", "split_names", "study_options", "tasks_of"]

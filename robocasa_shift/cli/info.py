@@ -1,0 +1,73 @@
+"""Commands that describe the frozen suite: ``conditions``, ``tasks``, ``policies``."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from robocasa_shift import specs
+from robocasa_shift.backends import get_backend
+from robocasa_shift.cli.common import BACKEND_OPTION, handle_errors
+from robocasa_shift.engine.perturbations import describe_conditions
+from robocasa_shift.policies import POLICIES
+
+
+@click.command(name="conditions")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@handle_errors
+def conditions_command(as_json: bool) -> None:
+    """List the 13 conditions with their frozen parameters and spec hash."""
+    protocol = specs.load_protocol(verify=True)
+    rows = describe_conditions(protocol)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {"spec_hash": protocol.spec_hash, "study_seed": protocol.study_seed, "conditions": rows}, indent=2
+            )
+        )
+        return
+    click.echo(f"spec hash {protocol.spec_hash}   study seed {protocol.study_seed}")
+    for row in rows:
+        params = ", ".join(f"{k}={v:g}" for k, v in row["params"].items())
+        extra = f"  draw: {row['draw']}" if row.get("draw", "none") != "none" else ""
+        click.echo(f"  {row['condition']:<18} {params}{extra}")
+
+
+@click.command(name="tasks")
+@BACKEND_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@handle_errors
+def tasks_command(backend: str, as_json: bool) -> None:
+    """List a backend's tasks with their official horizon and ordered subgoals."""
+    b = get_backend(backend)
+    rows = []
+    for name in b.task_names():
+        info = b.task(name)
+        spec = specs.load_stage_spec(backend, name)
+        rows.append(
+            {
+                "task": name,
+                "horizon": info.horizon,
+                "instruction": info.instruction,
+                "subgoals": [{"id": g.id, "description": g.description} for g in spec.subgoals],
+                "stage_spec_sha256": spec.content_hash,
+            }
+        )
+    if as_json:
+        click.echo(json.dumps({"backend": backend, "tasks": rows}, indent=2))
+        return
+    for row in rows:
+        click.echo(f"{row['task']}  (horizon {row['horizon']}): {row['instruction']}")
+        for i, goal in enumerate(row["subgoals"], 1):
+            click.echo(f"  g{i} {goal['id']}: {goal['description']}")
+
+
+@click.command(name="policies")
+@handle_errors
+def policies_command() -> None:
+    """List registered policies."""
+    click.echo("\n".join(POLICIES.names()))
+
+
+COMMANDS = [conditions_command, tasks_command, policies_command]

@@ -1,0 +1,151 @@
+"""Commands that run rollouts into a run directory: ``run``, ``screen``, ``formal``, ``merge``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Tuple
+
+import click
+
+from robocasa_shift import specs
+from robocasa_shift.cli.common import (
+    RETRY_OPTION,
+    RUN_DIR_OPTION,
+    SHARD_OPTION,
+    execution_options,
+    handle_errors,
+    report_run,
+    split_names,
+    study_options,
+    tasks_of,
+)
+from robocasa_shift.config import ExecutionConfig, StudyConfig
+from robocasa_shift.study.pipeline import estimate, formal_suite
+from robocasa_shift.study.pipeline import merge as merge_runs
+from robocasa_shift.study.pipeline import screen as run_screen
+from robocasa_shift.study.plan import parse_episodes, plan_keys, shard_keys
+from robocasa_shift.study.runner import run as run_study
+
+
+@click.command(name="run")
+@click.option("--task", "task_opts", multiple=True, required=True, help="Task name(s); comma list or 'all'.")
+@click.option("--condition", "condition_opts", multiple=True, default=("clean",), show_default=True,
+              help="Condition(s) such as clean or camera:L2; comma list or 'all'.")
+@click.option("--episodes", default="0-19", show_default=True, help="Base episodes, e.g. 0-19 or 0,3,5-7.")
+@click.option("--run-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Run directory; rerunning skips keys already recorded.")
+@click.option("--phase", type=click.Choice(["formal", "screening", "validation"]), default="formal",
+              show_default=True, help="Seed stream of the base episodes.")
+@click.option("--replicates", default="0", show_default=True,
+              help="Policy-seed replicates, e.g. 0-1 for a clean-vs-clean noise floor.")
+@study_options(render_profile=True)
+@execution_options
+@SHARD_OPTION
+@RETRY_OPTION
+@handle_errors
+def run_command(task_opts, condition_opts, episodes: str, run_dir: Path, phase: str, replicates: str,
+                study: StudyConfig, execution: ExecutionConfig, shard: Optional[Tuple[int, int]],
+                retry_errors: bool) -> None:
+    """Run rollouts of one or more tasks under one or more conditions.
+
+    \b
+    Example: 13 conditions x 5 base episodes of Lift with the scripted expert
+      robocasa-shift run --task Lift --condition all --episodes 0-4 --policy expert --run-dir runs/lift
+    """
+    protocol = specs.load_protocol(verify=True)
+    result = run_study(
+        run_dir,
+        tasks_of(study.backend, task_opts),
+        split_names(condition_opts, protocol.conditions),
+        parse_episodes(episodes),
+        study,
+        execution,
+        phase=phase,
+        replicates=parse_episodes(replicates),
+        retry_errors=retry_errors,
+        shard=shard,
+    )
+    report_run(result, run_dir)
+
+
+@click.command(name="screen")
+@RUN_DIR_OPTION
+@click.option("--pool", "pool_path", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Candidate-pool file [default: pools/<backend>.yaml].")
+@study_options(policy_help="Policy to screen.")
+@execution_options
+@SHARD_OPTION
+@RETRY_OPTION
+@handle_errors
+def screen_command(run_dir: Path, pool_path: Optional[Path], study: StudyConfig, execution: ExecutionConfig,
+                   shard: Optional[Tuple[int, int]], retry_errors: bool) -> None:
+    """Clean-competence screening (paper Table IV) from the frozen candidate pool.
+
+    \b
+    Each candidate: 10 clean rollouts from the screening seed stream; at most 3
+    successes excludes it; otherwise 20; retained iff >= 12/20. The pool's N+M
+    schedule activates the reserve candidates when too few qualify. Writes
+    RUN_DIR/screening/ (table) and RUN_DIR/suite.json (the formal suite).
+    """
+    if shard:
+        raise click.UsageError("screening decides as it goes: run it unsharded")
+    result = run_screen(run_dir, study, execution, pool_path)
+    for task, d in result["screening"].items():
+        click.echo(f"  {task:<18} {d['successes']:>2}/{d['rollouts']:<2} {d['decision']}")
+    click.echo(f"formal suite: {', '.join(result['suite']) or '(empty)'} -> {run_dir}/suite.json")
+    if result["note"]:
+        click.echo(f"note: {result['note']}")
+
+
+@click.command(name="formal")
+@click.option("--task", "task_opts", multiple=True, default=None,
+              help="Tasks [default: the suite that screening wrote to RUN_DIR/suite.json].")
+@click.option("--condition", "condition_opts", multiple=True, default=("all",), show_default=True,
+              help="Conditions; comma list or 'all'.")
+@click.option("--episodes", default="0-19", show_default=True, help="Formal base episodes.")
+@RUN_DIR_OPTION
+@click.option("--replicates", default="0", show_default=True,
+              help="Policy-seed replicates; 0-1 adds a clean-vs-clean noise floor (use with --condition clean).")
+@click.option("--dry-run", is_flag=True, help="Print the rollout count and an ETA from measured rollout times.")
+@study_options()
+@execution_options
+@SHARD_OPTION
+@RETRY_OPTION
+@handle_errors
+def formal_command(task_opts, condition_opts, episodes: str, run_dir: Path, replicates: str, dry_run: bool,
+                   study: StudyConfig, execution: ExecutionConfig, shard: Optional[Tuple[int, int]],
+                   retry_errors: bool) -> None:
+    """The formal matrix: suite x episodes x 13 conditions, every rollout at its official horizon."""
+    protocol = specs.load_protocol(verify=True)
+    tasks = tasks_of(study.backend, task_opts) if task_opts else formal_suite(run_dir)
+    if not tasks:
+        raise click.UsageError(f"no --task given and no {run_dir}/suite.json: run `screen` first or name the tasks")
+    conditions = split_names(condition_opts, protocol.conditions)
+    if dry_run:
+        keys = shard_keys(plan_keys(tasks, parse_episodes(episodes), conditions, "formal", parse_episodes(replicates)),
+                          shard)
+        workers = execution.resolved().workers
+        est = estimate(run_dir, keys, workers)
+        eta = "unknown (no rollouts measured in this run directory yet)" if est["eta_s"] is None else \
+            f"{est['eta_s'] / 60:.1f} min with {workers} worker(s)"
+        click.echo(f"{est['planned']} rollouts planned ({len(tasks)} tasks x {len(parse_episodes(episodes))} episodes x "
+                   f"{len(conditions)} conditions), {est['pending']} to run; ETA {eta}")
+        for task, s in est["measured_s_per_rollout"].items():
+            click.echo(f"  {task:<18} {s:.1f} s per rollout (measured)")
+        return
+    result = run_study(run_dir, tasks, conditions, parse_episodes(episodes), study, execution, phase="formal",
+                       replicates=parse_episodes(replicates), retry_errors=retry_errors, shard=shard)
+    report_run(result, run_dir)
+
+
+@click.command(name="merge")
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@handle_errors
+def merge_command(out: Path, sources: Tuple[Path, ...]) -> None:
+    """Combine shard run directories (--shard i/n) into OUT; refuses mismatched manifests and duplicate keys."""
+    result = merge_runs(out, sources)
+    click.echo(f"{result['records']} records from {result['sources']} run directories -> {out}")
+
+
+COMMANDS = [run_command, screen_command, formal_command, merge_command]

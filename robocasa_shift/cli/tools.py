@@ -1,0 +1,91 @@
+"""Maintenance commands: ``freeze`` (spec versions), ``train-reference`` (weights), ``bench`` (performance)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional, Tuple
+
+import click
+
+from robocasa_shift import specs
+from robocasa_shift.bench import run_bench, table
+from robocasa_shift.cli.common import checked, config_option, handle_errors, split_names
+from robocasa_shift.config import ExecutionConfig, StudyConfig
+from robocasa_shift.policies.reference.data import PERCEPTION
+from robocasa_shift.policies.reference.train import WEIGHTS_DIR, TrainConfig
+from robocasa_shift.policies.reference.train import train_reference as train
+
+
+@click.command(name="freeze")
+@handle_errors
+def freeze_command() -> None:
+    """Freeze new versions of the perturbation specs (record their content hashes in spec.lock).
+
+    A frozen version is never rewritten: to change a number, bump the file's
+    version first.
+    """
+    done = specs.freeze()
+    click.echo("\n".join(done) if done else "every spec version is already frozen")
+
+
+@click.command(name="train-reference")
+@click.option("--task", "task_opts", multiple=True, default=("all",), show_default=True,
+              help="Tasks to train (comma list or 'all').")
+@click.option("--data-dir", default="build/reference-data", show_default=True, type=click.Path(path_type=Path),
+              help="Where the rendered training sets go (reused if present).")
+@click.option("--out", "out_dir", default=None, type=click.Path(path_type=Path),
+              help="Weights folder [default: the package's own].")
+@click.option("--workers", default=2, show_default=True, callback=checked(ExecutionConfig, "workers"),
+              help="Processes for data generation and training.")
+@click.option("--epochs", default=None, type=int, help="Override the frozen epoch count (for quick checks).")
+@click.option("--frames", default=None, type=int, help="Override the frames per task (for quick checks).")
+@handle_errors
+def train_reference_command(task_opts: Tuple[str, ...], data_dir: Path, out_dir: Optional[Path], workers: int,
+                            epochs: Optional[int], frames: Optional[int]) -> None:
+    """Regenerate the reference policy's weights from fixed seeds (data, training, manifest).
+
+    Deterministic: the same code on the same kind of machine gives bit-identical weights.
+    """
+    config = TrainConfig() if epochs is None else replace(TrainConfig(), epochs=epochs)
+    manifest = train(split_names(task_opts, list(PERCEPTION)), data_dir, out_dir or WEIGHTS_DIR, workers, config,
+                     frames)
+    for key, net in manifest["nets"].items():
+        click.echo(f"{key:<20} val error {net['val_mean_error_mm']} mm (predict-the-mean {net['predict_mean_error_mm']} mm)")
+    click.echo(f"weights sha256 {manifest['weights_sha256']}")
+
+
+@click.command(name="bench")
+@click.option("--repeats", default=5, show_default=True, help="Interleaved repeats; each figure is median [min, max].")
+@click.option("--steps", default=200, show_default=True, help="Control steps of the in-process rollouts.")
+@click.option("--rollouts", default=8, show_default=True, help="Formal rollouts per pool and repeat (scaling).")
+@config_option(StudyConfig, "policy", show_default=True, help="Policy of the formal-run pools.")
+@click.option("--out", default="build/bench.json", show_default=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Where the JSON result goes.")
+@config_option(ExecutionConfig, "progress", "--progress/--no-progress")
+@handle_errors
+def bench_command(repeats: int, steps: int, rollouts: int, policy: str, out: Path, progress: bool) -> None:
+    """Benchmark the harness against the simulator's own limit (all figures side by side, one run).
+
+    \b
+    physics_sps        bare robosuite control steps per second, no rendering (one core)
+    render_ms          one 128x128 camera frame
+    reset_ms           between-rollout reset: restore nominal, seeded reset, fingerprint
+    overhead_ratio     harness time per step / bare robosuite loop, same actions and cadence (goal <= 1.05)
+    cadence_speedup_k  observing every k steps vs every step (k = 4, 8)
+    batch_speedup      reference policy: one batched call for 13 conditions vs 13 calls
+    throughput_WxT     formal rollouts per second with W workers of T threads
+    scaling_2_workers  throughput 2x1 / 1x1 (goal >= 1.8)
+    wall_vs_parts      formal wall time per rollout / its physics + render + policy time (goal <= 1.2)
+    rss_mb             peak resident memory per worker
+    """
+    result = run_bench(repeats=repeats, steps=steps, rollouts=rollouts, policy=policy, progress=progress)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    click.echo(json.dumps(result["figures"]))
+    click.echo(table(result))
+    click.echo(f"wrote {out}")
+
+
+COMMANDS = [freeze_command, train_reference_command, bench_command]
