@@ -25,7 +25,7 @@ _API = {
     "plan_keys": "robocasa_shift.study.plan:plan_keys",
     "run": "robocasa_shift.study.runner:run",
     "run_study": "robocasa_shift.study.runner:run",
-    "screen": "robocasa_shift.study.pipeline:screen",
+    "screen": "robocasa_shift.checks.screening:screen",
     "merge": "robocasa_shift.study.pipeline:merge",
     "calibrate": "robocasa_shift.checks.calibration:calibrate",
     "validate_stages": "robocasa_shift.checks.validation:validate_stages",

@@ -161,7 +161,7 @@ class BatchBench:
         env.reset(1)
         images = {c: env.render(c, 128) for c in list(env.third_person_cameras) + list(env.wrist_cameras)}
         roles = {c: ("wrist" if c in env.wrist_cameras else "third_person") for c in images}
-        self.obs = [Observation(images, roles, env.proprio(), env.task.instruction, 0) for _ in conditions]
+        self.obs = [Observation(images, roles, env.proprio(), env.task.instruction, 0, task=env.task.name) for _ in conditions]
         self.policies = [ReferencePolicy() for _ in conditions]
         self.extra_envs = [get_backend("robosuite").make(env.task.name) for _ in conditions[1:]]
         for extra in self.extra_envs:  # create their render contexts outside the timings

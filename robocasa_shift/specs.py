@@ -21,7 +21,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import yaml
 
-from robocasa_shift.errors import FrozenSpecError, SpecError
+from robocasa_shift.engine.perturbations import FACTOR_KINDS
+from robocasa_shift.errors import FrozenSpecError, SpecError, UnknownNameError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PERTURBATIONS_DIR = Path(os.environ.get("ROBOCASA_SHIFT_PERTURBATIONS", PROJECT_ROOT / "perturbations"))
@@ -83,8 +84,6 @@ class FactorSpec:
 
     def level(self, name: str) -> Dict[str, float]:
         if name not in self.levels:
-            from robocasa_shift.errors import UnknownNameError
-
             raise UnknownNameError(f"level of factor '{self.factor}'", name, list(self.levels))
         return dict(self.levels[name])
 
@@ -108,8 +107,6 @@ class Protocol:
 
     def factor(self, name: str) -> FactorSpec:
         if name not in self.factors:
-            from robocasa_shift.errors import UnknownNameError
-
             raise UnknownNameError("factor", name, list(self.factors))
         return self.factors[name]
 
@@ -128,7 +125,6 @@ def _load_factor(path: Path, level_names: Tuple[str, ...]) -> FactorSpec:
     if sorted(levels) != sorted(level_names):
         raise SpecError(path, "levels", f"expected exactly {list(level_names)}, got {list(levels)}")
 
-    from robocasa_shift.engine.perturbations import FACTOR_KINDS
 
     try:
         kind_cls = FACTOR_KINDS.get(kind)
@@ -269,8 +265,6 @@ def freeze(directory: Path | str | None = None) -> List[str]:
 def parse_condition(condition: str, protocol: Protocol) -> Tuple[Optional[str], Optional[str]]:
     """``'clean'`` -> (None, None); ``'camera:L2'`` -> ('camera', 'L2'). Unknown names list the valid ones."""
     if condition not in protocol.conditions:
-        from robocasa_shift.errors import UnknownNameError
-
         raise UnknownNameError("condition", condition, protocol.conditions)
     if condition == CLEAN:
         return None, None

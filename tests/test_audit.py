@@ -1,4 +1,4 @@
-"""The integrity audit passes a clean run and names the check and the rollout of each tampering."""
+"""The integrity audit passes a clean run and names the check and the rollout of each tampering (fake backend)."""
 
 import json
 import shutil
@@ -8,17 +8,14 @@ from helpers import cli
 
 from robocasa_shift.checks.audit import audit_run
 
-pytestmark = pytest.mark.sim
 CONDITIONS = ["clean", "camera:L1", "camera:L3", "base:L2", "blur:L1"]
 
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
-    from robocasa_shift.config import ExecutionConfig, StudyConfig
-    from robocasa_shift.study.runner import run
-
     run_dir = tmp_path_factory.mktemp("audit") / "run"
-    run(run_dir, ["Lift"], CONDITIONS, [0, 1], StudyConfig(policy="expert"), ExecutionConfig(workers=1, progress=False))
+    cli("run", "--backend", "fake", "--task", "Reach", "--condition", ",".join(CONDITIONS), "--episodes", "0-1",
+        "--policy", "fake", "--workers", "1", "--no-progress", "--run-dir", str(run_dir))
     return run_dir
 
 
@@ -30,7 +27,7 @@ def run_copy(pristine, tmp_path):
 
 
 def record_file(run_dir, episode, condition):
-    return run_dir / "records" / "formal" / "Lift" / f"{episode:04d}__{condition.replace(':', '-')}__r0.json"
+    return run_dir / "records" / "formal" / "Reach" / f"{episode:04d}__{condition.replace(':', '-')}__r0.json"
 
 
 def edit(path, **changes):
@@ -44,14 +41,14 @@ def edit(path, **changes):
 
 
 def failing(report):
-    return {name: c["rollouts"] for name, c in report["tasks"]["Lift"]["checks"].items() if c["count"]}
+    return {name: c["rollouts"] for name, c in report["tasks"]["Reach"]["checks"].items() if c["count"]}
 
 
 def test_a_clean_run_passes(run_copy):
     report = audit_run(run_copy)
-    lift = report["tasks"]["Lift"]
-    assert report["passed"] and lift["expected_rollouts"] == 10 and lift["valid_rollouts"] == 10
-    assert lift["distinct_base_episodes"] == 2 and failing(report) == {}
+    reach = report["tasks"]["Reach"]
+    assert report["passed"] and reach["expected_rollouts"] == 10 and reach["valid_rollouts"] == 10
+    assert reach["distinct_base_episodes"] == 2 and failing(report) == {}
     assert (run_copy / "audit.md").exists() and json.loads((run_copy / "audit.json").read_text())["passed"]
 
 
@@ -59,14 +56,14 @@ def test_an_edited_fingerprint_is_named(run_copy):
     edit(record_file(run_copy, 1, "camera:L3"), env_fingerprint="0" * 64)
     report = audit_run(run_copy)
     assert not report["passed"]
-    assert failing(report) == {"fingerprint_mismatches": ["formal/Lift/0001/camera:L3/r0"]}
+    assert failing(report) == {"fingerprint_mismatches": ["formal/Reach/0001/camera:L3/r0"]}
 
 
 def test_a_deleted_record_is_named(run_copy):
     record_file(run_copy, 0, "base:L2").unlink()
     report = audit_run(run_copy)
-    assert failing(report) == {"missing_records": ["formal/Lift/0000/base:L2/r0"]}
-    assert report["tasks"]["Lift"]["valid_rollouts"] == 9 and not report["passed"]
+    assert failing(report) == {"missing_records": ["formal/Reach/0000/base:L2/r0"]}
+    assert report["tasks"]["Reach"]["valid_rollouts"] == 9 and not report["passed"]
 
 
 def test_a_duplicated_record_is_named(run_copy):
@@ -74,7 +71,7 @@ def test_a_duplicated_record_is_named(run_copy):
     shutil.copy(src, src.with_name("0000__clean__r0 (copy).json"))
     report = audit_run(run_copy)
     assert list(failing(report)) == ["duplicate_records"]
-    assert failing(report)["duplicate_records"][0].startswith("formal/Lift/0000/clean/r0 (")
+    assert failing(report)["duplicate_records"][0].startswith("formal/Reach/0000/clean/r0 (")
 
 
 def test_tampered_perturbation_and_seed_and_truncation_are_named(run_copy):
@@ -85,9 +82,9 @@ def test_tampered_perturbation_and_seed_and_truncation_are_named(run_copy):
     edit(record_file(run_copy, 1, "blur:L1"), policy_seed=12345)
     edit(record_file(run_copy, 1, "clean"), success=False, steps=30)
     found = failing(audit_run(run_copy))
-    assert found["invalid_perturbation_records"][0].startswith("formal/Lift/0000/camera:L3/r0: params")
-    assert found["policy_seed_mismatches"] == ["formal/Lift/0001/blur:L1/r0"]
-    assert found["unexpected_truncations"][0].startswith("formal/Lift/0001/clean/r0: 30 of 400 steps")
+    assert found["invalid_perturbation_records"][0].startswith("formal/Reach/0000/camera:L3/r0: params")
+    assert found["policy_seed_mismatches"] == ["formal/Reach/0001/blur:L1/r0"]
+    assert found["unexpected_truncations"][0].startswith("formal/Reach/0001/clean/r0: 30 of 40 steps")
 
 
 def test_audit_cli_exit_status(run_copy):

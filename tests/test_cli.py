@@ -58,11 +58,10 @@ def test_bad_names_exit_2_with_the_valid_ones(tmp_path, args, message):
     assert not (tmp_path / "run").exists()  # nothing was started
 
 
-@pytest.mark.sim
 def test_run_and_export_records_table(tmp_path):
     run_dir = tmp_path / "run"
-    proc = cli("run", "--task", "Lift", "--condition", "clean,camera:L3", "--episodes", "0", "--run-dir", str(run_dir),
-               "--policy", "expert", "--workers", "1", "--no-progress")
+    proc = cli("run", "--backend", "fake", "--task", "Reach", "--condition", "clean,camera:L3", "--episodes", "0",
+               "--run-dir", str(run_dir), "--policy", "fake-expert", "--workers", "1", "--no-progress")
     assert "2 rollouts run, 0 already recorded" in proc.stdout
     cli("export", str(run_dir), "--out", str(tmp_path / "records.csv"))
     table = pd.read_csv(tmp_path / "records.csv")
@@ -75,14 +74,13 @@ def test_run_and_export_records_table(tmp_path):
     assert table.success.tolist() == [True, True] and table.valid.all()
     assert table.env_fingerprint.nunique() == 1
     assert table.first_incomplete.isna().all()  # every subgoal latched
-    cam = json.loads(table.loc[0, "perturbation_params"])["robot0_robotview"]
+    cam = json.loads(table.loc[0, "perturbation_params"])["agentview"]
     assert 0 < (cam["yaw_deg"] ** 2 + cam["pitch_deg"] ** 2) ** 0.5 <= 10
-    again = cli("run", "--task", "Lift", "--condition", "clean", "--episodes", "0-1", "--run-dir", str(run_dir),
-                "--policy", "expert", "--workers", "1", "--no-progress")
+    again = cli("run", "--backend", "fake", "--task", "Reach", "--condition", "clean", "--episodes", "0-1",
+                "--run-dir", str(run_dir), "--policy", "fake-expert", "--workers", "1", "--no-progress")
     assert "1 rollouts run, 1 already recorded" in again.stdout
 
 
-@pytest.mark.sim
 def test_tampered_spec_refuses_to_run(tmp_path, spec_copy):
     import os
     import subprocess
@@ -93,8 +91,9 @@ def test_tampered_spec_refuses_to_run(tmp_path, spec_copy):
     path = spec_copy / "illumination.yaml"
     path.write_text(path.read_text().replace("alpha: 0.4", "alpha: 0.3"))
     env = {**os.environ, "ROBOCASA_SHIFT_PERTURBATIONS": str(spec_copy)}
-    proc = subprocess.run([sys.executable, "-m", "robocasa_shift", "run", "--task", "Lift", "--run-dir",
-                           str(tmp_path / "run")], capture_output=True, text=True, env=env, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "robocasa_shift", "run", "--backend", "fake", "--task", "Reach",
+                           "--policy", "fake", "--run-dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, env=env, cwd=ROOT)
     assert proc.returncode == 2
     assert "frozen sha256:" in proc.stderr and "current sha256:" in proc.stderr
     assert not (tmp_path / "run").exists()
@@ -132,9 +131,9 @@ def test_the_default_policy_is_reference_in_the_cli_and_the_api():
 
     from click.testing import CliRunner
 
+    from robocasa_shift.checks.screening import screen
     from robocasa_shift.cli import main
     from robocasa_shift.config import DEFAULT_POLICY, StudyConfig
-    from robocasa_shift.study.pipeline import screen
 
     assert DEFAULT_POLICY == "reference" and StudyConfig().policy == "reference"
     assert inspect.signature(screen).parameters["study"].default.policy == "reference"

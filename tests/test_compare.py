@@ -1,19 +1,17 @@
-"""compare D1 D2: pair by key, paired differences, refusal across frozen suites."""
+"""compare D1 D2: pair by key, paired differences, refusal across frozen suites (fake backend)."""
 
 import json
 
 import pytest
 from helpers import cli
 
-pytestmark = pytest.mark.sim
-
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("compare")
     for policy in ("expert", "random"):
-        cli("run", "--task", "Lift", "--condition", "clean,blur:L3", "--episodes", "0-1", "--policy", policy,
-            "--workers", "2", "--no-progress", "--run-dir", str(root / policy))
+        cli("run", "--backend", "fake", "--task", "PickPlace", "--condition", "clean,blur:L3", "--episodes", "0-1",
+            "--policy", f"fake-{policy}", "--workers", "2", "--no-progress", "--run-dir", str(root / policy))
     return root
 
 

@@ -25,9 +25,9 @@ from helpers import cli
 from robocasa_shift import specs
 from robocasa_shift.backends import get_backend
 from robocasa_shift.backends import robocasa_backend as rb
+from robocasa_shift.checks.screening import load_pool
 from robocasa_shift.engine.stages import PREDICATES
 from robocasa_shift.errors import BackendUnavailable
-from robocasa_shift.study.pipeline import load_pool
 
 FORMAL = ["PreSoakPan", "RinseSinkBasin", "WashLettuce", "StackBowlsCabinet"]
 

@@ -243,7 +243,7 @@ def test_clean_after_perturbed_equals_clean_in_fresh_process(lift_env, protocol)
         run_rollout(lift_env, policy, key(cond, episode=6), protocol, spec, "robosuite", horizon=20)
     rec = run_rollout(lift_env, policy, key(episode=6), protocol, spec, "robosuite", horizon=20)
     after_perturbed = lift_env.get_state()
-    code = f"""
+    code = """
 import numpy as np, json
 from robocasa_shift.backends import get_backend
 from robocasa_shift import specs

@@ -1,4 +1,4 @@
-"""validate-stages, validate-pairing and calibrate on a small scale, on the real simulator."""
+"""validate-stages and calibrate on the real simulator; demonstration replay and validate-pairing on the fake one."""
 
 import json
 
@@ -9,9 +9,8 @@ from helpers import cli
 from robocasa_shift.engine.demos import load_demo
 from robocasa_shift.policies import make_policy
 
-pytestmark = pytest.mark.sim
 
-
+@pytest.mark.sim
 def test_validate_stages_replays_demos_and_runs_negative_controls(tmp_path):
     from robocasa_shift.checks.validation import validate_stages
 
@@ -25,6 +24,7 @@ def test_validate_stages_replays_demos_and_runs_negative_controls(tmp_path):
     assert (tmp_path / "validation" / "stages.md").read_text().count("| Lift |") == 1
 
 
+@pytest.mark.sim
 def test_validate_stages_fails_a_predicate_that_always_holds(tmp_path, monkeypatch):
     """The negative controls catch a subgoal that is true from the start."""
     import shutil
@@ -49,27 +49,30 @@ def test_replay_policy_reproduces_a_demonstration(tmp_path):
     from robocasa_shift.engine.rollout import run_rollout
     from robocasa_shift.specs import load_protocol, load_stage_spec
 
-    protocol, spec = load_protocol(), load_stage_spec("robosuite", "Lift")
-    env = get_backend("robosuite").make("Lift")
-    key = RolloutKey("validation", "Lift", 3, "clean")
-    original, _ = record_demo(env, make_policy("expert"), key, protocol, spec, "robosuite", tmp_path)
-    replayed = run_rollout(env, make_policy("replay", demo_dir=str(tmp_path)), key, protocol, spec, "robosuite")
+    protocol, spec = load_protocol(), load_stage_spec("fake", "PickPlace")
+    env = get_backend("fake").make("PickPlace")
+    key = RolloutKey("validation", "PickPlace", 3, "clean")
+    # the stochastic image-driven policy: the replay must not depend on its generator
+    original, _ = record_demo(env, make_policy("fake"), key, protocol, spec, "fake", tmp_path)
+    replayed = run_rollout(env, make_policy("replay", demo_dir=str(tmp_path)), key, protocol, spec, "fake")
     env.close()
+    assert original.success and original.stages_completed == 3
     assert replayed.success and replayed.steps == original.steps and replayed.stage_steps == original.stage_steps
 
 
 def test_validate_pairing_with_a_stochastic_and_a_deterministic_policy(tmp_path):
     from robocasa_shift.checks.validation import validate_pairing
 
-    report = validate_pairing(tmp_path, ["Lift"], policy="random", episodes=(0,), steps=25)
-    lift = report["tasks"]["Lift"]
-    assert report["passed"], lift["checks"]
-    assert lift["uncontrolled"]["max_abs_diff"] > 0.1 and lift["seeded"]["max_abs_diff"] == 0.0
-    det = validate_pairing(tmp_path, ["Lift"], policy="expert", episodes=(0,), steps=25)
-    assert det["passed"] and det["tasks"]["Lift"]["uncontrolled"] is None
+    report = validate_pairing(tmp_path, ["PickPlace"], policy="fake", backend="fake", episodes=(0,), steps=25)
+    task = report["tasks"]["PickPlace"]
+    assert report["passed"], task["checks"]
+    assert task["uncontrolled"]["max_abs_diff"] > 0.1 and task["seeded"]["max_abs_diff"] == 0.0
+    det = validate_pairing(tmp_path, ["PickPlace"], policy="fake-expert", backend="fake", episodes=(0,), steps=25)
+    assert det["passed"] and det["tasks"]["PickPlace"]["uncontrolled"] is None
     assert "N/A (deterministic)" in (tmp_path / "validation" / "pairing.md").read_text()
 
 
+@pytest.mark.sim
 def test_calibrate_cli_writes_table_and_contact_sheet(tmp_path):
     proc = cli("calibrate", "--task", "Lift", "--episodes", "0", "--run-dir", str(tmp_path))
     assert "calibration: PASSED" in proc.stdout

@@ -31,14 +31,14 @@ Action (3,): planar gripper velocity in the base frame (each in [-1, 1], 1 =
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
-from robocasa_shift.backends.base import TaskInfo, TaskTable
+from robocasa_shift.backends.base import PerturbableTable, TaskInfo, TaskTable, hash_arrays
 from robocasa_shift.engine.stages import predicate
 from robocasa_shift.geometry import axis_angle_quat, quat_mul, quat_to_mat
 from robocasa_shift.policies.base import NumpySeededPolicy, Observation, Policy
@@ -102,19 +102,13 @@ def nominal_model() -> Dict[str, np.ndarray]:
     }
 
 
+class FakeModel(SimpleNamespace):
+    """The fake's model: one attribute per array of :func:`nominal_model`, edited in place by perturbations."""
+
+
 # Every value a perturbation may edit: restore_nominal and the fingerprint derive from this table.
-PERTURBABLE: Tuple[str, ...] = tuple(nominal_model())
-LIGHT_KEYS = tuple(k for k in PERTURBABLE if "light" in k)
-
-
-def _hash_arrays(items: Mapping[str, Any]) -> str:
-    h = hashlib.sha256()
-    for name in sorted(items):
-        value = np.ascontiguousarray(np.asarray(items[name], dtype=np.float64))
-        h.update(name.encode())
-        h.update(str(value.shape).encode())
-        h.update(value.tobytes())
-    return h.hexdigest()
+PERTURBABLE = PerturbableTable(tuple((name, name) for name in nominal_model()))
+LIGHT_KEYS = tuple(k for k in PERTURBABLE.names if "light" in k)
 
 
 def _rot_z(theta: float) -> np.ndarray:
@@ -135,27 +129,26 @@ def pixel_rays(size: int, fovy_deg: float) -> np.ndarray:
 
 @dataclass(frozen=True)
 class FakeTask:
+    """One fake task: its instruction, what success means and what each base episode draws."""
+
     name: str
     instruction: str
     description: str
+    randomization: str
     horizon: int = HORIZON
 
     def info(self) -> TaskInfo:
-        return TaskInfo(self.name, self.horizon, self.instruction, self.description)
+        return TaskInfo(self.name, self.horizon, self.instruction, self.description, self.randomization)
 
 
 TASKS: Dict[str, FakeTask] = {
     t.name: t
     for t in [
-        # Task Description: move the gripper onto the red object.
-        # Randomizations: object position, gripper start (1 cm).
-        # Success Conditions: the gripper within TOUCH_M of the object.
-        FakeTask("Reach", "touch the red object", "Move the gripper to within 2.5 cm of the object."),
-        # Task Description: carry the red object onto the green target and let go.
-        # Randomizations: object and target positions (at least 15 cm apart), gripper start (1 cm).
-        # Success Conditions: the object released within PLACE_TOL_M of the target.
+        FakeTask("Reach", "touch the red object", "Success: the gripper within 2.5 cm of the object.",
+                 "object position on the table; gripper start (+-1 cm)"),
         FakeTask("PickPlace", "put the red object on the green target",
-                 "Grasp the object, carry it onto the target and release it within 3 cm of the target's centre."),
+                 "Success: the object released within 3 cm of the target's centre.",
+                 "object and target positions (at least 15 cm apart); gripper start (+-1 cm)"),
     ]
 }
 
@@ -179,7 +172,7 @@ class FakeEnv:
         self.task = task.info()
         self.render_profile = render_profile
         self._nominal = nominal_model()
-        self.model = {k: v.copy() for k, v in self._nominal.items()}
+        self.model = FakeModel(**{k: v.copy() for k, v in self._nominal.items()})
         self.x = np.zeros(len(STATE_LAYOUT))
         self.steps = 0
         self._rays: Dict[Tuple[int, float], np.ndarray] = {}
@@ -204,7 +197,8 @@ class FakeEnv:
         if a.shape != (ACTION_DIM,) or not np.isfinite(a).all():
             raise ValueError(f"the fake backend takes a finite action of shape ({ACTION_DIM},), got {a.shape}")
         x = self.x
-        x[EEF] = np.clip(x[EEF] + MAX_STEP_M * np.clip(a[:2], -1.0, 1.0), [ARM_X_M[0], ARM_Y_M[0]], [ARM_X_M[1], ARM_Y_M[1]])
+        lo, hi = [ARM_X_M[0], ARM_Y_M[0]], [ARM_X_M[1], ARM_Y_M[1]]
+        x[EEF] = np.clip(x[EEF] + MAX_STEP_M * np.clip(a[:2], -1.0, 1.0), lo, hi)
         close = a[2] > 0
         if close and not x[CLOSED] and np.linalg.norm(self.eef_world() - x[OBJECT]) < GRASP_RADIUS_M:
             x[HOLDING] = 1.0
@@ -241,7 +235,7 @@ class FakeEnv:
         parent = np.array([*self.x[BASE][:2], 0.0])
         if camera in WRIST_CAMERAS:
             parent = np.array([*self.eef_world(), 0.0])
-        return parent + rot @ self.model["cam_pos"][i], rot @ quat_to_mat(self.model["cam_quat"][i])
+        return parent + rot @ self.model.cam_pos[i], rot @ quat_to_mat(self.model.cam_quat[i])
 
     # ------------------------------------------------------------------ observations
 
@@ -251,7 +245,7 @@ class FakeEnv:
             from robocasa_shift.errors import UnknownNameError
 
             raise UnknownNameError("camera", camera, list(CAMERAS))
-        fovy = float(self.model["cam_fovy"][CAMERAS.index(camera)])
+        fovy = float(self.model.cam_fovy[CAMERAS.index(camera)])
         rays = self._rays.get((size, fovy))
         if rays is None:
             rays = self._rays.setdefault((size, fovy), pixel_rays(size, fovy))
@@ -267,8 +261,8 @@ class FakeEnv:
         vx, vy, vz = pos[0] - x, pos[1] - y, np.full_like(x, pos[2])
         vn = np.sqrt(vx * vx + vy * vy + vz * vz)
         positions = [*LIGHT_POS_M, pos]
-        diffuse = np.vstack([m["light_diffuse"], m["headlight_diffuse"]])  # (lights, RGB)
-        specular = np.vstack([m["light_specular"], m["headlight_specular"]])
+        diffuse = np.vstack([m.light_diffuse, m.headlight_diffuse])  # (lights, RGB)
+        specular = np.vstack([m.light_specular, m.headlight_specular])
         cos_l, highlight = [], []
         for lpos in positions:
             lx, ly, lz = lpos[0] - x, lpos[1] - y, lpos[2]
@@ -277,7 +271,7 @@ class FakeEnv:
             cos_h = (lz / ln + vz / vn) / np.sqrt(np.maximum(2.0 + 2.0 * cos_lv, 1e-12))  # normal . half vector
             cos_l.append(lz / ln)
             highlight.append(np.clip(cos_h, 0.0, 1.0) ** SHININESS)
-        ambient = m["headlight_ambient"] + m["light_ambient"].sum(axis=0)
+        ambient = m.headlight_ambient + m.light_ambient.sum(axis=0)
         image = albedo * (ambient + np.tensordot(np.array(cos_l), diffuse, axes=(0, 0))) + np.tensordot(
             np.array(highlight), specular, axes=(0, 0))
         image[~down] = 0.0  # above the horizon: black
@@ -329,13 +323,12 @@ class FakeEnv:
     def fingerprint(self) -> str:
         """Hash of the state and of every perturbable model value (the PERTURBABLE table)."""
         state = self.get_state()
-        return _hash_arrays({**{f"state.{k}": v for k, v in state.items()},
-                             **{f"model.{k}": self.model[k] for k in PERTURBABLE}})
+        return hash_arrays({**{f"state.{k}": v for k, v in state.items()},
+                            **{f"model.{k}": v for k, v in PERTURBABLE.read(self.model).items()}})
 
     def restore_nominal(self) -> None:
         """Undo every perturbation edit of the model (the values are copied back)."""
-        for k in PERTURBABLE:
-            self.model[k][...] = self._nominal[k]
+        PERTURBABLE.restore(self.model, self._nominal)
 
     # ------------------------------------------------------------------ perturbation hooks
 
@@ -343,7 +336,7 @@ class FakeEnv:
         return {k: self._nominal[k].copy() for k in LIGHT_KEYS}
 
     def lights(self) -> Dict[str, np.ndarray]:
-        return {k: self.model[k].copy() for k in LIGHT_KEYS}
+        return {k: PERTURBABLE.array(self.model, k).copy() for k in LIGHT_KEYS}
 
     def set_lights(self, values: Mapping[str, Any]) -> None:
         unknown = sorted(set(values) - set(LIGHT_KEYS))
@@ -352,13 +345,13 @@ class FakeEnv:
 
             raise UnknownNameError("light", unknown[0], list(LIGHT_KEYS))
         for key, value in values.items():
-            self.model[key][...] = value
+            PERTURBABLE.array(self.model, key)[...] = value
 
     def nominal_camera_quat(self, camera: str) -> np.ndarray:
         return self._nominal["cam_quat"][CAMERAS.index(camera)].copy()
 
     def camera_quat(self, camera: str) -> np.ndarray:
-        return self.model["cam_quat"][CAMERAS.index(camera)].copy()
+        return self.model.cam_quat[CAMERAS.index(camera)].copy()
 
     def camera_vertical(self, camera: str) -> np.ndarray:
         """The world vertical in the frame of the camera's parent (the base or the gripper: both yaw only)."""
@@ -366,7 +359,7 @@ class FakeEnv:
         return np.array([0.0, 0.0, 1.0])
 
     def set_camera_quat(self, camera: str, quat: np.ndarray) -> None:
-        self.model["cam_quat"][CAMERAS.index(camera)] = quat
+        self.model.cam_quat[CAMERAS.index(camera)] = quat
 
     def base_offset(self) -> Dict[str, float]:
         """(forward, side, yaw) of the base, read from the state (nominal is 0)."""
@@ -383,13 +376,15 @@ class FakeEnv:
         eef = base + _rot_z(np.deg2rad(offset["yaw_deg"]))[:2, :2] @ self.x[EEF]
         gap = float(np.linalg.norm(eef - self.x[OBJECT]))
         if gap < COLLISION_M:
-            return f"gripper would start {gap * 100:.1f} cm from the object (collision below {COLLISION_M * 100:.0f} cm)"
+            return (f"gripper would start {gap * 100:.1f} cm from the object "
+                    f"(collision below {COLLISION_M * 100:.0f} cm)")
         return None
 
     # ------------------------------------------------------------------ bookkeeping
 
     def renderer_info(self) -> Dict[str, Any]:
-        return {"MUJOCO_GL": None, "gl_renderer": "numpy ray caster (fake backend)", "render_profile": self.render_profile}
+        return {"MUJOCO_GL": None, "gl_renderer": "numpy ray caster (fake backend)",
+                "render_profile": self.render_profile}
 
     def close(self) -> None:
         self._rays.clear()
@@ -534,7 +529,7 @@ class FakePolicy(NumpySeededPolicy):
         grasping = bool(obs.proprio["grasping"][0])
         obj = self._locate(obs, "object", 0)
         target = None
-        if obs.instruction.startswith("put"):
+        if obs.task == "PickPlace":
             # the carried object hides part of the target: keep the estimate made before the grasp
             target = self._memory.get("target") if grasping else self._locate(obs, "target", 1)
         grip = OPEN
@@ -571,7 +566,7 @@ class FakeExpertPolicy(Policy):
         rot = _rot_z(s["base_pose"][2])[:2, :2]
         eef, obj, target = s["eef_pos"], s["object_pos"], s["target_pos"]
         action = np.zeros(ACTION_DIM)
-        if obs.instruction.startswith("touch"):
+        if obs.task == "Reach":
             goal, grip = obj, OPEN
         elif not s["holding"][0]:
             close = np.linalg.norm(obj - eef) < 0.005

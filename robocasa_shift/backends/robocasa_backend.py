@@ -47,12 +47,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import inspect
 import json
+import logging
 import os
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, replace
+from importlib import metadata
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -215,7 +218,6 @@ def check_available() -> None:
     Cheap enough to run before a study starts, so a missing piece stops it
     before any rollout instead of turning every rollout into an error record.
     """
-    import importlib.util
 
     missing = []
     try:
@@ -246,8 +248,6 @@ def check_available() -> None:
 
 
 def _quiet_robosuite() -> None:
-    import logging
-
     logging.getLogger("robosuite_logs").setLevel(logging.ERROR)
 
 
@@ -657,8 +657,6 @@ class RobocasaBackend(TaskTable):
         }
 
     def versions(self) -> Dict[str, str]:
-        from importlib import metadata
-
         out = {}
         for pkg in ("robocasa", "rpent-robocasa365", "robosuite", "praxis-robosuite", "mujoco", "numpy", "opencv-python"):
             try:

@@ -18,6 +18,8 @@ Design choices that make rollouts exact and cheap:
 
 from __future__ import annotations
 
+import logging
+from importlib import metadata
 from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
@@ -49,7 +51,6 @@ def _import_robosuite():
         raise BackendUnavailable(
             f"the robosuite backend needs robosuite==1.5.2 and mujoco>=3.3,<3.10 ({exc}); run `make setup`"
         ) from None
-    import logging
 
     logging.getLogger("robosuite_logs").setLevel(logging.ERROR)
     return robosuite
@@ -245,7 +246,6 @@ class RobosuiteBackend(TaskTable):
 
     def versions(self) -> Dict[str, str]:
         """Versions of the simulator packages the records depend on."""
-        from importlib import metadata
 
         out = {}
         for pkg in ("robosuite", "mujoco", "numpy", "opencv-python"):

@@ -8,6 +8,7 @@ from typing import Optional, Tuple
 import click
 
 from robocasa_shift import specs
+from robocasa_shift.checks.screening import screen as run_screen
 from robocasa_shift.cli.common import (
     RETRY_OPTION,
     RUN_DIR_OPTION,
@@ -22,7 +23,6 @@ from robocasa_shift.cli.common import (
 from robocasa_shift.config import ExecutionConfig, StudyConfig
 from robocasa_shift.study.pipeline import estimate, formal_suite
 from robocasa_shift.study.pipeline import merge as merge_runs
-from robocasa_shift.study.pipeline import screen as run_screen
 from robocasa_shift.study.plan import parse_episodes, plan_keys, shard_keys
 from robocasa_shift.study.runner import run as run_study
 

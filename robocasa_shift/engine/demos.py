@@ -18,6 +18,7 @@ for bit; replaying ``states`` through a StageTracker validates stage specs.
 from __future__ import annotations
 
 import json
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
@@ -49,7 +50,6 @@ def record_demo(env, policy, key: RolloutKey, protocol, stage_spec, backend: str
     record = run_rollout(env, policy, key, protocol, stage_spec, backend, observer=recorder)
     path = demo_path(directory, key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    from importlib import metadata
 
     meta = {
         "backend": backend,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Dict
 
 from robocasa_shift.errors import PolicyOptionError
@@ -30,7 +31,6 @@ def make_policy(name: str, **options: Any) -> Policy:
 
 def check_policy_options(name: str, options: Dict[str, Any]) -> type:
     """The policy class registered under ``name``, after checking that its constructor takes ``options``."""
-    import inspect
 
     cls = POLICIES.get(name)
     params = inspect.signature(cls.__init__).parameters

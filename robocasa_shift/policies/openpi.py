@@ -48,6 +48,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from dataclasses import asdict
+from importlib.metadata import version
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -330,8 +331,6 @@ class OpenpiPolicy(Policy):
         return flat_to_actions(reply[self.actions_key], self.layout, self.n_action_steps, self.actions_key)
 
     def identity(self) -> Dict[str, Any]:
-        from importlib.metadata import version
-
         server_metadata = self.client.get_server_metadata()
         return {
             "name": self.name,

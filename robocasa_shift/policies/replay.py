@@ -12,6 +12,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from robocasa_shift.engine.demos import load_demo
 from robocasa_shift.policies.base import Policy
 
 
@@ -19,8 +20,6 @@ class ReplayPolicy(Policy):
     name = "replay"
 
     def __init__(self, demo_dir: str = "demos"):
-        from robocasa_shift.engine.demos import load_demo
-
         self.demo_dir = Path(demo_dir)
         self._demos: Dict[int, np.ndarray] = {}
         for path in sorted(self.demo_dir.rglob("*.npz")):

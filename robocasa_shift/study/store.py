@@ -58,6 +58,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def atomic_write_json(path: Path, data: Any) -> None:
+    """``atomic_write_text`` of ``data`` as indented JSON with sorted keys."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w") as f:
@@ -95,6 +96,7 @@ class RunStore:
         return self
 
     def unlock(self) -> None:
+        """Release the lock (the kernel releases it too when the process dies)."""
         if self._lock_fd is not None:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
             os.close(self._lock_fd)
@@ -110,9 +112,11 @@ class RunStore:
 
     @property
     def manifest_path(self) -> Path:
+        """``D/manifest.json``."""
         return self.root / MANIFEST
 
     def manifest(self) -> Optional[Dict[str, Any]]:
+        """The run's manifest, or None before the first command wrote one."""
         if not self.manifest_path.exists():
             return None
         with open(self.manifest_path) as f:
@@ -158,6 +162,7 @@ class RunStore:
             atomic_write_json(self.manifest_path, {**manifest, "executions": seen + [execution]})
 
     def log_command(self, extra: Optional[Dict[str, Any]] = None) -> None:
+        """Append this command (time, argv, pid and ``extra``) to ``D/commands.jsonl``."""
         self.root.mkdir(parents=True, exist_ok=True)
         entry = {
             "time": _dt.datetime.now().isoformat(timespec="seconds"),
@@ -190,10 +195,12 @@ class RunStore:
     # ------------------------------------------------------------------ records
 
     def record_path(self, key: RolloutKey, base: str = "records") -> Path:
+        """Where the record of ``key`` lives (under ``records/`` or ``history/``)."""
         name = f"{key.episode:04d}__{_condition_slug(key.condition)}__r{key.replicate}.json"
         return self.root / base / key.phase / key.task / name
 
     def write(self, record: Record) -> Path:
+        """Write ``record`` atomically at its key's path; return the path."""
         path = self.record_path(record.key)
         atomic_write_json(path, record.to_json())
         return path
@@ -209,6 +216,7 @@ class RunStore:
         os.replace(path, dest)
 
     def record_files(self, base: str = "records") -> Iterator[Path]:
+        """Every record file, sorted (temporary files of a write in progress excluded)."""
         root = self.root / base
         if root.exists():
             yield from sorted(p for p in root.rglob("*.json") if not p.name.startswith("."))

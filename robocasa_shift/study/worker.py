@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import os
 import resource
+import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from robocasa_shift import specs
 from robocasa_shift.backends import get_backend
+from robocasa_shift.backends.base import check_hooks
 from robocasa_shift.config import StudyConfig
+from robocasa_shift.engine.perturbations import required_hooks
 from robocasa_shift.engine.records import Record, RolloutKey
 from robocasa_shift.engine.rollout import run_lockstep, run_rollout
 from robocasa_shift.policies import check_policy_options, make_policy
@@ -29,14 +32,16 @@ THREAD_VARIABLES = ("LP_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPE
 
 
 def apply_threads(threads: int) -> None:
-    """Thread counts for the renderer (llvmpipe) and torch; must run before either starts."""
+    """Thread counts for the renderer (llvmpipe) and torch; must run before either starts.
+
+    torch reads ``OMP_NUM_THREADS`` when it is first imported, so a policy that imports it
+    later gets the same count; only an already imported torch needs telling (a worker that
+    never runs a torch policy never imports it).
+    """
     for name in THREAD_VARIABLES:
         os.environ[name] = str(threads)
-    try:
-        import torch  # optional and heavy: only where it is installed
-    except ImportError:
-        return
-    torch.set_num_threads(threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
 
 
 def peak_rss_mb() -> float:
@@ -113,7 +118,9 @@ class StudyCache:
                 env.close()
         live = self._envs.setdefault(task, [])
         while len(live) < n:
-            live.append(self.backend.make(task, render_profile=self.config.render_profile))
+            env = self.backend.make(task, render_profile=self.config.render_profile)
+            check_hooks(env, required_hooks(self.protocol), self.config.backend)
+            live.append(env)
         return live[:n]
 
     def run_key(self, key: RolloutKey) -> Record:

@@ -27,10 +27,12 @@ import argparse
 import hashlib
 import json
 import logging
+import os
 import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Union
 
@@ -281,8 +283,6 @@ def build_gr00t_model(model_path: str, embodiment_tag: str, data_config: str, de
 
 
 def _package_version(name: str) -> Optional[str]:
-    from importlib import metadata
-
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
@@ -328,8 +328,6 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO)
     model = build_gr00t_model(args.model_path, args.embodiment_tag, args.data_config, args.denoising_steps, args.device)
     if args.deterministic:
-        import os
-
         import torch
 
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

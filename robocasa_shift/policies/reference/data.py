@@ -15,10 +15,12 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from robocasa_shift.backends import get_backend
 from robocasa_shift.embodiments.panda_omron import OPEN
 from robocasa_shift.geometry import quat_xyzw_to_mat
 from robocasa_shift.policies.base import Observation
 from robocasa_shift.policies.reference.perception import PERCEPTION, Perception, resize
+from robocasa_shift.policies.reference.policy import ReferencePolicy
 from robocasa_shift.policies.scripted import ExpertPolicy, arm_action
 from robocasa_shift.seeding import derive_seed
 
@@ -78,7 +80,6 @@ class TrainingSet:
 
 def generate(task: str, out: Path, frames: int | None = None, progress: bool = True) -> Path:
     """Render a task's training set into ``out`` (npz). Deterministic given the code and seeds."""
-    from robocasa_shift.backends import get_backend
 
     perception = PERCEPTION[task]
     data = TrainingSet(task, frames or perception.frames, task, progress)
@@ -118,8 +119,6 @@ def generate_on_policy(task: str, out: Path, weights_dir: Path, frames: int | No
     The policy (weights from ``weights_dir``) drives clean rollouts of training episodes, with its
     own seeded noise; each observation it receives becomes a frame. Deterministic given the weights.
     """
-    from robocasa_shift.backends import get_backend
-    from robocasa_shift.policies.reference.policy import ReferencePolicy
 
     data = TrainingSet(task, frames or PERCEPTION[task].on_policy_frames, f"{task} on-policy", progress)
     env = get_backend("robosuite").make(task)

@@ -8,6 +8,7 @@ deterministic software renderer.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -35,8 +36,6 @@ class TrainConfig:
 
 
 def array_hash(*arrays: np.ndarray) -> str:
-    import hashlib
-
     h = hashlib.sha256()
     for a in arrays:
         h.update(str(a.shape).encode())
