@@ -153,3 +153,28 @@ def test_an_environment_without_a_hook_a_factor_requires_is_refused_naming_facto
     with pytest.raises(BackendUnavailable, match="cannot run factor 'illumination'.*'lights' hook.*set_lights"):
         check_hooks(env, required_hooks(specs.load_protocol()), "toy")
     check_hooks(env, {"camera": ("cameras",), "base": ("base",), "blur": ()}, "toy")  # what it has is enough
+
+
+class FakeEnvWithoutLights:
+    """The fake backend's environment with its light hook taken away (delegates everything else)."""
+
+    def __init__(self, env):
+        self._env = env
+
+    def __getattr__(self, name):
+        if name in ("nominal_lights", "lights", "set_lights"):
+            raise AttributeError(name)
+        return getattr(self._env, name)
+
+
+def test_a_run_on_a_backend_whose_env_lacks_a_required_hook_is_refused_before_any_record(tmp_path, monkeypatch):
+    from robocasa_shift import run_study
+    from robocasa_shift.backends.fake import FakeBackend
+    from robocasa_shift.config import ExecutionConfig, StudyConfig
+
+    make = FakeBackend.make
+    monkeypatch.setattr(FakeBackend, "make", lambda self, *a, **kw: FakeEnvWithoutLights(make(self, *a, **kw)))
+    with pytest.raises(BackendUnavailable, match="backend 'fake' cannot run factor 'illumination'"):
+        run_study(tmp_path / "run", ["Reach"], ["clean"], [0], study=StudyConfig(backend="fake", policy="fake"),
+                  execution=ExecutionConfig(workers=1, progress=False))
+    assert not list((tmp_path / "run").rglob("records/*/*/*.json"))

@@ -143,11 +143,15 @@ def test_the_expert_latches_every_subgoal_in_order_and_the_random_policy_never_s
     env.close()
 
 
-def test_the_fake_backend_lists_its_tasks_and_subgoals():
+def test_the_fake_backend_lists_its_tasks_and_subgoals_and_has_a_candidate_pool():
     out = json.loads(cli("tasks", "--backend", "fake", "--json").stdout)
     tasks = {t["task"]: t for t in out["tasks"]}
     assert list(tasks) == ["Reach", "PickPlace"] and all(t["horizon"] == HORIZON for t in tasks.values())
     assert [g["id"] for g in tasks["PickPlace"]["subgoals"]] == ["grasp_object", "carry_to_target", "release_on_target"]
+    from robocasa_shift.checks.screening import load_pool
+
+    pool = load_pool("fake")
+    assert pool.backend == "fake" and pool.candidates == ("Reach", "PickPlace")
 
 
 def test_a_fake_study_runs_audits_and_reports_without_mujoco_robosuite_or_torch(tmp_path):
@@ -171,4 +175,6 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("mujoco", 
     out = run_python(code)
     assert json.loads(out.strip().splitlines()[-1]) == []
     assert "26 rollouts run, 0 already recorded" in out and "audit: PASSED" in out
+    videos = json.loads((tmp_path / "run" / "report" / "videos.json").read_text())
+    assert videos and all(v["reproduced"] for v in videos), videos  # the pair videos re-run fake rollouts exactly
     assert (tmp_path / "run" / "report" / "index.html").exists()

@@ -4,9 +4,9 @@ File format (version 1), ``<dir>/<task>/<phase>-<episode:04d>.npz``:
 
 - ``format``: 1
 - ``actions``: float64 (T, action_dim), the actions executed at control steps 1..T
-- ``states``: float64 (T + 1, S), MuJoCo's ``mjSTATE_INTEGRATION`` state before
-  the first step and after every step (``mj_getState``; restore with ``mj_setState``
-  then ``mj_forward``)
+- ``states``: float64 (T + 1, S), the backend's physics state (``Env.get_state()["integration"]``;
+  MuJoCo's ``mjSTATE_INTEGRATION`` on the MuJoCo backends) before the first step and after
+  every step; ``Env.set_physics_state`` restores one
 - ``meta``: a JSON string: backend, task, phase, episode, env_seed, policy_seed,
   policy, success, steps, stage_names, stage_steps, spec_hash, stage_spec_hash,
   versions, state_layout
@@ -18,12 +18,12 @@ for bit; replaying ``states`` through a StageTracker validates stage specs.
 from __future__ import annotations
 
 import json
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
+from robocasa_shift.backends import get_backend
 from robocasa_shift.engine.records import Record, RolloutKey
 from robocasa_shift.engine.rollout import Observer, run_rollout
 
@@ -67,8 +67,8 @@ def record_demo(env, policy, key: RolloutKey, protocol, stage_spec, backend: str
         "stage_spec_hash": record.stage_spec_hash,
         "valid": record.valid,
         "error": record.error,
-        "versions": {"mujoco": metadata.version("mujoco")},
-        "state_layout": "mujoco mjSTATE_INTEGRATION",
+        "versions": get_backend(backend).versions(),
+        "state_layout": f"{backend} Env.get_state()['integration'] (physics state, set_physics_state restores it)",
     }
     actions = np.array(recorder.actions).reshape(len(recorder.actions), -1)
     tmp = path.with_name(f".{path.stem}.tmp.npz")

@@ -31,9 +31,11 @@ def make_policy(name: str, **options: Any) -> Policy:
 
 def check_policy_options(name: str, options: Dict[str, Any]) -> type:
     """The policy class registered under ``name``, after checking that its constructor takes ``options``."""
-
     cls = POLICIES.get(name)
-    params = inspect.signature(cls.__init__).parameters
+    if cls.__init__ is object.__init__:  # no constructor of its own: it takes no option
+        params = {}
+    else:
+        params = inspect.signature(cls.__init__).parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
     known = [n for n, p in params.items() if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     unknown = sorted(set(options) - set(known))
