@@ -59,7 +59,7 @@ def test_shards_are_disjoint_deterministic_and_cover_the_plan():
 
 
 def records_of(run_dir):
-    return {r["_file"]: comparable({k: v for k, v in r.items() if k != "_file"}) for r in RunStore(run_dir).records()}
+    return {file: comparable(r) for file, r in RunStore(run_dir).record_entries()}
 
 
 def test_screen_with_a_small_pool_writes_table_and_suite(tmp_path):

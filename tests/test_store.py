@@ -38,8 +38,9 @@ def test_records_are_written_atomically_and_read_back(tmp_path):
     path = store.write(record(3, "camera:L2"))
     assert path.name == "0003__camera-L2__r0.json"
     assert not list(path.parent.glob(".*.tmp"))
-    (rec,) = store.records()
-    assert rec["condition"] == "camera:L2" and rec["success"] is True and rec["_file"].startswith("records/formal/Lift/")
+    ((file, rec),) = store.record_entries()
+    assert rec["condition"] == "camera:L2" and rec["success"] is True and file.startswith("records/formal/Lift/")
+    assert store.records() == [rec] and "_file" not in rec
     assert store.recorded_keys() == {RolloutKey("formal", "Lift", 3, "camera:L2"): True}
 
 

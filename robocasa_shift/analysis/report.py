@@ -43,6 +43,12 @@ def _plt():
     return plt
 
 
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+
+
 def _factor_levels(conditions: List[str]) -> Dict[str, List[str]]:
     out: Dict[str, List[str]] = {}
     for c in conditions:
@@ -74,9 +80,7 @@ def fig_macro_dsr(summary: Dict[str, Any], path: Path) -> None:
     ax.set_xticks(ticks, labels)
     ax.set_ylabel("macro dSR (clean - perturbed)")
     ax.set_title("Paired degradation with 95% bootstrap CI", fontsize=10, pad=16)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def fig_task_dsr(summary: Dict[str, Any], path: Path) -> None:
@@ -95,9 +99,7 @@ def fig_task_dsr(summary: Dict[str, Any], path: Path) -> None:
                 ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=7)
     fig.colorbar(im, ax=ax, label="dSR")
     ax.set_title("Per-task paired degradation", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def fig_transitions(summary: Dict[str, Any], path: Path) -> None:
@@ -113,9 +115,7 @@ def fig_transitions(summary: Dict[str, Any], path: Path) -> None:
     ax.set_xticks(range(len(conds)), conds, rotation=45, ha="right", fontsize=8)
     ax.set_ylabel("pairs")
     ax.legend(ncol=4, fontsize=8, title="clean -> perturbed", title_fontsize=8, loc="upper left", bbox_to_anchor=(0, 1.25))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def fig_stage_depth(summary: Dict[str, Any], stage_names: Dict[str, List[str]], path: Path) -> None:
@@ -136,9 +136,7 @@ def fig_stage_depth(summary: Dict[str, Any], stage_names: Dict[str, List[str]], 
         ax.set_title(task, fontsize=9)
         ax.set_xlabel("first incomplete subgoal", fontsize=8)
     axes[0][0].set_ylabel("S->F pairs (all conditions)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 # --------------------------------------------------------------------------- videos

@@ -260,6 +260,48 @@ class PerturbableTable:
             self.array(model, name)[...] = nominal[name]
 
 
+class PerturbableModel:
+    """What an environment derives from its ``PERTURBABLE`` table: nominal values, their exact
+    restore, the model half of the fingerprint and the light hook.
+
+    A subclass sets the class attributes ``PERTURBABLE`` and ``LIGHT_FIELDS`` (the table's
+    light entries) and holds ``self.model`` (the object the table's paths start from) and
+    ``self._nominal`` (``model_values()`` of the unperturbed model).
+    """
+
+    PERTURBABLE: PerturbableTable
+    LIGHT_FIELDS: Tuple[str, ...] = ()
+
+    def model_values(self) -> Dict[str, np.ndarray]:
+        """A copy of every perturbable model value."""
+        return self.PERTURBABLE.read(self.model)
+
+    def fingerprint_of(self, state: Mapping[str, Any]) -> str:
+        """SHA-256 of ``state`` (named arrays) and every perturbable model value."""
+        return hash_arrays({**{f"state.{k}": v for k, v in state.items()},
+                            **{f"model.{k}": v for k, v in self.model_values().items()}})
+
+    def restore_nominal(self) -> None:
+        """Undo every perturbation edit of the model (exactly: the values are copied back)."""
+        self.PERTURBABLE.restore(self.model, self._nominal)
+
+    def nominal_lights(self) -> Dict[str, np.ndarray]:
+        """The unperturbed colours of every light and of the headlight."""
+        return {k: self._nominal[k].copy() for k in self.LIGHT_FIELDS}
+
+    def lights(self) -> Dict[str, np.ndarray]:
+        """The light colours the model holds now."""
+        return {k: self.PERTURBABLE.array(self.model, k).copy() for k in self.LIGHT_FIELDS}
+
+    def set_lights(self, values: Mapping[str, Any]) -> None:
+        """Write light colours by field name; an unknown name lists the valid ones."""
+        for key in values:
+            if key not in self.LIGHT_FIELDS:
+                raise UnknownNameError("light field", key, list(self.LIGHT_FIELDS))
+        for key, value in values.items():
+            self.PERTURBABLE.array(self.model, key)[...] = value
+
+
 def hash_arrays(items: Mapping[str, Any]) -> str:
     """SHA-256 over named arrays (as float64, with their shapes), in sorted name order."""
     h = hashlib.sha256()

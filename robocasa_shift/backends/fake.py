@@ -38,8 +38,9 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
-from robocasa_shift.backends.base import PerturbableTable, TaskInfo, TaskTable, hash_arrays
+from robocasa_shift.backends.base import PerturbableModel, PerturbableTable, TaskInfo, TaskTable
 from robocasa_shift.engine.stages import predicate
+from robocasa_shift.errors import UnknownNameError
 from robocasa_shift.geometry import axis_angle_quat, quat_mul, quat_to_mat
 from robocasa_shift.policies.base import NumpySeededPolicy, Observation, Policy
 
@@ -108,7 +109,7 @@ class FakeModel(SimpleNamespace):
 
 # Every value a perturbation may edit: restore_nominal and the fingerprint derive from this table.
 PERTURBABLE = PerturbableTable(tuple((name, name) for name in nominal_model()))
-LIGHT_KEYS = tuple(k for k in PERTURBABLE.names if "light" in k)
+LIGHT_FIELDS = tuple(k for k in PERTURBABLE.names if "light" in k)
 
 
 def _rot_z(theta: float) -> np.ndarray:
@@ -156,17 +157,17 @@ TASKS: Dict[str, FakeTask] = {
 # --------------------------------------------------------------------------- environment
 
 
-class FakeEnv:
+class FakeEnv(PerturbableModel):
     """A live environment of one fake task, reused across rollouts."""
 
+    PERTURBABLE = PERTURBABLE
+    LIGHT_FIELDS = LIGHT_FIELDS
     third_person_cameras = THIRD_PERSON_CAMERAS
     wrist_cameras = WRIST_CAMERAS
     action_dim = ACTION_DIM
 
     def __init__(self, task: FakeTask, render_profile: str = "fast"):
         if render_profile not in RENDER_PROFILES:
-            from robocasa_shift.errors import UnknownNameError
-
             raise UnknownNameError("render profile", render_profile, list(RENDER_PROFILES))
         self.spec = task
         self.task = task.info()
@@ -242,8 +243,6 @@ class FakeEnv:
     def render(self, camera: str, size: int) -> np.ndarray:
         """One RGB frame (uint8, size x size x 3, top row first) ray-cast onto the table plane."""
         if camera not in CAMERAS:
-            from robocasa_shift.errors import UnknownNameError
-
             raise UnknownNameError("camera", camera, list(CAMERAS))
         fovy = float(self.model.cam_fovy[CAMERAS.index(camera)])
         rays = self._rays.get((size, fovy))
@@ -322,30 +321,9 @@ class FakeEnv:
 
     def fingerprint(self) -> str:
         """Hash of the state and of every perturbable model value (the PERTURBABLE table)."""
-        state = self.get_state()
-        return hash_arrays({**{f"state.{k}": v for k, v in state.items()},
-                            **{f"model.{k}": v for k, v in PERTURBABLE.read(self.model).items()}})
+        return self.fingerprint_of(self.get_state())
 
-    def restore_nominal(self) -> None:
-        """Undo every perturbation edit of the model (the values are copied back)."""
-        PERTURBABLE.restore(self.model, self._nominal)
-
-    # ------------------------------------------------------------------ perturbation hooks
-
-    def nominal_lights(self) -> Dict[str, np.ndarray]:
-        return {k: self._nominal[k].copy() for k in LIGHT_KEYS}
-
-    def lights(self) -> Dict[str, np.ndarray]:
-        return {k: PERTURBABLE.array(self.model, k).copy() for k in LIGHT_KEYS}
-
-    def set_lights(self, values: Mapping[str, Any]) -> None:
-        unknown = sorted(set(values) - set(LIGHT_KEYS))
-        if unknown:
-            from robocasa_shift.errors import UnknownNameError
-
-            raise UnknownNameError("light", unknown[0], list(LIGHT_KEYS))
-        for key, value in values.items():
-            PERTURBABLE.array(self.model, key)[...] = value
+    # ------------------------------------------------------------------ perturbation hooks (lights: PerturbableModel)
 
     def nominal_camera_quat(self, camera: str) -> np.ndarray:
         return self._nominal["cam_quat"][CAMERAS.index(camera)].copy()

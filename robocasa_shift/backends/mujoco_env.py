@@ -14,7 +14,7 @@ from typing import Any, Dict, Mapping, Sequence
 
 import numpy as np
 
-from robocasa_shift.backends.base import PerturbableTable, hash_arrays
+from robocasa_shift.backends.base import PerturbableModel, PerturbableTable
 from robocasa_shift.errors import UnknownNameError
 
 # Controller attributes that carry state from one control step to the next.
@@ -47,9 +47,11 @@ def check_render_profile(render_profile: str) -> None:
         raise UnknownNameError("render profile", render_profile, list(RENDER_PROFILES))
 
 
-class MujocoEnv:
+class MujocoEnv(PerturbableModel):
     """Shared half of a live MuJoCo environment (see the module docstring for the subclass's half)."""
 
+    PERTURBABLE = PERTURBABLE
+    LIGHT_FIELDS = LIGHT_FIELDS
     third_person_cameras: Sequence[str] = ()
     wrist_cameras: Sequence[str] = ()
     render_profile = "fast"
@@ -160,39 +162,15 @@ class MujocoEnv:
         mj.mj_setState(self.model, self.data, np.asarray(integration), mj.mjtState.mjSTATE_INTEGRATION)
         mj.mj_forward(self.model, self.data)
 
-    def _model_values(self) -> Dict[str, np.ndarray]:
-        """Every model value a perturbation may edit (the ``PERTURBABLE`` table)."""
-        return PERTURBABLE.read(self.model)
-
     def physics_fingerprint(self) -> str:
         """Hash of the integration state, controller state and every perturbable model value."""
-        state = MujocoEnv.get_state(self, full=False)
-        return hash_arrays({**{f"state.{k}": v for k, v in state.items()}, **{f"model.{k}": v for k, v in self._model_values().items()}})
+        return self.fingerprint_of(MujocoEnv.get_state(self, full=False))
 
     def fingerprint(self) -> str:
         """Hash of the integration state, controller state and every perturbable model value."""
         return self.physics_fingerprint()
 
-    def restore_nominal(self) -> None:
-        """Undo every perturbation edit of the model (exactly: the values are copied back)."""
-        PERTURBABLE.restore(self.model, self._nominal)
-
-    # ------------------------------------------------------------------ hooks: lights and cameras
-
-    def nominal_lights(self) -> Dict[str, np.ndarray]:
-        """The unperturbed colours of every light and of the headlight."""
-        return {k: self._nominal[k].copy() for k in LIGHT_FIELDS}
-
-    def lights(self) -> Dict[str, np.ndarray]:
-        """The light colours the model holds now."""
-        return {k: PERTURBABLE.array(self.model, k).copy() for k in LIGHT_FIELDS}
-
-    def set_lights(self, values: Mapping[str, Any]) -> None:
-        """Write light colours by field name (``light_diffuse``, ``headlight_ambient``, ...)."""
-        for key, value in values.items():
-            if key not in LIGHT_FIELDS:
-                raise UnknownNameError("light field", key, list(LIGHT_FIELDS))
-            PERTURBABLE.array(self.model, key)[:] = value
+    # ------------------------------------------------------------------ hook: cameras (lights: PerturbableModel)
 
     def nominal_camera_quat(self, camera: str) -> np.ndarray:
         """The camera's unperturbed orientation in its parent body frame (w, x, y, z)."""

@@ -417,7 +417,7 @@ class RobocasaEnv(MujocoEnv):
         """Reset to the initial state of ``seed`` (bit-identical for one seed, in any process)."""
         self._seed = int(seed)
         self._reset(None)
-        self._nominal = self._model_values()
+        self._nominal = self.model_values()
         self._nominal_base = self.data.qpos[self._base_qpos_adr].copy()
         self._nominal_collision = self._robot_collides()
         self._nominal_objects = self._object_positions()

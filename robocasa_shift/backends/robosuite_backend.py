@@ -86,7 +86,7 @@ class RobosuiteEnv(MujocoEnv):
         self.action_dim = int(self.raw.action_spec[0].shape[0])
         self._context = None
         self._obs: Dict[str, np.ndarray] = {}
-        self._nominal = self._model_values()
+        self._nominal = self.model_values()
         self._robot_root = self.sim.model.body_name2id(self.robot.robot_model.root_body)
         self.steps = 0
 

@@ -76,13 +76,15 @@ def audit_run(run_dir: Path | str) -> CheckResult:
     store = RunStore(run_dir)
     manifest = store.manifest() or {}
     protocol = specs.load_protocol()
-    records = store.records()
+    entries = store.record_entries()
     expected = store.planned_keys()
     horizons = (manifest.get("env_config") or {}).get("horizons", {})
 
     by_key: Dict[RolloutKey, List[Dict[str, Any]]] = defaultdict(list)
-    for rec in records:
+    files: Dict[RolloutKey, List[str]] = defaultdict(list)
+    for file, rec in entries:
         by_key[RolloutKey.from_record(rec)].append(rec)
+        files[RolloutKey.from_record(rec)].append(file)
     tasks = sorted({k.task for k in expected} | {k.task for k in by_key})
     report: Dict[str, Any] = {"run_dir": str(run_dir), "spec_hash": protocol.spec_hash, "run_problems": [], "tasks": {}}
     if manifest.get("spec_hash") not in (None, protocol.spec_hash):
@@ -101,7 +103,7 @@ def audit_run(run_dir: Path | str) -> CheckResult:
                 failing["missing_records"].append(key.id)
         for key in task_keys:
             if len(by_key[key]) > 1:
-                failing["duplicate_records"].append(f"{key.id} ({', '.join(r['_file'] for r in by_key[key])})")
+                failing["duplicate_records"].append(f"{key.id} ({', '.join(files[key])})")
         current = {k: v[0] for k, v in by_key.items() if k.task == task}
 
         # Pairing: every rollout of a base episode shares the fingerprint and seeds of its clean twin.

@@ -39,7 +39,7 @@ def conditions_command(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @handle_errors
 def tasks_command(backend: str, as_json: bool) -> None:
-    """List a backend's tasks with their official horizon and ordered subgoals."""
+    """List a backend's tasks: instruction, horizon, success, randomization and ordered subgoals."""
     b = get_backend(backend)
     rows = []
     for name in b.task_names():
@@ -50,6 +50,8 @@ def tasks_command(backend: str, as_json: bool) -> None:
                 "task": name,
                 "horizon": info.horizon,
                 "instruction": info.instruction,
+                "success": info.description,
+                "randomization": info.randomization,
                 "subgoals": [{"id": g.id, "description": g.description} for g in spec.subgoals],
                 "stage_spec_sha256": spec.content_hash,
             }
@@ -59,6 +61,9 @@ def tasks_command(backend: str, as_json: bool) -> None:
         return
     for row in rows:
         click.echo(f"{row['task']}  (horizon {row['horizon']}): {row['instruction']}")
+        click.echo(f"  success: {row['success']}")
+        if row["randomization"]:
+            click.echo(f"  randomized: {row['randomization']}")
         for i, goal in enumerate(row["subgoals"], 1):
             click.echo(f"  g{i} {goal['id']}: {goal['description']}")
 

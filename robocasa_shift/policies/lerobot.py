@@ -53,6 +53,7 @@ import numpy as np
 from robocasa_shift.policies.base import Observation, Policy
 from robocasa_shift.policies.remote import (
     NOT_RESET,
+    ROBOCASA_CAMERAS,
     CameraMapLike,
     LayoutLike,
     StateLayoutLike,
@@ -69,14 +70,7 @@ from robocasa_shift.policies.remote import (
 IMAGE_PREFIX = "observation.images."
 STATE_KEY = "observation.state"
 # Harness camera -> LeRobot camera names (the part after "observation.images.").
-DEFAULT_CAMERA_MAP: Dict[str, Tuple[str, ...]] = {
-    # embedded backend: one third-person camera stands in for both agentview cameras
-    "robot0_robotview": ("robot0_agentview_left", "robot0_agentview_right"),
-    "robot0_eye_in_hand": ("robot0_eye_in_hand",),
-    # RoboCasa: identity
-    "robot0_agentview_left": ("robot0_agentview_left",),
-    "robot0_agentview_right": ("robot0_agentview_right",),
-}
+DEFAULT_CAMERA_MAP: Dict[str, Tuple[str, ...]] = dict(ROBOCASA_CAMERAS)
 # Policies whose predict_action_chunk stacks an observation history kept by select_action.
 HISTORY_TYPES = frozenset({"diffusion", "tdmpc", "vqbet"})
 

@@ -46,7 +46,6 @@ sent this message.
 from __future__ import annotations
 
 import inspect
-import warnings
 from dataclasses import asdict
 from importlib.metadata import version
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
@@ -54,13 +53,12 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from robocasa_shift.errors import ActionFormatError, PolicyServerError, PolicyServerTimeout
-from robocasa_shift.policies.base import Observation, Policy
+from robocasa_shift.policies.base import Observation
 from robocasa_shift.policies.remote import (
-    NOT_RESET,
     ROBOCASA_STATE,
-    UNSEEDED,
     CameraMapLike,
     LayoutLike,
+    RemotePolicy,
     StateLayoutLike,
     as_camera_map,
     as_state_layout,
@@ -247,7 +245,7 @@ def make_client(host: str = "localhost", port: Optional[int] = DEFAULT_PORT, api
 # =========================================================================== policy
 
 
-class OpenpiPolicy(Policy):
+class OpenpiPolicy(RemotePolicy):
     """An openpi policy server behind a websocket; one observation per ``n_action_steps`` control steps.
 
     Args:
@@ -294,32 +292,19 @@ class OpenpiPolicy(Policy):
         self.n_action_steps = None if n_action_steps is None else int(n_action_steps)
         self.image_size = int(image_size)
         self.client = make_client(host, port, api_key, timeout_s, connect_timeout_s)
-        self._fingerprint = NOT_RESET
-        self._warned_unseeded = False
 
     def reset(self, seed: int) -> None:
+        """Seed this connection's generator on the server, or warn once that the server takes no seed."""
         if self.client.closed:
             self.client.reconnect()
         if not self.client.seeded:
-            if not self._warned_unseeded:
-                warnings.warn(
-                    f"the openpi server at {self.client.uri} takes no seed (no '{SEEDED_RESET_KEY}' in its metadata): "
-                    "its sampling noise depends on every request it served, so paired rollouts cannot be "
-                    "guaranteed on the policy side",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                self._warned_unseeded = True
-            self._fingerprint = UNSEEDED
+            self.unseeded(
+                f"the openpi server at {self.client.uri} takes no seed (no '{SEEDED_RESET_KEY}' in its metadata): "
+                "its sampling noise depends on every request it served, so paired rollouts cannot be "
+                "guaranteed on the policy side"
+            )
             return
-        reply = self.client.reset_seed(seed)
-        fingerprint = reply.get("rng_fingerprint")
-        if not isinstance(fingerprint, str):
-            raise PolicyServerError(f"'reset' of {self.client.uri} returned no rng_fingerprint: {reply!r}", "reset")
-        self._fingerprint = fingerprint
-
-    def rng_fingerprint(self) -> str:
-        return self._fingerprint
+        self.seeded(self.client.reset_seed(seed), self.client.uri)
 
     def act(self, obs: Observation) -> np.ndarray:
         payload = observation_to_openpi(obs, self.camera_map, self.state_key, self.state_layout, self.prompt_key,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
@@ -32,8 +33,8 @@ from robocasa_shift.embodiments.panda_omron import (
     MODE,
     indices,
 )
-from robocasa_shift.errors import ActionFormatError, UnknownNameError
-from robocasa_shift.policies.base import Observation
+from robocasa_shift.errors import ActionFormatError, PolicyServerError, UnknownNameError
+from robocasa_shift.policies.base import Observation, Policy
 from robocasa_shift.seeding import rng_state_hash
 
 NOT_RESET = "not-reset"
@@ -41,6 +42,16 @@ UNSEEDED = "unseeded-server"
 
 CameraMapLike = Union[None, str, Mapping[str, Union[str, Sequence[str]]]]
 StateLayoutLike = Union[None, str, Sequence[Tuple[str, int]]]
+
+# Harness camera -> RoboCasa's camera names, as models trained on RoboCasa data know them. The
+# embedded backend's one third-person camera stands in for both agentview cameras; RoboCasa's
+# own cameras map to themselves. Clients prefix them with their wire format's key.
+ROBOCASA_CAMERAS: Dict[str, Tuple[str, ...]] = {
+    "robot0_robotview": ("robot0_agentview_left", "robot0_agentview_right"),
+    "robot0_eye_in_hand": ("robot0_eye_in_hand",),
+    "robot0_agentview_left": ("robot0_agentview_left",),
+    "robot0_agentview_right": ("robot0_agentview_right",),
+}
 
 # (proprio key, dimension) in the order of RoboCasa's LeRobot ``observation.state`` (16-D).
 ROBOCASA_STATE: Tuple[Tuple[str, int], ...] = (
@@ -53,6 +64,46 @@ ROBOCASA_STATE: Tuple[Tuple[str, int], ...] = (
 
 
 # =========================================================================== content hash
+
+
+class RemotePolicy(Policy):
+    """A policy whose model runs in another process: its RNG lives there, seeded per session when it can be.
+
+    Subclasses call :meth:`seeded` with the server's reply to a seeded reset, or
+    :meth:`unseeded` when the server cannot be seeded (paired rollouts are then not
+    guaranteed on the policy side, and the fingerprint says so).
+    """
+
+    deterministic = False
+    _fingerprint = NOT_RESET
+    _warned_unseeded = False
+
+    def seeded(self, reply: Any, endpoint: str) -> None:
+        """Take the policy RNG fingerprint from the server's reply to a seeded reset."""
+        fingerprint = reply.get("rng_fingerprint") if isinstance(reply, dict) else None
+        if not isinstance(fingerprint, str):
+            raise PolicyServerError(f"'reset' of {endpoint} returned no rng_fingerprint: {reply!r}", "reset")
+        self._fingerprint = fingerprint
+
+    def unseeded(self, why: str) -> None:
+        """Mark this rollout's policy RNG as unseeded; warn once per instance with ``why``."""
+        if not self._warned_unseeded:
+            warnings.warn(why, RuntimeWarning, stacklevel=3)
+            self._warned_unseeded = True
+        self._fingerprint = UNSEEDED
+
+    def rng_fingerprint(self) -> str:
+        """The server's fingerprint of the session RNG after the last reset (or NOT_RESET / UNSEEDED)."""
+        return self._fingerprint
+
+
+def chunk_length(steps: int, n_action_steps: Optional[int], source: str) -> int:
+    """How many steps of a ``steps``-long chunk to execute: all, or the first ``n_action_steps``."""
+    if n_action_steps is None:
+        return steps
+    if n_action_steps > steps:
+        raise ActionFormatError(f"n_action_steps={n_action_steps} exceeds the chunk of {steps} steps{source}")
+    return n_action_steps
 
 
 def canonical(obj: Any) -> Any:
@@ -292,11 +343,7 @@ def flat_to_actions(chunk: Any, layout: Sequence[FlatSlot], n_action_steps: Opti
         )
     if not np.all(np.isfinite(value)):
         raise ActionFormatError(f"'{source}' has non-finite values")
-    steps = len(value)
-    if n_action_steps is not None:
-        if n_action_steps > steps:
-            raise ActionFormatError(f"n_action_steps={n_action_steps} exceeds the chunk of {steps} steps in '{source}'")
-        steps = n_action_steps
+    steps = chunk_length(len(value), n_action_steps, f" in '{source}'")
     actions = np.zeros((steps, ACTION_DIM))
     for slot in layout:
         part = value[:steps, list(slot.columns)]

@@ -24,7 +24,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from robocasa_shift.engine.records import Record, RolloutKey
 from robocasa_shift.errors import RunDirError, RunDirLocked
@@ -221,15 +221,17 @@ class RunStore:
         if root.exists():
             yield from sorted(p for p in root.rglob("*.json") if not p.name.startswith("."))
 
-    def records(self, base: str = "records") -> List[Dict[str, Any]]:
-        """Every record of the run, as dicts, each with the file it came from under ``_file``."""
+    def record_entries(self, base: str = "records") -> List[Tuple[str, Dict[str, Any]]]:
+        """Every record of the run with the file it came from (relative to the run directory)."""
         out = []
         for path in self.record_files(base):
             with open(path) as f:
-                rec = json.load(f)
-            rec["_file"] = str(path.relative_to(self.root))
-            out.append(rec)
+                out.append((str(path.relative_to(self.root)), json.load(f)))
         return out
+
+    def records(self, base: str = "records") -> List[Dict[str, Any]]:
+        """Every record of the run, as written (one dict per record file)."""
+        return [rec for _, rec in self.record_entries(base)]
 
     def recorded_keys(self) -> Dict[RolloutKey, bool]:
         """Keys already recorded, mapped to whether their record is valid."""

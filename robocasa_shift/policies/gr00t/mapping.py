@@ -18,17 +18,12 @@ import numpy as np
 from robocasa_shift.embodiments.panda_omron import ACTION_DIM, ARM_POS, ARM_ROT, BASE_MOTION, GRIPPER, MODE, indices
 from robocasa_shift.errors import ActionFormatError
 from robocasa_shift.policies.base import Observation
-from robocasa_shift.policies.remote import binarize, checked_image, proprio_part
+from robocasa_shift.policies.remote import ROBOCASA_CAMERAS, binarize, checked_image, chunk_length, proprio_part
 
 LANGUAGE_KEY = "annotation.human.task_description"
 # Harness camera name -> GR00T video keys. Cameras not listed map to "video.<name>".
 DEFAULT_CAMERA_MAP: Dict[str, Tuple[str, ...]] = {
-    # embedded backend: one third-person camera stands in for both agentview cameras
-    "robot0_robotview": ("video.robot0_agentview_left", "video.robot0_agentview_right"),
-    "robot0_eye_in_hand": ("video.robot0_eye_in_hand",),
-    # RoboCasa: identity
-    "robot0_agentview_left": ("video.robot0_agentview_left",),
-    "robot0_agentview_right": ("video.robot0_agentview_right",),
+    camera: tuple(f"video.{name}" for name in names) for camera, names in ROBOCASA_CAMERAS.items()
 }
 # GR00T state key -> (proprio key, dimension). Quaternions stay in robosuite's x, y, z, w order,
 # as RoboCasa's gym wrapper serves them.
@@ -115,11 +110,7 @@ def gr00t_to_actions(
     lengths = {k: len(v) for k, v in arrays.items()}
     if len(set(lengths.values())) != 1:
         raise ActionFormatError(f"action keys disagree on the chunk length: {lengths}")
-    steps = next(iter(lengths.values()))
-    if n_action_steps is not None:
-        if n_action_steps > steps:
-            raise ActionFormatError(f"n_action_steps={n_action_steps} exceeds the server's chunk of {steps} steps")
-        steps = n_action_steps
+    steps = chunk_length(next(iter(lengths.values())), n_action_steps, " the server sent")
     actions = np.zeros((steps, ACTION_DIM))
     for slot in layout:
         value = arrays[slot.key][:steps]

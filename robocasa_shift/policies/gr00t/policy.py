@@ -7,13 +7,12 @@ with one warning (see ``launcher`` for why it cannot be paired).
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Dict, Optional
 
 import numpy as np
 
 from robocasa_shift.errors import PolicyServerError
-from robocasa_shift.policies.base import Observation, Policy
+from robocasa_shift.policies.base import Observation
 from robocasa_shift.policies.gr00t.client import Gr00tClient
 from robocasa_shift.policies.gr00t.mapping import (
     DEFAULT_CAMERA_MAP,
@@ -23,10 +22,10 @@ from robocasa_shift.policies.gr00t.mapping import (
     observation_to_gr00t,
 )
 from robocasa_shift.policies.gr00t.protocol import DEFAULT_PORT
-from robocasa_shift.policies.remote import NOT_RESET, UNSEEDED, CameraMapLike, as_camera_map, canonical, content_hash
+from robocasa_shift.policies.remote import CameraMapLike, RemotePolicy, as_camera_map, canonical, content_hash
 
 
-class Gr00tPolicy(Policy):
+class Gr00tPolicy(RemotePolicy):
     """GR00T N1.5 behind a ZeroMQ server; one observation per ``n_action_steps`` control steps.
 
     Args:
@@ -45,8 +44,6 @@ class Gr00tPolicy(Policy):
     camera_roles = ("third_person", "wrist")
     image_size = 256
     deterministic = False
-
-    _warned_unseeded = False
 
     def __init__(
         self,
@@ -73,33 +70,22 @@ class Gr00tPolicy(Policy):
         self.instruction = instruction
         self.language_key = language_key
         self.image_size = int(image_size)
-        self._fingerprint = NOT_RESET
         self._server_info: Optional[Dict[str, Any]] = None
 
     def reset(self, seed: int) -> None:
+        """Seed this client's session on the server (per-session RNG), or warn once that it cannot be seeded."""
         try:
             reply = self.client.reset(seed)
         except PolicyServerError as exc:
             if not exc.unknown_endpoint:
                 raise
-            if not self._warned_unseeded:
-                warnings.warn(
-                    f"the GR00T server at {self.client.endpoint} has no 'reset' endpoint (a plain N1.5 server): "
-                    "its noise comes from the server's global RNG, so paired rollouts cannot be guaranteed; "
-                    "serve the model with `python -m robocasa_shift.policies.gr00t serve` to seed it per session",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                self._warned_unseeded = True
-            self._fingerprint = UNSEEDED
+            self.unseeded(
+                f"the GR00T server at {self.client.endpoint} has no 'reset' endpoint (a plain N1.5 server): "
+                "its noise comes from the server's global RNG, so paired rollouts cannot be guaranteed; "
+                "serve the model with `python -m robocasa_shift.policies.gr00t serve` to seed it per session"
+            )
             return
-        fingerprint = reply.get("rng_fingerprint") if isinstance(reply, dict) else None
-        if not isinstance(fingerprint, str):
-            raise PolicyServerError(f"'reset' of {self.client.endpoint} returned no rng_fingerprint: {reply!r}", "reset")
-        self._fingerprint = fingerprint
-
-    def rng_fingerprint(self) -> str:
-        return self._fingerprint
+        self.seeded(reply, self.client.endpoint)
 
     def act(self, obs: Observation) -> np.ndarray:
         payload = observation_to_gr00t(obs, self.camera_map, STATE_MAP, self.instruction, self.language_key)
