@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 from robocasa_shift.policies import make_policy  # noqa: E402
 from robocasa_shift.policies.reference.nets import state_hash  # noqa: E402
-from robocasa_shift.policies.reference.train import MANIFEST, WEIGHTS_DIR  # noqa: E402
+from robocasa_shift.policies.reference.weights import MANIFEST, WEIGHTS_DIR  # noqa: E402
 from robocasa_shift.seeding import rng_state_hash  # noqa: E402
 
 
@@ -104,7 +104,8 @@ def test_training_is_bit_reproducible(tmp_path):
 @pytest.mark.sim
 def test_on_policy_round_renders_what_the_policy_sees_reproducibly(tmp_path):
     from robocasa_shift.policies.reference.data import generate_on_policy
-    from robocasa_shift.policies.reference.train import WEIGHTS_DIR, load_training_set
+    from robocasa_shift.policies.reference.train import load_training_set
+    from robocasa_shift.policies.reference.weights import WEIGHTS_DIR
 
     a = np.load(generate_on_policy("Lift", tmp_path / "a.npz", WEIGHTS_DIR, frames=30, progress=False))
     b = np.load(generate_on_policy("Lift", tmp_path / "b.npz", WEIGHTS_DIR, frames=30, progress=False))

@@ -24,8 +24,10 @@ from robocasa_shift.policies import make_policy
 PHASE = "validation"
 
 
-def _finish(run_dir: Path | str, check: str, name: str, report: Dict[str, Any], markdown: str) -> CheckResult:
-    result = CheckResult(check, bool(report["passed"]), report, markdown, f"validation/{name}")
+def _finish(run_dir: Path | str, check: str, name: str, report: Dict[str, Any], markdown) -> CheckResult:
+    """The check passes when every task passes; write it and return it."""
+    report["passed"] = all(t["passed"] for t in report["tasks"].values())
+    result = CheckResult(check, report["passed"], report, markdown(report), f"validation/{name}")
     write_result(result, run_dir)
     return result
 
@@ -131,8 +133,7 @@ def validate_stages(
             "checks": checks,
             "passed": all(checks.values()),
         }
-    report["passed"] = all(t["passed"] for t in report["tasks"].values())
-    return _finish(run_dir, "stage validation", "stages", report, stages_markdown(report))
+    return _finish(run_dir, "stage validation", "stages", report, stages_markdown)
 
 
 def stages_markdown(report: Dict[str, Any]) -> str:
@@ -254,8 +255,7 @@ def validate_pairing(
             "checks": checks,
             "passed": all(checks.values()),
         }
-    report["passed"] = all(t["passed"] for t in report["tasks"].values())
-    return _finish(run_dir, "pairing validation", "pairing", report, pairing_markdown(report))
+    return _finish(run_dir, "pairing validation", "pairing", report, pairing_markdown)
 
 
 def pairing_markdown(report: Dict[str, Any]) -> str:

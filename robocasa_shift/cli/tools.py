@@ -14,8 +14,9 @@ from robocasa_shift.bench import run_bench, table
 from robocasa_shift.cli.common import checked, config_option, handle_errors, split_names
 from robocasa_shift.config import ExecutionConfig, StudyConfig
 from robocasa_shift.policies.reference.data import PERCEPTION
-from robocasa_shift.policies.reference.train import WEIGHTS_DIR, TrainConfig
+from robocasa_shift.policies.reference.train import TrainConfig
 from robocasa_shift.policies.reference.train import train_reference as train
+from robocasa_shift.policies.reference.weights import WEIGHTS_DIR
 
 
 @click.command(name="freeze")

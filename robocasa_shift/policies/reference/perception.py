@@ -1,4 +1,4 @@
-"""The reference policy's perception: what it estimates per task, the images its networks read, their weights.
+"""The reference policy's perception: what it estimates per task and the images its networks read.
 
 A leaf of the reference package: the policy, its training-data generator and
 its trainer all read it, and it imports none of them.
@@ -7,13 +7,10 @@ its trainer all read it, and it imports none of them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
-MANIFEST = "manifest.json"
 NET_IMAGE_SIZE = 96  # networks read images resized to this (cv2.INTER_AREA)
 
 

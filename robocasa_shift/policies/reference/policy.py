@@ -30,7 +30,8 @@ from robocasa_shift.embodiments.panda_omron import ACTION_DIM, ARM_MODE, ARM_POS
 from robocasa_shift.errors import WeightsMissing
 from robocasa_shift.geometry import quat_xyzw_to_mat, wrap
 from robocasa_shift.policies.base import Observation, Policy
-from robocasa_shift.policies.reference.perception import MANIFEST, PERCEPTION, WEIGHTS_DIR, resize
+from robocasa_shift.policies.reference.perception import PERCEPTION, resize
+from robocasa_shift.policies.reference.weights import MANIFEST, WEIGHTS_DIR
 from robocasa_shift.policies.scripted import YAW_GAIN, closing_axis_yaw
 from robocasa_shift.seeding import rng_state_hash
 

@@ -19,7 +19,8 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from robocasa_shift.policies.reference.data import generate, generate_on_policy
-from robocasa_shift.policies.reference.perception import MANIFEST, NET_IMAGE_SIZE, PERCEPTION, WEIGHTS_DIR
+from robocasa_shift.policies.reference.perception import NET_IMAGE_SIZE, PERCEPTION
+from robocasa_shift.policies.reference.weights import MANIFEST, WEIGHTS_DIR
 from robocasa_shift.specs import canonical_hash
 
 MIN_LABEL_STD_M = 0.01  # a near-constant label (a resting cube's height) must not blow up the loss
