@@ -16,7 +16,7 @@ RUN ?= runs/study
 # Debian's chromium: the report tests open the HTML report in it, headless.
 APT_PACKAGES := libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6 chromium
 
-.PHONY: bench setup test test-fast demo run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate screen formal audit report setup-lerobot test-lerobot
+.PHONY: check-coverage bench setup test test-fast demo run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate screen formal audit report setup-lerobot test-lerobot
 
 setup: $(VENV)/.setup-done
 
@@ -80,6 +80,10 @@ clean-venv:
 # Performance: the harness against the simulator's own limit, side by side (~10 min on 2 cores).
 bench: setup
 	$(CLI) bench --out build/bench.json
+
+# Coverage of the dSR intervals on the simulation grid (kept out of CI; about 1.5 min on 1 core, less with WORKERS=2).
+check-coverage: setup
+	$(CLI) check-coverage --workers $(WORKERS) --out build/coverage.json
 
 # Regenerate the reference policy's weights (data rendering + training, ~30-45 min on 2 cores).
 train-reference: setup

@@ -13,9 +13,11 @@ when a run starts, not here, so building a config never imports a simulator.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from robocasa_shift.errors import BadInput
 
@@ -33,6 +35,13 @@ def at_least_one(value: Any) -> Optional[str]:
     if isinstance(value, bool) or not isinstance(value, int):
         return f"must be an integer, got {value!r}"
     return None if value >= 1 else f"must be at least 1, got {value}"
+
+
+def positive_seconds(value: Any) -> Optional[str]:
+    """Field check: a finite number of seconds > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"must be a number of seconds, got {value!r}"
+    return None if math.isfinite(value) and value > 0 else f"must be a finite number of seconds > 0, got {value}"
 
 
 def a_name(value: Any) -> Optional[str]:
@@ -86,6 +95,63 @@ def freeze_options(options: Optional[Mapping[str, Any]] | Tuple[Tuple[str, Any],
     return items
 
 
+# ---------------------------------------------------------------------------- secrets in policy options
+
+SECRET_PLACEHOLDER = "<redacted>"
+ENV_PREFIX = "env:"
+_SECRET_NAME = re.compile(r"token|key|secret|passw(or)?d", re.IGNORECASE)
+# Built-in options whose names contain "key" but name a field of a message (openpi, GR00T), not a credential:
+# kept readable in the manifest.
+MESSAGE_KEY_OPTIONS = frozenset({"state_key", "prompt_key", "actions_key", "language_key"})
+# KEY=VALUE inside a command line; KEY may follow an option given as --option=KEY=VALUE.
+_ASSIGNMENT = re.compile(r"(?P<name>[A-Za-z_][\w.-]*)=(?P<value>.*)", re.DOTALL)
+
+
+def is_secret_option(name: str) -> bool:
+    """Whether a policy option's value is a credential (its name contains token, key, secret or password).
+
+    Such values are never written into a run directory (see :func:`redact_options`), and may be given
+    as ``env:NAME`` to read them from an environment variable when the policy is built.
+    """
+    return bool(_SECRET_NAME.search(name)) and name.lower() not in MESSAGE_KEY_OPTIONS
+
+
+def is_env_reference(value: Any) -> bool:
+    """Whether ``value`` is an ``env:NAME`` reference to an environment variable."""
+    return isinstance(value, str) and value.startswith(ENV_PREFIX) and len(value) > len(ENV_PREFIX)
+
+
+def redact_options(options: Mapping[str, Any]) -> Dict[str, Any]:
+    """``options`` with the value of every secret option replaced by :data:`SECRET_PLACEHOLDER`.
+
+    An ``env:NAME`` reference is kept: it names where the secret comes from, not the secret. The
+    placeholder is fixed (never a hash: a hash of a short or guessable secret leaks it), so two
+    runs with different tokens still agree wherever run directories are compared.
+    """
+    return {name: (SECRET_PLACEHOLDER if is_secret_option(name) and value is not None and not is_env_reference(value)
+                   else value) for name, value in options.items()}
+
+
+def redact_argv(argv: Sequence[str]) -> List[str]:
+    """A command line with the value of every secret ``KEY=VALUE`` (or ``--option=KEY=VALUE``) replaced."""
+    out = []
+    for arg in argv:
+        prefix, rest = "", arg
+        if arg.startswith("--") and "=" in arg:
+            option, _, rest = arg.partition("=")
+            prefix = option + "="
+        match = _ASSIGNMENT.fullmatch(rest)
+        if match and is_secret_option(match["name"]) and not is_env_reference(match["value"]):
+            arg = f"{prefix}{match['name']}={SECRET_PLACEHOLDER}"
+        out.append(arg)
+    return out
+
+
+def redact_text(text: str) -> str:
+    """A space-joined command line with its secret values replaced (see :func:`redact_argv`)."""
+    return " ".join(redact_argv(text.split(" ")))
+
+
 def default_threads(workers: int) -> int:
     """Renderer and torch threads per worker when not given: the cores shared out among the workers."""
     return max(1, (os.cpu_count() or 1) // max(1, workers))
@@ -137,6 +203,10 @@ class ExecutionConfig:
                                  "call per decision point. Records are unchanged for policies whose outputs do not "
                                  "depend on the batch (reference); the batch size is recorded in commands.jsonl.",
                          check=at_least_one)
+    rollout_timeout_s: float = _option(
+        3600.0, help="Wall-clock limit per rollout in a worker process: a worker that shows no progress for this "
+                     "long (times the rollouts of a lockstep group) is killed, its rollouts are recorded as invalid "
+                     "(worker_timeout) and a fresh worker takes over. Recorded with the run.", check=positive_seconds)
     progress: bool = _option(True, help="Show a progress bar with ETA.")
 
     def __post_init__(self):
@@ -152,8 +222,9 @@ class ExecutionConfig:
     def record(self) -> Dict[str, Any]:
         """The settings kept with the run (manifest ``executions``, ``commands.jsonl``); not the progress bar."""
         return {"executor": self.executor, "workers": self.workers, "address": self.address,
-                "threads": self.threads, "batch": self.batch}
+                "threads": self.threads, "batch": self.batch, "rollout_timeout_s": self.rollout_timeout_s}
 
 
-__all__ = ["DEFAULT_BACKEND", "DEFAULT_POLICY", "ExecutionConfig", "StudyConfig", "check_field", "config_field",
-           "default_threads", "field_help", "freeze_options"]
+__all__ = ["DEFAULT_BACKEND", "DEFAULT_POLICY", "ENV_PREFIX", "ExecutionConfig", "SECRET_PLACEHOLDER", "StudyConfig",
+           "check_field", "config_field", "default_threads", "field_help", "freeze_options", "is_env_reference",
+           "is_secret_option", "redact_argv", "redact_options", "redact_text"]

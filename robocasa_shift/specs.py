@@ -37,14 +37,35 @@ def canonical_hash(content: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _non_finite(content: Any, where: str = "") -> Optional[str]:
+    """The dotted path of the first NaN or infinite number in parsed content, or None.
+
+    Content hashes are canonical JSON, which has no NaN: such a value must be refused by name,
+    not crash the hash.
+    """
+    if isinstance(content, float) and not math.isfinite(content):
+        return where or "(document)"
+    items = content.items() if isinstance(content, dict) else enumerate(content) if isinstance(content, list) else ()
+    for k, v in items:
+        found = _non_finite(v, f"{where}[{k}]" if isinstance(k, int) else f"{where}.{k}" if where else str(k))
+        if found:
+            return found
+    return None
+
+
 def _read_yaml(path: Path) -> Dict[str, Any]:
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             content = yaml.safe_load(f)
     except yaml.YAMLError as exc:
         raise SpecError(path, "(document)", f"not valid YAML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(path, "(document)", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if not isinstance(content, dict):
         raise SpecError(path, "(document)", "expected a mapping at the top level")
+    bad = _non_finite(content)
+    if bad:
+        raise SpecError(path, bad, "must be a finite number (NaN and infinity have no canonical hash)")
     return content
 
 
@@ -157,11 +178,24 @@ def _load_factor(path: Path, level_names: Tuple[str, ...]) -> FactorSpec:
 
 
 def read_lock(directory: Path) -> Dict[str, Dict[str, str]]:
+    """The lock file's ``{file name: {version: sha256}}`` ({} before anything was frozen).
+
+    Raises:
+        FrozenSpecError: the lock file is not that (corrupt, truncated, not UTF-8); the message names it.
+    """
     path = Path(directory) / LOCK_NAME
     if not path.exists():
         return {}
-    with open(path) as f:
-        return json.load(f)
+    fix = (f"restore it from version control (git checkout -- {path}); regenerating it with `freeze` would "
+           f"freeze whatever the spec files say now")
+    try:
+        lock = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FrozenSpecError(f"{path}: the lock file is corrupt ({exc}); {fix}") from None
+    if not (isinstance(lock, dict) and all(isinstance(v, dict) and all(isinstance(h, str) for h in v.values())
+                                           for v in lock.values())):
+        raise FrozenSpecError(f"{path}: the lock file is not a mapping of file -> version -> sha256; {fix}")
+    return lock
 
 
 def _check_frozen(lock: Mapping[str, Mapping[str, str]], directory: Path, name: str, version: int, digest: str) -> None:

@@ -381,7 +381,10 @@ def test_optional_columns_get_defaults_and_extras_are_dropped(table):
     assert list(frame.columns) == [
         "phase", "task", "episode", "condition", "replicate", "valid", "success",
         "n_stages", "stages_completed", "first_incomplete", "spec_hash", "stage_error",
+        # identity columns are carried for the validity checks, None where the table lacks them
+        "env_fingerprint", "policy_rng_fingerprint", "stage_spec_hash", "policy", "backend",
     ]
+    assert frame["backend"].eq("robosuite").all() and frame["policy"].isna().all()
     assert frame["phase"].eq("formal").all() and frame["replicate"].eq(0).all()
     assert frame["valid"].all() and not frame["stage_error"].any()
     assert frame["spec_hash"].isna().all()
@@ -453,7 +456,7 @@ def test_write_analysis_writes_summary_and_tables(tmp_path, table):
 
     written = json.loads((out / "summary.json").read_text(), parse_constant=refuse_constant)
     assert written == returned
-    for name in ("sr", "dsr", "transitions", "stages", "first_incomplete"):
+    for name in ("sr", "dsr", "transitions", "stages", "first_incomplete", "trend"):
         assert (out / f"{name}.csv").is_file(), name
 
     sr = pd.read_csv(out / "sr.csv")
@@ -481,4 +484,6 @@ def test_write_analysis_writes_summary_and_tables(tmp_path, table):
     assert len(first) == 4 * (4 + 3)  # per condition: Alpha 1..3 + complete, Beta 1..2 + complete
     alpha_camera = first[(first.condition == "camera:L2") & (first.task == "Alpha")]
     assert dict(zip(alpha_camera.subgoal, alpha_camera["count"])) == {"1": 1, "2": 0, "3": 0, "complete": 1}
-    assert set(tables(returned)) == {"sr", "dsr", "transitions", "stages", "first_incomplete"}
+    assert set(tables(returned)) == {"sr", "dsr", "transitions", "stages", "first_incomplete", "trend"}
+    # the original columns of dsr.csv come first and unchanged; the new ones follow
+    assert list(dsr.columns[:6]) == ["task", "condition", "n_pairs", "dsr", "ci_lo", "ci_hi"]

@@ -155,7 +155,7 @@ def test_execution_and_study_configs_validate_on_construction_and_pickle():
     execution = ExecutionConfig(workers=2, batch=3, progress=False).resolved()
     assert execution.workers == 2 and execution.threads >= 1 and execution.batch == 3
     assert execution.record() == {"executor": "local", "workers": 2, "address": None,
-                                  "threads": execution.threads, "batch": 3}
+                                  "threads": execution.threads, "batch": 3, "rollout_timeout_s": 3600.0}
     study = StudyConfig(policy="expert", policy_options={"gain": 2})
     assert pickle.loads(pickle.dumps(study)) == study and pickle.loads(pickle.dumps(execution)) == execution
     assert hash(study) == hash(StudyConfig(policy="expert", policy_options=(("gain", 2),)))

@@ -7,6 +7,7 @@ GR00T N1.5 that, like the real flow-matching head, draws its noise with
 
 import io
 import json
+import threading
 import time
 import warnings
 
@@ -17,13 +18,19 @@ import torch
 import zmq
 from helpers import paired_lift_rollouts
 
-from robocasa_shift.errors import ActionFormatError, PolicyServerError, PolicyServerTimeout
+from robocasa_shift.errors import ActionFormatError, PolicyOptionError, PolicyServerError, PolicyServerTimeout
 from robocasa_shift.policies.base import Observation
 from robocasa_shift.policies.gr00t.client import Gr00tClient
 from robocasa_shift.policies.gr00t.launcher import Gr00tLauncher
 from robocasa_shift.policies.gr00t.mapping import LANGUAGE_KEY, gr00t_to_actions, observation_to_gr00t
 from robocasa_shift.policies.gr00t.policy import Gr00tPolicy
-from robocasa_shift.policies.gr00t.protocol import packb, torch_packb, torch_unpackb, unpackb
+from robocasa_shift.policies.gr00t.protocol import (
+    PickleSerializerWarning,
+    packb,
+    torch_packb,
+    torch_unpackb,
+    unpackb,
+)
 from robocasa_shift.policies.remote import UNSEEDED, content_hash
 from robocasa_shift.seeding import rng_state_hash
 
@@ -150,23 +157,73 @@ def test_msgpack_round_trip_keeps_dtypes_shapes_and_values():
         assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
 
 
-def test_torch_serializer_round_trip_and_server(server):
+class LegacyTorchServer:
+    """A pre-August-2025 GR00T server on loopback: whole messages through torch.save / torch.load, no ``reset``.
+
+    The harness's launcher no longer speaks this format (it would unpickle requests), so the
+    client's opt-in torch serializer is tested against this stand-in.
+    """
+
+    def __init__(self):
+        self.context = zmq.Context()
+        self.sock = self.context.socket(zmq.REP)
+        self.port = self.sock.bind_to_random_port(f"tcp://{HOST}")
+        self.model = StandInModel()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self):
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        while not self._stop.is_set():
+            if not poller.poll(50):
+                continue
+            message = self.sock.recv()
+            try:
+                request = torch_unpackb(message)  # trusted: the test's own client sent it
+                endpoint = request.get("endpoint", "get_action")
+                if endpoint == "ping":
+                    reply = {"status": "ok"}
+                elif endpoint == "get_modality_config":
+                    reply = {"action": {"delta_indices": list(range(CHUNK))}, "model": MODEL_INFO}
+                elif endpoint == "get_action":
+                    reply = self.model.get_action(request["data"])
+                else:
+                    reply = {"error": f"Unknown endpoint: {endpoint}"}
+            except Exception as exc:
+                reply = {"error": f"{type(exc).__name__}: {exc}"}
+            self.sock.send(torch_packb(reply))
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close(linger=0)
+        self.context.term()
+
+
+def test_the_torch_serializer_needs_an_explicit_opt_in_warns_and_talks_to_an_old_server():
     payload = {"state.x": np.arange(4.0)[None], LANGUAGE_KEY: ["go"], "nested": {"t": np.uint8(3)}}
     back = torch_unpackb(torch_packb(payload))
     assert np.array_equal(back["state.x"], payload["state.x"]) and back[LANGUAGE_KEY] == ["go"]
-    launcher = start_launcher(serializer="torch")
+    old = LegacyTorchServer()
     try:
-        policy = policy_for(launcher, serializer="torch")
-        policy.reset(4)
-        assert policy.rng_fingerprint() == torch_fingerprint(4)
+        with pytest.raises(PolicyOptionError, match="allow_pickle=true"):
+            Gr00tPolicy(host=HOST, port=old.port, serializer="torch")
+        with pytest.warns(PickleSerializerWarning, match="unpickled"):
+            policy = Gr00tPolicy(host=HOST, port=old.port, timeout_s=5.0, serializer="torch", allow_pickle=True)
+        with pytest.warns(RuntimeWarning, match="no 'reset' endpoint"):
+            policy.reset(4)
+        assert policy.rng_fingerprint() == UNSEEDED
         assert policy.act(make_obs()).shape == (8, 12)
-        mismatched = Gr00tClient(HOST, launcher.port, timeout_s=2.0, retries=0, serializer="msgpack")
+        assert policy.identity()["serializer"] == "torch" and policy.identity()["model"] == MODEL_INFO
+        mismatched = Gr00tClient(HOST, old.port, timeout_s=2.0, retries=0, serializer="msgpack")
         with pytest.raises(PolicyServerError, match="serializer"):
             mismatched.get_modality_config()
         policy.close()
         mismatched.close()
     finally:
-        launcher.stop()
+        old.stop()
 
 
 # --------------------------------------------------------------------------- mapping

@@ -1,9 +1,11 @@
 """The HTML report on a small run of the fake backend, opened in headless Chromium."""
 
 import json
+import re
 import shutil
 import subprocess
 
+import pandas as pd
 import pytest
 
 from robocasa_shift.backends.fake import HORIZON, FakeExpertPolicy
@@ -93,3 +95,114 @@ def test_report_opens_in_headless_chromium(report_dir, tmp_path):
     image = cv2.imread(str(shot))
     assert image is not None and image.shape[:2] == (2400, 1200)
     assert image.std() > 20  # tables and figures, not a blank page
+
+
+# --------------------------------------------------------------------------- issue 12, item 12: what the page says
+
+
+def test_report_shows_calibrated_intervals_verdicts_and_holm_families(report_dir):
+    run_dir, page = report_dir
+    text = page.read_text()
+    for words in ("calibrated 95% CI", "percentile bootstrap (paper)", "sign-flip p (Holm)", "min. detectable dSR",
+                  "Holm families", "Severity: is dSR non-decreasing in the level?", "Invalid rollouts and pairs"):
+        assert words in text, words
+    assert any(v in text for v in ("DEGRADED", "IMPROVED", "NO CHANGE DETECTED", "UNDERPOWERED"))
+    # one pair per task and condition: every percentile interval is a point, and the page says so
+    assert "zero width" in text and "That is not certainty" in text
+
+
+def test_report_shows_the_policy_identity_as_a_table_not_json(report_dir):
+    run_dir, page = report_dir
+    text = page.read_text()
+    assert "<th>name</th><td>finicky</td>" in text
+    assert "{&quot;name&quot;" not in text and '{"name"' not in text
+
+
+def hand_summary():
+    """A summary with a 2-subgoal and a 5-subgoal task and stacked transitions reaching the top."""
+    from robocasa_shift.analysis.measures import analyze
+
+    rows = []
+    for task, k in (("Alpha", 2), ("Beta", 5)):
+        for episode in range(10):
+            rows.append({"task": task, "episode": episode, "condition": "clean", "success": True, "n_stages": k,
+                         "stages_completed": k, "first_incomplete": ""})
+            for condition, fails in (("camera:L3", 9), ("blur:L1", 1), ("base:L2", 4)):
+                done = episode % k if episode < fails else k
+                rows.append({"task": task, "episode": episode, "condition": condition, "success": episode >= fails,
+                             "n_stages": k, "stages_completed": done, "first_incomplete": "" if done == k else done + 1})
+    return analyze(pd.DataFrame(rows), n_boot=100)
+
+
+def test_stage_depth_table_prints_integer_counts_in_subgoal_order():
+    from robocasa_shift.analysis.report import _first_incomplete_table
+
+    summary = hand_summary()
+    table = _first_incomplete_table(summary, {"Alpha": ["a1", "a2"], "Beta": ["b1", "b2", "b3", "b4", "b5"]})
+    header = re.findall(r"<th>(.*?)</th>", table)
+    assert header == ["condition", "task", "g1", "g2", "g3", "g4", "g5", "complete"]
+    assert "0.000" not in table and ".0<" not in table
+    # camera:L3, Alpha (K = 2): 9 S->F pairs stopped at g1 (5) and g2 (4); g3..g5 do not exist for Alpha
+    assert "<td>camera:L3</td><td>Alpha</td><td>5</td><td>4</td><td>-</td><td>-</td><td>-</td><td>0</td>" in table
+
+
+def capture_figure(monkeypatch, draw):
+    """Run a figure function and return its matplotlib figure instead of closing it."""
+    from robocasa_shift.analysis import report
+
+    captured = {}
+    monkeypatch.setattr(report, "_save", lambda fig, path: captured.setdefault("fig", fig))
+    draw()
+    fig = captured["fig"]
+    fig.tight_layout()  # as _save: laid out at the figure's dpi, then drawn at the dpi it is saved with
+    fig.set_dpi(110)
+    fig.canvas.draw()
+    return fig
+
+
+def test_transitions_legend_does_not_cover_the_bars(monkeypatch, tmp_path):
+    from robocasa_shift.analysis.report import fig_transitions
+
+    fig = capture_figure(monkeypatch, lambda: fig_transitions(hand_summary(), tmp_path / "t.png"))
+    ax = fig.axes[0]
+    legend = ax.get_legend().get_window_extent()
+    bars = [patch.get_window_extent() for patch in ax.patches if patch.get_height() > 0]
+    assert bars and not any(legend.overlaps(bar) for bar in bars)
+    assert not legend.overlaps(ax.get_window_extent())  # beside the axes, not on them
+
+
+def test_heatmap_labels_are_white_on_dark_cells(monkeypatch, tmp_path):
+    from robocasa_shift.analysis.report import fig_task_dsr
+
+    fig = capture_figure(monkeypatch, lambda: fig_task_dsr(hand_summary(), tmp_path / "h.png"))
+    labels = {(text.get_text(), text.get_color()) for text in fig.axes[0].texts}
+    assert ("0.90", "white") in labels  # camera:L3: dark red
+    assert ("0.10", "black") in labels  # blur:L1: pale
+
+
+INJECTION = "\"'><script>alert(1)"
+
+
+def test_report_escapes_run_directory_strings_and_checks_conditions(tmp_path):
+    """A record condition and a contact-sheet name carrying markup reach the page only as text."""
+    from robocasa_shift.analysis.report import build_report
+    from robocasa_shift.config import ExecutionConfig, StudyConfig
+    from robocasa_shift.study.runner import run
+
+    run_dir = tmp_path / "run"
+    run(run_dir, ["Reach"], ["clean", "blur:L3"], [0, 1], StudyConfig(backend="fake", policy="fake-expert"),
+        ExecutionConfig(workers=1, progress=False))
+    source = run_dir / "records" / "formal" / "Reach" / "0000__blur-L3__r0.json"
+    record = json.loads(source.read_text())
+    record["condition"] = f"blur:L3{INJECTION}"
+    (source.parent / "0000__evil__r0.json").write_text(json.dumps(record))
+    (run_dir / "calibration").mkdir()
+    (run_dir / "calibration" / "calibration.md").write_text("# Calibration\n\n| factor | ok |\n|---|---|\n| blur | yes |\n")
+    (run_dir / "calibration" / f"contact_sheet_blur{INJECTION}.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    text = build_report(run_dir, videos_per_kind=0, n_boot=100).read_text()
+    assert "<script" not in text.lower() and "\"'>" not in text
+    assert "Left out: records whose condition is not in the frozen spec" in text
+    assert "&lt;script&gt;" in text  # shown, as text
+    assert "contact_sheet_blur%22%27%3E%3Cscript%3Ealert%281%29.png" in text  # the src, percent-encoded
+    summary = json.loads((run_dir / "analysis" / "summary.json").read_text())
+    assert list(summary["conditions"]) == ["clean", "blur:L3"]  # the unknown condition never reached the analysis

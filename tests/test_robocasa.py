@@ -271,6 +271,56 @@ def test_rinse_latch_and_sink_predicates_through_robocasas_code():
     assert raw.washed_loc == before  # predicates never latch
 
 
+def _replay_env(raw, sink, restore):
+    """A RobocasaEnv around a bare RoboCasa task (no kitchen, no assets): ``restore(state)`` stands in
+    for restoring the recorded physics, and the sink stub for the fixture the predicates read."""
+    env = object.__new__(rb.RobocasaEnv)
+    env.raw = raw
+    env.fixture = lambda name: {"sink": sink}[name]
+    env.set_physics_state = restore
+    return env
+
+
+@needs_robocasa
+def test_stage_replay_latches_wash_lettuces_counter_through_replay_step():
+    """validate-stages replays demonstrations through RobocasaEnv.replay_step, which does RoboCasa's
+    step bookkeeping (success check, then update_state), so washed_time counts on replay."""
+    from robocasa.environments.kitchen.composite.making_salads.wash_lettuce import WashLettuce
+
+    from robocasa_shift.checks.validation import replay_states
+
+    sink = SimpleNamespace(check_obj_under_water=lambda env, name: True,
+                           get_handle_state=lambda env: {"water_on": True, "spout_ori": "center"})
+    restored = []
+    env = _replay_env(_bare(WashLettuce, sink=sink, washed_time=0), sink, restored.append)
+    out = replay_states(env, specs.load_stage_spec("robocasa", "WashLettuce"), np.zeros((31, 2)))
+    # water on and lettuce under water from the first replayed step; washed at RoboCasa's 25 steps
+    assert out["stage_steps"] == [1, 1, 25] and out["all_reached"]
+    assert out["error"] is None and not out["holding_errors"]
+    assert len(restored) == 30 and env.raw.washed_time == 30  # one counter update per replayed state
+
+
+@needs_robocasa
+def test_stage_replay_latches_rinse_sink_basins_locations_through_replay_step():
+    """RinseSinkBasin latches washed_loc inside its success check: replay_step calls it once per state."""
+    from robocasa.environments.kitchen.composite.cleaning_sink.rinse_sink_basin import RinseSinkBasin
+
+    from robocasa_shift.checks.validation import replay_states
+
+    handle = {"water_on": True, "spout_ori": "left"}
+    sink = SimpleNamespace(get_handle_state=lambda env: dict(handle))
+
+    def restore(state):  # the recorded state sets where the spout points
+        handle["spout_ori"] = ("left", "center", "right")[int(state[0])]
+
+    env = _replay_env(_bare(RinseSinkBasin, sink=sink, washed_loc=[False, False, False]), sink, restore)
+    states = np.array([[0.0], [0.0], [0.0], [1.0], [1.0], [2.0]])
+    out = replay_states(env, specs.load_stage_spec("robocasa", "RinseSinkBasin"), states)
+    assert out["stage_steps"] == [1, 3, 5] and out["all_reached"]
+    assert out["error"] is None and not out["holding_errors"]
+    assert env.raw.washed_loc == [True, True, True]
+
+
 @needs_robocasa
 def test_global_random_draws_of_robocasas_camera_jitter_are_seeded():
     import robocasa.utils.camera_utils as CamUtils

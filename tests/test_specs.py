@@ -37,7 +37,8 @@ def test_hash_ignores_comments_and_formatting(tmp_path):
 
 def test_tampered_number_is_refused_with_both_hashes(spec_copy):
     path = spec_copy / "blur.yaml"
-    frozen = specs.read_lock(spec_copy)["blur.yaml"]["1"]
+    version = yaml.safe_load(path.read_text())["version"]
+    frozen = specs.read_lock(spec_copy)["blur.yaml"][str(version)]
     path.write_text(path.read_text().replace("L3: {sigma_px: 4}", "L3: {sigma_px: 5}"))
     current = specs.canonical_hash(yaml.safe_load(path.read_text()))
     with pytest.raises(errors.FrozenSpecError) as info:
@@ -51,15 +52,17 @@ def test_tampered_number_is_refused_with_both_hashes(spec_copy):
 
 def test_bumped_version_must_be_frozen_and_old_versions_stay(spec_copy):
     path = spec_copy / "blur.yaml"
-    path.write_text(path.read_text().replace("version: 1", "version: 2").replace("L3: {sigma_px: 4}", "L3: {sigma_px: 5}"))
-    with pytest.raises(errors.FrozenSpecError, match="version 2 is not frozen"):
+    old = yaml.safe_load(path.read_text())["version"]
+    new = old + 1
+    path.write_text(path.read_text().replace(f"version: {old}", f"version: {new}").replace("L3: {sigma_px: 4}", "L3: {sigma_px: 5}"))
+    with pytest.raises(errors.FrozenSpecError, match=f"version {new} is not frozen"):
         specs.load_protocol(spec_copy)
     frozen = specs.freeze(spec_copy)
-    assert len(frozen) == 1 and frozen[0].startswith("blur.yaml version 2")
+    assert len(frozen) == 1 and frozen[0].startswith(f"blur.yaml version {new}")
     protocol = specs.load_protocol(spec_copy)
     assert protocol.factor("blur").level("L3") == {"sigma_px": 5.0}
     lock = json.loads((spec_copy / "spec.lock").read_text())
-    assert set(lock["blur.yaml"]) == {"1", "2"}
+    assert set(lock["blur.yaml"]) == {str(v) for v in range(1, new + 1)}
 
 
 def test_freeze_never_rewrites_a_frozen_version(spec_copy):

@@ -78,8 +78,11 @@ def test_calibrate_cli_writes_table_and_contact_sheet(tmp_path):
     assert "calibration: PASSED" in proc.stdout
     table = pd.read_csv(tmp_path / "calibration" / "records.csv")
     assert len(table) == 13 and table.passed.all()
-    illum = table[table.condition.str.startswith("illumination")].brightness.tolist()
-    assert illum == sorted(illum, reverse=True)
+    for role in ("third_person", "wrist"):  # every camera the policy reads is measured
+        illum = table[table.condition.str.startswith("illumination")][f"brightness_{role}"].tolist()
+        assert illum == sorted(illum, reverse=True)
+        blur = table[table.condition.str.startswith("blur")][f"sharpness_ratio_{role}"].tolist()
+        assert blur == sorted(blur, reverse=True) and blur[0] < 0.2
     cam = table[table.condition.str.startswith("camera")]
     assert cam.wrist_identical.all() and (cam.third_change > 0.5).all()
     import cv2
@@ -87,4 +90,4 @@ def test_calibrate_cli_writes_table_and_contact_sheet(tmp_path):
     sheet = cv2.imread(str(tmp_path / "calibration" / "contact_sheet_Lift.png"))
     assert sheet.shape[0] == 24 + 13 * 128 and sheet.shape[1] == 150 + 2 * 128
     report = json.loads((tmp_path / "calibration" / "calibration.json").read_text())
-    assert report["passed"] and report["n_records"] == 13
+    assert report["passed"] and report["n_records"] == 13 and report["image_size"] == 128

@@ -3,106 +3,222 @@
 Rollouts are paired by key (phase, task, episode, condition, replicate):
 both runs saw the same initial state and perturbation. Per condition: the
 paired difference in success (A - B) and in normalized stage depth, with
-within-task bootstrap CIs (macro = equal-weight mean over tasks), and an
-exact McNemar test on the discordant pairs, Holm-adjusted across conditions.
+within-task bootstrap CIs (macro = equal-weight mean over tasks), the
+calibrated interval and the exact stratified sign-flip test of the macro
+success difference (Holm-adjusted across conditions), and an exact McNemar
+test on the discordant pairs as a pooled diagnostic.
+
+A pair is valid when both rollouts are valid, neither is a perturbed rollout
+whose fingerprints differ from its own clean twin's (PROTOCOL.md section 6),
+and both runs started from the same initial state (equal ``env_fingerprint``).
+Stage depth compares only pairs without a StageTracker error on either side.
+A macro over fewer tasks than the runs share is null, with ``missing_tasks``.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import pandas as pd
 
+from robocasa_shift.analysis import statistics as stats
 from robocasa_shift.analysis.export import records_frame
 from robocasa_shift.analysis.measures import (
     AnalysisError,
     _condition_rng,
+    _differ,
     _percentile_interval,
     holm_adjust,
+    mark_fingerprint_mismatches,
     mcnemar_exact_p,
     normalize,
     order_conditions,
 )
 from robocasa_shift.study.store import RunStore
 
+KEYS = ["phase", "task", "episode", "condition", "replicate"]
+COMPARE_INVALID_REASONS = ("missing_in_a", "missing_in_b", "fingerprint_mismatch", "invalid_in_a", "invalid_in_b")
+
+
+def _check_stage_specs(ma: Dict[str, Any], mb: Dict[str, Any]) -> None:
+    """Refuse runs whose stage specs differ for a task they share: depth would mean different things."""
+    ha, hb = ma.get("stage_spec_hashes") or {}, mb.get("stage_spec_hashes") or {}
+    differing = {t: (ha[t], hb[t]) for t in sorted(set(ha) & set(hb)) if ha[t] != hb[t]}
+    if differing:
+        text = "; ".join(f"{t}: {a} vs {b}" for t, (a, b) in differing.items())
+        raise AnalysisError(f"runs differ in stage_spec_hashes ({text}); compare only runs of one stage-spec version")
+
+
+def _run_rows(run_dir: Path | str, phase: str) -> pd.DataFrame:
+    """One run's rows of ``phase``, normalized, with twin-fingerprint mismatches marked invalid."""
+    rows = normalize(records_frame(run_dir))
+    return mark_fingerprint_mismatches(rows[rows.phase == phase])
+
+
+def _compare_reasons(both: pd.DataFrame) -> np.ndarray:
+    """Why each row of the outer merge of the two runs is not a valid pair ('' when it is one)."""
+    where = both["_merge"].to_numpy()
+    mismatch = both["fingerprint_mismatch_a"].fillna(False).to_numpy(bool) | both["fingerprint_mismatch_b"].fillna(
+        False).to_numpy(bool)
+    mismatch |= np.array([_differ(a, b) for a, b in zip(both["env_fingerprint_a"], both["env_fingerprint_b"])])
+    return np.select(
+        [where == "right_only", where == "left_only", mismatch,
+         ~both["valid_a"].fillna(False).to_numpy(bool), ~both["valid_b"].fillna(False).to_numpy(bool)],
+        list(COMPARE_INVALID_REASONS), default="",
+    )
+
 
 def compare_runs(run_a: Path | str, run_b: Path | str, phase: str = "formal", n_boot: int = 10000,
-                 bootstrap_seed: int = 0) -> Dict[str, Any]:
+                 bootstrap_seed: int = 0, min_effect: float = stats.MIN_EFFECT) -> Dict[str, Any]:
+    """Pair two runs' rollouts by key and measure A - B per condition (see the module docstring).
+
+    Raises:
+        AnalysisError: the runs differ in spec hash, study seed, backend or a shared task's stage
+            spec, or share no valid pair.
+    """
     ma, mb = RunStore(run_a).manifest() or {}, RunStore(run_b).manifest() or {}
     for field in ("spec_hash", "study_seed", "backend"):
         if ma.get(field) != mb.get(field):
             raise AnalysisError(f"runs differ in {field}: {ma.get(field)} vs {mb.get(field)}; compare only runs of one frozen suite")
-    keys = ["phase", "task", "episode", "condition", "replicate"]
-    a = normalize(records_frame(run_a))
-    b = normalize(records_frame(run_b))
-    a, b = a[(a.phase == phase) & a.valid], b[(b.phase == phase) & b.valid]
-    merged = a.merge(b, on=keys, suffixes=("_a", "_b"))
+    _check_stage_specs(ma, mb)
+    a, b = _run_rows(run_a, phase), _run_rows(run_b, phase)
+    both = a.merge(b, on=KEYS, suffixes=("_a", "_b"), how="outer", indicator=True)
+    # Canonical order: the bootstrap draws pair positions, which must not depend on file order.
+    both = both.sort_values(["task", "condition", "episode", "replicate"], kind="stable").reset_index(drop=True)
+    reasons = _compare_reasons(both)
+    merged = both[reasons == ""].copy()
     if merged.empty:
         raise AnalysisError("the runs share no valid rollout keys")
-    merged["depth_a"] = merged.stages_completed_a / merged.n_stages_a
-    merged["depth_b"] = merged.stages_completed_b / merged.n_stages_b
+    for name in ("success_a", "success_b", "stage_error_a", "stage_error_b"):
+        merged[name] = merged[name].astype(bool)
+    merged["depth_a"] = merged.stages_completed_a.astype(float) / merged.n_stages_a.astype(float)
+    merged["depth_b"] = merged.stages_completed_b.astype(float) / merged.n_stages_b.astype(float)
+    # PROTOCOL.md section 6: a StageTracker error leaves a rollout valid for success, not for stage measures.
+    merged["depth_ok"] = ~(merged.stage_error_a | merged.stage_error_b)
     out: Dict[str, Any] = {
         "a": {"run": str(run_a), "policy": ma.get("policy")},
         "b": {"run": str(run_b), "policy": mb.get("policy")},
         "spec_hash": ma.get("spec_hash"),
-        "bootstrap": {"seed": bootstrap_seed, "n_boot": n_boot, "method": "within-task pair bootstrap, macro over tasks"},
+        "stage_spec_hashes": ma.get("stage_spec_hashes"),
+        "bootstrap": {"seed": bootstrap_seed, "n_boot": n_boot, "method": "within-task pair bootstrap, macro over tasks",
+                      "pair_order": "pairs sorted by (task, episode, replicate) before resampling"},
+        "intervals": {"success_diff_ci95": stats.PERCENTILE_METHOD,
+                      "success_diff_ci95_calibrated": stats.CALIBRATED_METHOD},
+        "holm_families": {
+            "signflip": "the stratified sign-flip test of the macro success difference, across conditions",
+            "mcnemar": "the pooled McNemar test (a diagnostic), across conditions",
+        },
+        "min_effect": float(min_effect),
+        "invalid_pair_reasons": list(COMPARE_INVALID_REASONS),
         "conditions": {},
     }
-    tasks = sorted(set(merged.task))
-    for cond in order_conditions(set(merged.condition)):
-        rows = merged[merged.condition == cond]
-        per_task, boots_s, boots_d = {}, [], []
-        for task in tasks:
-            t = rows[rows.task == task]
-            if t.empty:
-                continue
-            ds = t.success_a.astype(float).to_numpy() - t.success_b.astype(float).to_numpy()
-            dd = (t.depth_a - t.depth_b).to_numpy(dtype=float)
-            idx = _condition_rng(bootstrap_seed, cond, task).integers(0, len(t), size=(n_boot, len(t)))
-            bs, bd = ds[idx].mean(1), dd[idx].mean(1)
-            boots_s.append(bs)
-            boots_d.append(bd)
-            b_, c_ = int(((t.success_a) & (~t.success_b)).sum()), int(((~t.success_a) & (t.success_b)).sum())
-            per_task[task] = {"n_pairs": len(t), "success_diff": float(ds.mean()), "success_diff_ci95": _percentile_interval(bs),
-                              "depth_diff": float(dd.mean()), "depth_diff_ci95": _percentile_interval(bd),
-                              "a_only": b_, "b_only": c_, "mcnemar_p": mcnemar_exact_p(b_, c_)}
-        a_only = sum(v["a_only"] for v in per_task.values())
-        b_only = sum(v["b_only"] for v in per_task.values())
-        out["conditions"][cond] = {
-            "n_pairs": int(len(rows)),
-            "macro_success_diff": float(np.mean([v["success_diff"] for v in per_task.values()])),
-            "success_diff_ci95": _percentile_interval(np.mean(boots_s, axis=0)),
-            "macro_depth_diff": float(np.mean([v["depth_diff"] for v in per_task.values()])),
-            "depth_diff_ci95": _percentile_interval(np.mean(boots_d, axis=0)),
-            "a_only_success": a_only,
-            "b_only_success": b_only,
-            "mcnemar_p": mcnemar_exact_p(a_only, b_only),
-            "per_task": per_task,
-        }
+    tasks = sorted(set(both.task))
+    for cond in order_conditions(set(both.condition)):
+        out["conditions"][cond] = _compare_condition(merged[merged.condition == cond], both[both.condition == cond],
+                                                     reasons[(both.condition == cond).to_numpy()], tasks, cond,
+                                                     n_boot, bootstrap_seed)
     adjusted = holm_adjust({c: v["mcnemar_p"] for c, v in out["conditions"].items()})
+    headline = holm_adjust({c: (v["signflip"] or {}).get("p") for c, v in out["conditions"].items()})
     for c, v in out["conditions"].items():
         v["mcnemar_p_holm"] = adjusted[c]
+        if v["signflip"] is not None:
+            v["signflip"]["p_holm"] = headline[c]
+        v["verdict"] = stats.verdict(v["macro_success_diff"], headline[c], v["success_diff_ci95_calibrated"], min_effect)
     return out
 
 
+def _compare_condition(rows: pd.DataFrame, all_rows: pd.DataFrame, reasons: np.ndarray, tasks: List[str], cond: str,
+                       n_boot: int, seed: int) -> Dict[str, Any]:
+    """The measures of one condition over its valid pairs ``rows``."""
+    per_task, boots_s, boots_d, counts = {}, [], [], []
+    n_depth_dropped = 0
+    for task in tasks:
+        t = rows[rows.task == task]
+        if t.empty:
+            continue
+        ds = t.success_a.astype(float).to_numpy() - t.success_b.astype(float).to_numpy()
+        depth_rows = t[t.depth_ok]
+        n_depth_dropped += len(t) - len(depth_rows)
+        dd = (depth_rows.depth_a - depth_rows.depth_b).to_numpy(dtype=float)
+        rng = _condition_rng(seed, cond, task)
+        idx = rng.integers(0, len(t), size=(n_boot, len(t)))
+        bs = ds[idx].mean(1)
+        boots_s.append(bs)
+        # depth resamples its own pairs (those without a StageTracker error), from the same stream
+        bd = dd[rng.integers(0, len(dd), size=(n_boot, len(dd)))].mean(1) if len(dd) else None
+        if bd is not None:
+            boots_d.append(bd)
+        a_only = int(((t.success_a) & (~t.success_b)).sum())
+        b_only = int(((~t.success_a) & (t.success_b)).sum())
+        both_ok = int((t.success_a & t.success_b).sum())
+        table = [both_ok, a_only, b_only, len(t) - both_ok - a_only - b_only]
+        counts.append(table)
+        per_task[task] = {"n_pairs": len(t), "success_diff": float(ds.mean()), "success_diff_ci95": _percentile_interval(bs),
+                          "success_diff_ci95_calibrated": stats.calibrated_interval([table]),
+                          "n_depth_pairs": int(len(dd)),
+                          "depth_diff": float(dd.mean()) if len(dd) else None,
+                          "depth_diff_ci95": _percentile_interval(bd) if bd is not None else None,
+                          "a_only": a_only, "b_only": b_only, "mcnemar_p": mcnemar_exact_p(a_only, b_only)}
+    missing = [t for t in tasks if t not in per_task]
+    complete = bool(per_task) and not missing
+    depth_complete = complete and all(v["n_depth_pairs"] for v in per_task.values())
+    a_only = sum(v["a_only"] for v in per_task.values())
+    b_only = sum(v["b_only"] for v in per_task.values())
+    signflip: Optional[stats.SignFlipResult] = (
+        stats.signflip_test([v["n_pairs"] for v in per_task.values()], [v["a_only"] for v in per_task.values()],
+                            [v["b_only"] for v in per_task.values()]) if complete else None
+    )
+    return {
+        "n_pairs": int(len(rows)),
+        "missing_tasks": missing,
+        "macro_success_diff": float(np.mean([v["success_diff"] for v in per_task.values()])) if complete else None,
+        "success_diff_ci95": _percentile_interval(np.mean(boots_s, axis=0)) if complete else None,
+        "success_diff_ci95_calibrated": stats.calibrated_interval(counts) if complete else None,
+        "macro_depth_diff": float(np.mean([v["depth_diff"] for v in per_task.values()])) if depth_complete else None,
+        "depth_diff_ci95": _percentile_interval(np.mean(boots_d, axis=0)) if depth_complete else None,
+        "n_stage_error_dropped": n_depth_dropped,
+        "a_only_success": a_only,
+        "b_only_success": b_only,
+        "mcnemar_p": mcnemar_exact_p(a_only, b_only),
+        "signflip": None if signflip is None else {**signflip.to_json(), "p_holm": None},
+        "invalid_pairs": {r: int(np.sum(reasons == r)) for r in COMPARE_INVALID_REASONS},
+        "per_task": per_task,
+    }
+
+
+def _fmt(value: Optional[float], spec: str = "+.3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _fmt_ci(ci: Optional[List[float]]) -> str:
+    return "-" if ci is None else f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
+
+
 def compare_markdown(result: Dict[str, Any]) -> str:
+    """The comparison as a Markdown page (compare.md)."""
     lines = ["# Paired comparison", "",
              f"A = `{json.dumps(result['a']['policy'])}` ({result['a']['run']}); B = `{json.dumps(result['b']['policy'])}` ({result['b']['run']}).",
-             "Differences are A - B over rollouts with the same key; CIs from the within-task pair bootstrap.", "",
-             "| condition | pairs | success diff | 95% CI | depth diff | 95% CI | A only | B only | McNemar p (Holm) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "Differences are A - B over rollouts with the same key; CIs from the within-task pair bootstrap "
+             "(the paper's method) and the calibrated interval; p from the exact stratified sign-flip test of the macro "
+             "(Holm across conditions); McNemar pooled over tasks is a diagnostic.", "",
+             "| condition | pairs | success diff | 95% CI | calibrated 95% CI | sign-flip p (Holm) | verdict | depth diff | 95% CI | A only | B only | McNemar p (Holm) | invalid pairs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c, v in result["conditions"].items():
-        ci, dci = v["success_diff_ci95"] or [None, None], v["depth_diff_ci95"] or [None, None]
-        lines.append(f"| {c} | {v['n_pairs']} | {v['macro_success_diff']:+.3f} | [{ci[0]:+.3f}, {ci[1]:+.3f}] | "
-                     f"{v['macro_depth_diff']:+.3f} | [{dci[0]:+.3f}, {dci[1]:+.3f}] | {v['a_only_success']} | "
-                     f"{v['b_only_success']} | {v['mcnemar_p_holm']:.3g} |")
+        invalid = ", ".join(f"{k} {n}" for k, n in v["invalid_pairs"].items() if n) or "0"
+        if v["missing_tasks"]:
+            invalid += f"; no valid pair for {', '.join(v['missing_tasks'])} (macro null)"
+        lines.append(f"| {c} | {v['n_pairs']} | {_fmt(v['macro_success_diff'])} | {_fmt_ci(v['success_diff_ci95'])} | "
+                     f"{_fmt_ci(v['success_diff_ci95_calibrated'])} | {_fmt((v['signflip'] or {}).get('p_holm'), '.3g')} | "
+                     f"{v['verdict'] or '-'} | {_fmt(v['macro_depth_diff'])} | {_fmt_ci(v['depth_diff_ci95'])} | "
+                     f"{v['a_only_success']} | {v['b_only_success']} | {_fmt(v['mcnemar_p_holm'], '.3g')} | {invalid} |")
     return "\n".join(lines) + "\n"
 
 
 def write_comparison(run_a, run_b, out_dir: Path | str, **kw) -> Dict[str, Any]:
+    """Compare two runs and write compare.json, compare.md and compare_per_task.csv into ``out_dir``."""
     result = compare_runs(run_a, run_b, **kw)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -25,12 +25,29 @@ across conditions), Wilson intervals for every success rate, per-task dSR
 intervals, bootstrap intervals for the stage measures and a clean-vs-clean
 noise floor (from replicate-1 clean rollouts, when the table has them).
 
+And what makes the numbers publishable (README, "summary.json: validity,
+intervals, tests, power and verdicts"; the statistics live in
+:mod:`robocasa_shift.analysis.statistics`):
+
+- validity: a perturbed rollout whose pairing fingerprints differ from its
+  clean twin's is invalid (PROTOCOL.md section 6); invalid rollouts and
+  invalid pairs are counted per condition and task, by reason; a table mixing
+  policies, backends or a task's stage-spec versions is refused;
+- a macro over fewer tasks than the table has is null, with ``missing_tasks``;
+- pairs are sorted by key before resampling, so no interval depends on the
+  row order of the table;
+- the calibrated interval beside the paper's percentile bootstrap, the exact
+  stratified sign-flip test of the macro (Holm across conditions), the
+  minimum detectable dSR, a verdict per condition and task, and a severity
+  trend test per factor.
+
 Every measure except the noise floor uses replicate 0, so SR and dSR are
 computed on the same rollouts.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import numbers
@@ -43,6 +60,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
+from robocasa_shift.analysis import statistics as stats
 from robocasa_shift.errors import AnalysisError
 
 CLEAN = "clean"
@@ -54,6 +72,11 @@ OPTIONAL_DEFAULTS: Dict[str, Any] = {
     "spec_hash": None,
     "stage_error": False,
 }
+# Optional text columns carried through normalize for the validity checks: the pairing fingerprints
+# (a perturbed rollout whose fingerprint differs from its clean twin's is invalid, PROTOCOL.md
+# section 6) and the identity a table must not mix (one policy, one backend, one stage spec per task).
+IDENTITY_COLUMNS = ("env_fingerprint", "policy_rng_fingerprint", "stage_spec_hash", "policy", "backend")
+FINGERPRINT_COLUMNS = ("env_fingerprint", "policy_rng_fingerprint")
 KEY_COLUMNS = ("phase", "task", "episode", "condition", "replicate")
 # Display order of the factors (PROTOCOL.md section 1; the `factors` list of
 # perturbations/study.yaml). It only orders the output; unknown factors follow, sorted.
@@ -138,13 +161,16 @@ def normalize(df: pd.DataFrame) -> pd.DataFrame:
         ``valid``, ``stage_error`` as bool; ``episode``, ``replicate``,
         ``n_stages``, ``stages_completed`` as nullable integers;
         ``first_incomplete`` as a nullable integer with <NA> for ``complete``;
-        ``spec_hash`` as str or None. Invalid rollouts keep whatever they hold;
-        their outcome and stage columns are never read.
+        ``spec_hash`` as str or None; then the identity columns
+        (:data:`IDENTITY_COLUMNS`) as str or None (None where the table lacks
+        them). Invalid rollouts keep whatever they hold; their outcome and
+        stage columns are never read.
 
     Raises:
         AnalysisError: a required column is missing; a cell cannot be parsed;
             a condition is neither ``clean`` nor ``factor:Lk``; the table mixes
-            spec hashes; a key (phase, task, episode, condition, replicate)
+            spec hashes, policies, backends or stage-spec hashes within a task;
+            a key (phase, task, episode, condition, replicate)
             appears twice; a valid rollout lacks its outcome or has stage
             columns out of range or inconsistent with each other.
     """
@@ -157,6 +183,9 @@ def normalize(df: pd.DataFrame) -> pd.DataFrame:
     columns: Dict[str, List[Any]] = {}
     for name in REQUIRED_COLUMNS + tuple(OPTIONAL_DEFAULTS):
         columns[name] = list(df[name]) if name in df.columns else [OPTIONAL_DEFAULTS[name]] * len(df)
+    for name in IDENTITY_COLUMNS:
+        if name in df.columns:
+            columns[name] = list(df[name])
 
     def texts(name: str, default: Optional[str]) -> pd.Series:
         # dtype object keeps None as None (a str column would turn it into NaN).
@@ -189,6 +218,8 @@ def normalize(df: pd.DataFrame) -> pd.DataFrame:
         },
         index=pd.RangeIndex(len(df)),
     )
+    for name in IDENTITY_COLUMNS:
+        out[name] = texts(name, None) if name in columns else pd.Series([None] * len(df), dtype=object)
     out["valid"] = out["valid"].astype(bool)
     out["stage_error"] = out["stage_error"].astype(bool)
 
@@ -205,6 +236,8 @@ def normalize(df: pd.DataFrame) -> pd.DataFrame:
         raise AnalysisError(
             f"records table mixes perturbation spec hashes {hashes}; analyze runs of one frozen spec at a time"
         )
+
+    _refuse_mixed_identity(out)
 
     duplicated = out.duplicated(list(KEY_COLUMNS), keep=False)
     if duplicated.any():
@@ -224,6 +257,30 @@ def normalize(df: pd.DataFrame) -> pd.DataFrame:
 
     _check_stage_columns(out)
     return out
+
+
+def _refuse_mixed_identity(frame: pd.DataFrame) -> None:
+    """Refuse a table whose rows come from different policies, backends or stage-spec versions.
+
+    Pairs and macros across such rows compare different things. Stage specs differ between tasks
+    by design, so ``stage_spec_hash`` must be single-valued within each task only. Missing values
+    (a hand-made table) are not a second value.
+    """
+    problems = []
+    for name in ("policy", "backend"):
+        values = sorted({v for v in frame[name] if v is not None})
+        if len(values) > 1:
+            problems.append(f"column '{name}' has {len(values)} values {values}")
+    for task, rows in frame.groupby("task", sort=True):
+        values = sorted({v for v in rows["stage_spec_hash"] if v is not None})
+        if len(values) > 1:
+            problems.append(f"column 'stage_spec_hash' has {len(values)} values for task '{task}' {values}")
+    if problems:
+        raise AnalysisError(
+            "records table mixes runs that cannot be paired or averaged: " + "; ".join(problems)
+            + "; analyze one policy, one backend and one stage-spec version per task at a time "
+            "(filter the rows, or use `compare` for two policies)"
+        )
 
 
 def _check_stage_columns(frame: pd.DataFrame) -> None:
@@ -259,8 +316,9 @@ def load_records(path: Path | str) -> pd.DataFrame:
     Every column is read as text first so task names such as ``007`` stay
     strings and booleans written as true/false/1/0 all parse the same way.
     """
-    frame = pd.read_csv(path, dtype=str, keep_default_na=True)
-    return normalize(frame)
+    from robocasa_shift.analysis.export import read_records_csv  # names the file and line of a broken CSV
+
+    return normalize(read_records_csv(path))
 
 
 # --------------------------------------------------------------------------- small statistics
@@ -403,6 +461,7 @@ def analyze(
     n_boot: int = 10000,
     bootstrap_seed: int = 0,
     factor_order: Sequence[str] = DEFAULT_FACTOR_ORDER,
+    min_effect: float = stats.MIN_EFFECT,
 ) -> Dict[str, Any]:
     """Every measure of PROTOCOL.md section 7 for one phase, as a JSON-ready summary.
 
@@ -413,11 +472,14 @@ def analyze(
         bootstrap_seed: recorded in the summary; each (condition, task)
             draws from its own stream derived from it and the two names.
         factor_order: display order of the factors.
+        min_effect: the declared margin of the verdicts: NO CHANGE DETECTED
+            needs the calibrated interval inside [-min_effect, +min_effect].
 
     Returns:
         The summary of DESIGN.md (``tasks``, ``conditions``) plus the extra keys
-        described in the module docstring. Only plain ints, floats, str, lists,
-        dicts and None: undefined values are None, never NaN.
+        described in the module docstring and in the README ("summary.json:
+        validity, intervals, tests, power and verdicts"). Only plain ints,
+        floats, str, lists, dicts and None: undefined values are None, never NaN.
 
     Raises:
         AnalysisError: the table is unusable (see :func:`normalize`) or has no
@@ -425,11 +487,14 @@ def analyze(
     """
     if n_boot < 1:
         raise AnalysisError(f"n_boot must be at least 1, got {n_boot}")
+    if not 0 < min_effect < 1:
+        raise AnalysisError(f"min_effect must lie between 0 and 1, got {min_effect}")
     records = normalize(df)
     rows = records[records["phase"] == phase]
     if rows.empty:
         phases = sorted(set(records["phase"]))
         raise AnalysisError(f"no rows of phase '{phase}'; phases in the table: {phases}")
+    rows = mark_fingerprint_mismatches(rows)
 
     tasks = sorted(set(rows["task"]))
     n_stages = {task: _task_n_stages(rows, task) for task in tasks}
@@ -442,11 +507,14 @@ def analyze(
 
     perturbed = [c for c in conditions if c != CLEAN]
     clean_rows = paired_rows[paired_rows["condition"] == CLEAN]
+    valid_pairs: Dict[str, pd.DataFrame] = {}
     for condition in perturbed:
-        summary_conditions[condition].update(
-            _paired_measures(clean_rows, paired_rows, condition, tasks, n_stages, n_boot, bootstrap_seed)
+        measures, valid_pairs[condition] = _paired_measures(
+            clean_rows, paired_rows, condition, tasks, n_stages, n_boot, bootstrap_seed
         )
+        summary_conditions[condition].update(measures)
     _add_holm(summary_conditions, perturbed, tasks)
+    _add_verdicts(summary_conditions, perturbed, tasks, min_effect)
 
     hashes = [h for h in rows["spec_hash"] if h is not None]
     return {
@@ -463,10 +531,89 @@ def analyze(
             "per resample; percentile interval, numpy.quantile linear interpolation",
             "quantiles": list(CI_QUANTILES),
             "rng": "numpy.random.default_rng(SeedSequence(seed, spawn_key=(crc32(condition), crc32(task))))",
+            "pair_order": "pairs sorted by (task, episode) before resampling, so the interval does not depend "
+            "on the row order of the table",
         },
+        "intervals": {
+            "dsr_ci95": stats.PERCENTILE_METHOD,
+            "dsr_ci95_calibrated": stats.CALIBRATED_METHOD,
+        },
+        "tests": {
+            "signflip": "exact stratified sign-flip test of the macro dSR: within each task every discordant pair "
+            "is S->F or F->S with probability 1/2 under the null; statistic the macro itself (pair weights "
+            "1/(n_tasks * n_pairs_t)); null distribution by convolution of the per-task binomials; two-sided",
+            "mcnemar": "exact McNemar on the discordant pairs, per task and pooled over tasks: diagnostics (the "
+            "pooled test weights pairs, not tasks, and can disagree with the macro in sign)",
+        },
+        "holm_families": HOLM_FAMILIES,
+        "verdict_rule": {
+            "vocabulary": list(stats.VERDICTS),
+            "alpha": stats.ALPHA,
+            "min_effect": float(min_effect),
+            "rule": "DEGRADED / IMPROVED: the Holm-adjusted test (signflip for a condition, McNemar for a task) "
+            "rejects at alpha and the estimate is positive / negative; otherwise NO CHANGE DETECTED when the "
+            "calibrated interval lies inside [-min_effect, +min_effect], else UNDERPOWERED; null where the "
+            "estimate is undefined (no pairs, or a task missing from the macro)",
+        },
+        "power": {
+            "alpha": stats.ALPHA,
+            "power": stats.POWER,
+            "test": "the two-sided exact stratified sign-flip test of the headline, unadjusted alpha",
+            "assumption": stats.POWER_ASSUMPTION,
+        },
+        "trend": severity_trend(summary_conditions, valid_pairs, tasks, factor_order),
+        "invalid_pair_reasons": list(INVALID_PAIR_REASONS),
         "wilson_z": WILSON_Z,
         "noise_floor": _noise_floor(rows, tasks),
     }
+
+
+INVALID_PAIR_REASONS = ("missing_twin", "fingerprint_mismatch", "perturbed_invalid", "clean_invalid")
+HOLM_FAMILIES = {
+    "signflip": "the headline test: one family of all perturbed conditions (p_holm in conditions[c].signflip)",
+    "mcnemar_pooled": "pooled McNemar: one family of all perturbed conditions (conditions[c].mcnemar.p_holm)",
+    "mcnemar_per_task": "per-task McNemar: one family per task, across the perturbed conditions "
+    "(conditions[c].mcnemar.per_task[t].p_holm); these drive the per-task verdicts",
+    "trend": "severity trend: one family of the factors (trend[f].p_holm); within a factor the level "
+    "comparisons are combined by Bonferroni (trend[f].p)",
+}
+
+
+def _differ(a: Any, b: Any) -> bool:
+    """Two fingerprints differ; two missing ones (a table without fingerprints) do not."""
+    if _is_missing(a) and _is_missing(b):
+        return False
+    return _is_missing(a) or _is_missing(b) or a != b
+
+
+def mark_fingerprint_mismatches(rows: pd.DataFrame) -> pd.DataFrame:
+    """Invalidate every perturbed rollout whose pairing fingerprints differ from its clean twin's.
+
+    PROTOCOL.md section 6: a fingerprint mismatch makes a rollout invalid. The twin is the valid
+    clean rollout of the same (phase, task, episode, replicate); ``env_fingerprint`` (the initial
+    simulator state) and ``policy_rng_fingerprint`` (the policy's RNG state) must both equal its
+    values. The perturbed rollout then leaves SR and every paired measure; the clean twin stays
+    valid (it is the reference every other condition is paired with).
+
+    Returns:
+        A copy of ``rows`` with ``valid`` cleared where a mismatch was found and a bool column
+        ``fingerprint_mismatch`` marking those rows.
+    """
+    out = rows.copy()
+    out["fingerprint_mismatch"] = False
+    keys = ["phase", "task", "episode", "replicate"]
+    clean = out.loc[(out["condition"] == CLEAN) & out["valid"], keys + list(FINGERPRINT_COLUMNS)]
+    perturbed = out.loc[(out["condition"] != CLEAN) & out["valid"], keys + list(FINGERPRINT_COLUMNS)]
+    if clean.empty or perturbed.empty:
+        return out
+    merged = perturbed.reset_index().merge(clean, on=keys, suffixes=("", "_clean"), how="inner")
+    mismatch = np.zeros(len(merged), dtype=bool)
+    for column in FINGERPRINT_COLUMNS:
+        mismatch |= np.array([_differ(a, b) for a, b in zip(merged[column], merged[f"{column}_clean"])], dtype=bool)
+    flagged = merged.loc[mismatch, "index"].to_numpy()
+    out.loc[flagged, "fingerprint_mismatch"] = True
+    out.loc[flagged, "valid"] = False
+    return out
 
 
 def _task_n_stages(rows: pd.DataFrame, task: str) -> Optional[int]:
@@ -475,20 +622,51 @@ def _task_n_stages(rows: pd.DataFrame, task: str) -> Optional[int]:
 
 
 def _success_rates(rows: pd.DataFrame, condition: str, tasks: List[str]) -> Dict[str, Any]:
-    """SR per task with Wilson intervals, and the macro SR, over the valid rollouts of a condition."""
-    chosen = rows[(rows["condition"] == condition) & rows["valid"]]
+    """SR per task with Wilson intervals, and the macro SR, over the valid rollouts of a condition.
+
+    The macro is null when a task has no valid rollout (``missing_tasks_sr`` names them): an
+    average over fewer tasks is another quantity, and beside a full one it would mislead.
+    """
+    of_condition = rows[rows["condition"] == condition]
+    chosen = of_condition[of_condition["valid"]]
     n_valid = chosen.groupby("task")["success"].size()
     successes = chosen.groupby("task")["success"].sum()
+    invalid = of_condition[~of_condition["valid"]].groupby("task").size()
     per_task_n = {t: int(n_valid.get(t, 0)) for t in tasks}
     per_task_s = {t: int(successes.get(t, 0)) for t in tasks}
     per_task_sr = {t: (per_task_s[t] / per_task_n[t] if per_task_n[t] else None) for t in tasks}
-    return {
-        "macro_sr": _mean_or_none(per_task_sr.values()),
+    per_task_invalid = {t: int(invalid.get(t, 0)) for t in tasks}
+    missing = [t for t in tasks if per_task_sr[t] is None]
+    result = {
+        "macro_sr": None if missing else _mean_or_none(per_task_sr.values()),
         "per_task_sr": per_task_sr,
         "per_task_n_valid": per_task_n,
         "per_task_successes": per_task_s,
         "per_task_sr_ci95": {t: wilson_interval(per_task_s[t], per_task_n[t]) for t in tasks},
+        "n_invalid": int(sum(per_task_invalid.values())),
+        "per_task_n_invalid": per_task_invalid,
+        "missing_tasks_sr": missing,
     }
+    if condition == CLEAN:
+        result["missing_tasks"] = missing
+    return result
+
+
+def _pair_reasons(both: pd.DataFrame) -> np.ndarray:
+    """Why each row of the outer clean/perturbed merge is not a valid pair ('' when it is one).
+
+    One reason per pair, the first that applies: missing_twin (one of the two rollouts absent),
+    fingerprint_mismatch, perturbed_invalid, clean_invalid.
+    """
+    present = (both["_merge"] == "both").to_numpy()
+    mismatch = both["fingerprint_mismatch_pert"].fillna(False).to_numpy(dtype=bool)
+    valid_pert = both["valid_pert"].fillna(False).to_numpy(dtype=bool)
+    valid_clean = both["valid_clean"].fillna(False).to_numpy(dtype=bool)
+    return np.select(
+        [~present, mismatch, ~valid_pert, ~valid_clean],
+        list(INVALID_PAIR_REASONS),
+        default="",
+    )
 
 
 def _paired_measures(
@@ -499,14 +677,30 @@ def _paired_measures(
     n_stages: Mapping[str, Optional[int]],
     n_boot: int,
     seed: int,
-) -> Dict[str, Any]:
-    """dSR, its intervals, transitions, McNemar and the S->F stage measures of one condition."""
+) -> Tuple[Dict[str, Any], pd.DataFrame]:
+    """dSR, its intervals and tests, transitions, invalid pairs and the S->F stage measures of one condition.
+
+    Returns:
+        The measures, and the valid pairs (task, episode, success_pert) for the severity trend.
+    """
     pert_rows = rows[rows["condition"] == condition]
-    merged = pert_rows.merge(clean_rows, on=["task", "episode"], suffixes=("_pert", "_clean"), how="inner")
-    merged = merged[merged["valid_pert"] & merged["valid_clean"]]
+    both = pert_rows.merge(clean_rows, on=["task", "episode"], suffixes=("_pert", "_clean"), how="outer",
+                           indicator=True)
+    # Canonical order: the bootstrap draws pair positions, so the pairs must sit in an order that
+    # depends on the keys only, never on the row order of the input table.
+    both = both.sort_values(["task", "episode"], kind="stable").reset_index(drop=True)
+    reasons = _pair_reasons(both)
+    per_task_invalid = {
+        t: {r: int(np.sum((reasons == r) & (both["task"] == t).to_numpy())) for r in INVALID_PAIR_REASONS}
+        for t in tasks
+    }
+    merged = both[reasons == ""].copy()
+    for name in ("success_pert", "success_clean", "stage_error_pert"):
+        merged[name] = merged[name].astype(bool)
 
     per_task_dsr: Dict[str, Optional[float]] = {}
     per_task_ci: Dict[str, Optional[List[float]]] = {}
+    per_task_calibrated: Dict[str, Optional[List[float]]] = {}
     per_task_n: Dict[str, int] = {}
     per_task_transitions: Dict[str, Dict[str, int]] = {}
     per_task_p: Dict[str, Optional[float]] = {}
@@ -533,9 +727,11 @@ def _paired_measures(
         pooled_pert.append(pairs.perturbed_success)
         if pairs.n == 0:
             per_task_dsr[task], per_task_ci[task], per_task_p[task] = None, None, None
+            per_task_calibrated[task] = None
             continue
         counts = per_task_transitions[task]
         per_task_p[task] = mcnemar_exact_p(counts["SF"], counts["FS"])
+        per_task_calibrated[task] = stats.calibrated_interval([[counts[k] for k in TRANSITIONS]])
         n_stage_error_dropped += counts["SF"] - int(pairs.is_stage_sf.sum())
         differences = pairs.clean_success - pairs.perturbed_success
         per_task_dsr[task] = float(differences.mean())
@@ -555,21 +751,49 @@ def _paired_measures(
 
     pooled = _transitions(np.concatenate(pooled_clean), np.concatenate(pooled_pert))
     any_pairs = bool(boot_dsr)
+    # A macro over the tasks that have pairs would silently be another quantity: null, and say which.
+    missing = [t for t in tasks if per_task_n[t] == 0]
+    complete = any_pairs and not missing
+    macro_ci = _percentile_interval(np.mean(boot_dsr, axis=0)) if complete else None
+    task_counts = [[per_task_transitions[t][k] for k in TRANSITIONS] for t in tasks]
+    signflip = (
+        stats.signflip_test([per_task_n[t] for t in tasks], [c[1] for c in task_counts], [c[2] for c in task_counts])
+        if complete else None
+    )
     # A resample without any S->F pair has no stage measure; the interval is
     # over the resamples where it is defined.
     defined = boot_sf_n > 0
     with np.errstate(invalid="ignore", divide="ignore"):
         boot_progress = boot_sf_progress[defined] / boot_sf_n[defined]
         boot_first = boot_sf_first[defined] / boot_sf_n[defined]
-    return {
+    measures = {
         "n_pairs": int(sum(per_task_n.values())),
         "per_task_n_pairs": per_task_n,
-        "macro_dsr": _mean_or_none(per_task_dsr.values()),
-        "dsr_ci95": _percentile_interval(np.mean(boot_dsr, axis=0)) if any_pairs else None,
+        "macro_dsr": _mean_or_none(per_task_dsr.values()) if complete else None,
+        "dsr_ci95": macro_ci,
+        "dsr_ci95_zero_width": None if macro_ci is None else bool(macro_ci[1] - macro_ci[0] < 1e-12),
+        "dsr_ci95_calibrated": stats.calibrated_interval(task_counts) if complete else None,
+        "missing_tasks": missing,
         "per_task_dsr": per_task_dsr,
         "per_task_dsr_ci95": per_task_ci,
+        "per_task_dsr_ci95_zero_width": {
+            t: None if per_task_ci[t] is None else bool(per_task_ci[t][1] - per_task_ci[t][0] < 1e-12) for t in tasks
+        },
+        "per_task_dsr_ci95_calibrated": per_task_calibrated,
+        "invalid_pairs": {r: int(sum(per_task_invalid[t][r] for t in tasks)) for r in INVALID_PAIR_REASONS},
+        "per_task_invalid_pairs": per_task_invalid,
         "transitions": pooled,
         "per_task_transitions": per_task_transitions,
+        "signflip": None if signflip is None else {**signflip.to_json(), "p_holm": None},
+        "power": {
+            "mde_dsr": stats.minimum_detectable_dsr(
+                [per_task_n[t] for t in tasks],
+                [per_task_transitions[t]["changed"] / per_task_n[t] for t in tasks],
+            ) if complete else None,
+            "per_task_discordance": {
+                t: (per_task_transitions[t]["changed"] / per_task_n[t] if per_task_n[t] else None) for t in tasks
+            },
+        },
         "mcnemar": {
             "b": pooled["SF"],
             "c": pooled["FS"],
@@ -587,6 +811,7 @@ def _paired_measures(
             "n_stage_error_dropped": n_stage_error_dropped,
         },
     }
+    return measures, merged[["task", "episode", "success_pert"]].reset_index(drop=True)
 
 
 def _first_incomplete_counts(merged: pd.DataFrame, pairs: _TaskPairs, k: Optional[int]) -> Dict[str, int]:
@@ -600,7 +825,7 @@ def _first_incomplete_counts(merged: pd.DataFrame, pairs: _TaskPairs, k: Optiona
 
 
 def _add_holm(conditions: Dict[str, Dict[str, Any]], perturbed: List[str], tasks: List[str]) -> None:
-    """Holm across the perturbed conditions: pooled p-values together, per-task ones within each task."""
+    """Holm across the perturbed conditions (the families of :data:`HOLM_FAMILIES`)."""
     pooled = holm_adjust({c: conditions[c]["mcnemar"]["p"] for c in perturbed})
     for condition in perturbed:
         conditions[condition]["mcnemar"]["p_holm"] = pooled[condition]
@@ -608,6 +833,86 @@ def _add_holm(conditions: Dict[str, Dict[str, Any]], perturbed: List[str], tasks
         adjusted = holm_adjust({c: conditions[c]["mcnemar"]["per_task"][task]["p"] for c in perturbed})
         for condition in perturbed:
             conditions[condition]["mcnemar"]["per_task"][task]["p_holm"] = adjusted[condition]
+    headline = holm_adjust({c: (conditions[c]["signflip"] or {}).get("p") for c in perturbed})
+    for condition in perturbed:
+        if conditions[condition]["signflip"] is not None:
+            conditions[condition]["signflip"]["p_holm"] = headline[condition]
+
+
+def _add_verdicts(conditions: Dict[str, Dict[str, Any]], perturbed: List[str], tasks: List[str],
+                  min_effect: float) -> None:
+    """A verdict per condition (headline test, calibrated macro interval) and per task (McNemar, task interval)."""
+    for condition in perturbed:
+        measures = conditions[condition]
+        signflip = measures["signflip"] or {}
+        measures["verdict"] = stats.verdict(
+            measures["macro_dsr"], signflip.get("p_holm"), measures["dsr_ci95_calibrated"], min_effect
+        )
+        measures["per_task_verdict"] = {
+            t: stats.verdict(measures["per_task_dsr"][t], measures["mcnemar"]["per_task"][t]["p_holm"],
+                             measures["per_task_dsr_ci95_calibrated"][t], min_effect)
+            for t in tasks
+        }
+
+
+def severity_trend(conditions: Mapping[str, Mapping[str, Any]], valid_pairs: Mapping[str, pd.DataFrame],
+                   tasks: List[str], factor_order: Sequence[str] = DEFAULT_FACTOR_ORDER) -> Dict[str, Any]:
+    """Per factor: does dSR grow with the level? A one-sided test of monotonicity, and point reversals.
+
+    The null hypothesis is the protocol's premise, dSR non-decreasing in the level (L1 <= L2 <= L3).
+    For every pair of levels Li < Lj the test compares the perturbed outcomes of the same base
+    episodes (valid pairs under both levels; their clean twin is shared, so
+    dSR(Li) - dSR(Lj) = SR(Lj) - SR(Li) on them) with the exact stratified sign-flip test of
+    :func:`stats.signflip_test`, one-sided towards "Lj succeeds more than Li" (a reversal). The
+    factor's p-value is the smallest of these, Bonferroni-adjusted for the number of level pairs;
+    Holm then runs across the factors. ``flag`` is true when the adjusted p-value is below 0.05:
+    the data reject "L1 <= L2 <= L3". Point-estimate reversals (a higher level with a smaller
+    macro dSR) are listed as ``reversals`` whether or not the test rejects.
+    """
+    by_factor: Dict[str, List[Tuple[int, str]]] = {}
+    for condition in order_conditions([c for c in conditions if c != CLEAN], factor_order):
+        match = _CONDITION_RE.match(condition)
+        by_factor.setdefault(match["factor"], []).append((int(match["level"]), condition))
+    result: Dict[str, Any] = {}
+    for factor, levels in by_factor.items():
+        comparisons = []
+        reversals = []
+        for (li, ci), (lj, cj) in itertools.combinations(levels, 2):
+            low, high = conditions[ci]["macro_dsr"], conditions[cj]["macro_dsr"]
+            if low is not None and high is not None and high < low - 1e-12:
+                reversals.append(f"{cj} dSR {high:+.3f} < {ci} dSR {low:+.3f}")
+            both = valid_pairs[ci].merge(valid_pairs[cj], on=["task", "episode"], suffixes=("_low", "_high"))
+            n, up, down, used = [], [], [], []
+            for task in tasks:
+                rows = both[both["task"] == task]
+                if rows.empty:
+                    continue
+                low_ok = rows["success_pert_low"].to_numpy(bool)
+                high_ok = rows["success_pert_high"].to_numpy(bool)
+                n.append(len(rows))
+                up.append(int(np.sum(high_ok & ~low_ok)))
+                down.append(int(np.sum(low_ok & ~high_ok)))
+                used.append(task)
+            test = stats.signflip_test(n, up, down) if n else None
+            comparisons.append({
+                "low": ci, "high": cj, "tasks": used, "n_pairs": int(sum(n)),
+                "higher_level_only_success": int(sum(up)), "lower_level_only_success": int(sum(down)),
+                "p_reversal": None if test is None else test.p_greater,
+            })
+        p_values = [c["p_reversal"] for c in comparisons if c["p_reversal"] is not None]
+        result[factor] = {
+            "levels": [c for _, c in levels],
+            "p": min(1.0, min(p_values) * len(p_values)) if p_values else None,
+            "p_holm": None,
+            "flag": None,
+            "reversals": reversals,
+            "comparisons": comparisons,
+        }
+    adjusted = holm_adjust({f: v["p"] for f, v in result.items()})
+    for factor, value in result.items():
+        value["p_holm"] = adjusted[factor]
+        value["flag"] = None if adjusted[factor] is None else bool(adjusted[factor] < stats.ALPHA)
+    return result
 
 
 def _noise_floor(rows: pd.DataFrame, tasks: List[str]) -> Optional[Dict[str, Any]]:
@@ -640,7 +945,7 @@ def _interval_parts(interval: Optional[Sequence[float]]) -> Tuple[Optional[float
 
 
 def tables(summary: Mapping[str, Any]) -> Dict[str, pd.DataFrame]:
-    """The summary as tidy tables: ``sr``, ``dsr``, ``transitions``, ``stages``, ``first_incomplete``.
+    """The summary as tidy tables: ``sr``, ``dsr``, ``transitions``, ``stages``, ``first_incomplete``, ``trend``.
 
     Args:
         summary: the dict :func:`analyze` returns.
@@ -668,6 +973,7 @@ def tables(summary: Mapping[str, Any]) -> Dict[str, pd.DataFrame]:
             continue
         for task in tasks:
             lo, hi = _interval_parts(measures["per_task_dsr_ci95"][task])
+            cal_lo, cal_hi = _interval_parts(measures["per_task_dsr_ci95_calibrated"][task])
             dsr_rows.append(
                 {
                     "task": task,
@@ -676,11 +982,21 @@ def tables(summary: Mapping[str, Any]) -> Dict[str, pd.DataFrame]:
                     "dsr": measures["per_task_dsr"][task],
                     "ci_lo": lo,
                     "ci_hi": hi,
+                    "calibrated_lo": cal_lo,
+                    "calibrated_hi": cal_hi,
+                    "verdict": measures["per_task_verdict"][task],
+                    "test_p_holm": measures["mcnemar"]["per_task"][task]["p_holm"],
+                    "mde_dsr": None,
+                    **{f"invalid_{r}": n for r, n in measures["per_task_invalid_pairs"][task].items()},
                 }
             )
         lo, hi = _interval_parts(measures["dsr_ci95"])
+        cal_lo, cal_hi = _interval_parts(measures["dsr_ci95_calibrated"])
         dsr_rows.append(
-            {"task": "macro", "condition": condition, "n_pairs": measures["n_pairs"], "dsr": measures["macro_dsr"], "ci_lo": lo, "ci_hi": hi}
+            {"task": "macro", "condition": condition, "n_pairs": measures["n_pairs"], "dsr": measures["macro_dsr"],
+             "ci_lo": lo, "ci_hi": hi, "calibrated_lo": cal_lo, "calibrated_hi": cal_hi, "verdict": measures["verdict"],
+             "test_p_holm": (measures["signflip"] or {}).get("p_holm"), "mde_dsr": measures["power"]["mde_dsr"],
+             **{f"invalid_{r}": n for r, n in measures["invalid_pairs"].items()}}
         )
         mcnemar = measures["mcnemar"]
         for task in tasks:
@@ -721,12 +1037,22 @@ def tables(summary: Mapping[str, Any]) -> Dict[str, pd.DataFrame]:
             for subgoal, count in counts.items():
                 first_rows.append({"condition": condition, "task": task, "subgoal": subgoal, "count": count})
 
+    trend_rows = [
+        {"factor": factor, "low": c["low"], "high": c["high"], "n_pairs": c["n_pairs"],
+         "higher_level_only_success": c["higher_level_only_success"],
+         "lower_level_only_success": c["lower_level_only_success"], "p_reversal": c["p_reversal"],
+         "factor_p": value["p"], "factor_p_holm": value["p_holm"], "flag": value["flag"]}
+        for factor, value in (summary.get("trend") or {}).items() for c in value["comparisons"]
+    ]
+
     def frame(rows: List[Dict[str, Any]], columns: Sequence[str]) -> pd.DataFrame:
         return pd.DataFrame(rows, columns=list(columns)).astype(object)
 
     return {
         "sr": frame(sr_rows, ["task", "condition", "n_valid", "successes", "sr", "wilson_lo", "wilson_hi"]),
-        "dsr": frame(dsr_rows, ["task", "condition", "n_pairs", "dsr", "ci_lo", "ci_hi"]),
+        # new columns follow the original six, so readers of the old layout keep working
+        "dsr": frame(dsr_rows, ["task", "condition", "n_pairs", "dsr", "ci_lo", "ci_hi", "calibrated_lo", "calibrated_hi",
+                                "verdict", "test_p_holm", "mde_dsr", *(f"invalid_{r}" for r in INVALID_PAIR_REASONS)]),
         "transitions": frame(
             transition_rows, ["task", "condition", *TRANSITIONS, "changed", "mcnemar_p", "mcnemar_p_holm"]
         ),
@@ -744,6 +1070,8 @@ def tables(summary: Mapping[str, Any]) -> Dict[str, pd.DataFrame]:
             ],
         ),
         "first_incomplete": frame(first_rows, ["condition", "task", "subgoal", "count"]),
+        "trend": frame(trend_rows, ["factor", "low", "high", "n_pairs", "higher_level_only_success",
+                                    "lower_level_only_success", "p_reversal", "factor_p", "factor_p_holm", "flag"]),
     }
 
 

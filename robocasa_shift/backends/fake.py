@@ -31,6 +31,8 @@ Action (3,): planar gripper velocity in the base frame (each in [-1, 1], 1 =
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -40,7 +42,7 @@ import numpy as np
 
 from robocasa_shift.backends.base import PerturbableModel, PerturbableTable, TaskInfo, TaskTable
 from robocasa_shift.engine.stages import predicate
-from robocasa_shift.errors import UnknownNameError
+from robocasa_shift.errors import PolicyServerError, UnknownNameError
 from robocasa_shift.geometry import axis_angle_quat, quat_mul, quat_to_mat
 from robocasa_shift.policies.base import NumpySeededPolicy, Observation, Policy
 
@@ -477,19 +479,34 @@ class FakePolicy(NumpySeededPolicy):
     image_size = 64
     chunk = 2  # actions per decision, executed open loop
 
-    def __init__(self, action_noise: float = 0.15, act_delay_s: float = 0.0):
+    def __init__(self, action_noise: float = 0.15, act_delay_s: float = 0.0, crash_on_seed: Optional[int] = None,
+                 hang_on_seed: Optional[int] = None, server_down_while: Optional[str] = None,
+                 api_token: Optional[str] = None):
         """
         Args:
             action_noise: standard deviation of the seeded noise added to each action component.
             act_delay_s: wall time each decision takes, to emulate a slow model (tests that kill
                 a run half-way need rollouts that last); it changes no record.
+            crash_on_seed, hang_on_seed, server_down_while: fault injection for the harness's tests,
+                none of them in the identity: the process running the policy kills itself with
+                SIGKILL (a segfault or an OOM kill, as the executor sees it) or hangs when reset with
+                this policy seed; every decision raises ``PolicyServerError`` while the file
+                ``server_down_while`` exists (a policy server that went away and comes back).
+            api_token: a credential, as a remote policy takes one, for tests of how secrets are
+                handled; kept, never used, never in the identity.
         """
         super().__init__()
         self.action_noise = float(action_noise)
         self.act_delay_s = float(act_delay_s)
+        self.crash_on_seed, self.hang_on_seed, self.server_down_while = crash_on_seed, hang_on_seed, server_down_while
+        self.api_token = api_token
         self._memory: Dict[str, np.ndarray] = {}
 
     def reset(self, seed: int) -> None:
+        if seed == self.crash_on_seed:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if seed == self.hang_on_seed:
+            time.sleep(24 * 3600)
         super().reset(seed)
         self._memory = {}
 
@@ -503,6 +520,8 @@ class FakePolicy(NumpySeededPolicy):
     def act(self, obs: Observation) -> np.ndarray:
         if self.act_delay_s > 0:
             time.sleep(self.act_delay_s)
+        if self.server_down_while and os.path.exists(self.server_down_while):
+            raise PolicyServerError(f"the fake policy server is down while {self.server_down_while} exists")
         eef = obs.proprio["eef_pos"]
         grasping = bool(obs.proprio["grasping"][0])
         obj = self._locate(obs, "object", 0)

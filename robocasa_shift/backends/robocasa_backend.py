@@ -470,7 +470,9 @@ class RobocasaEnv(MujocoEnv):
 
         That is ``reward`` (= ``_check_success``) and then ``update_state``, once
         each, so replaying an episode's states in order rebuilds the counters
-        (``washed_time``, ``washed_loc``) that predicates read.
+        (``washed_time``, ``washed_loc``) that predicates read. ``validate-stages``
+        (``checks.validation.replay_states``) replays every recorded state through
+        it whenever an environment has it.
         """
         self.set_physics_state(integration)
         self._success = bool(self.raw.reward() > 0)

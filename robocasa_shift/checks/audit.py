@@ -6,8 +6,17 @@ fingerprint mismatches, policy-seed mismatches, renderer errors, invalid
 perturbation runtime records, runtime failures, StageTracker errors and
 unexpected truncations. Each failing check names the rollouts that fail it.
 The audit recomputes what it can instead of trusting the records: seeds from
-the study seed, the frozen level parameters from the spec files, the scaled
-draws, and the shared draw across the levels of an episode.
+the study seed, the frozen level parameters from the spec files, every draw
+from its factor's seed stream (``seeding.draw_rng``; a base draw is the
+``draws_rejected + 1``-th triple of the stream), the scaled draws, the shared
+draw across the levels of an episode, and for blur what was measured on the
+delivered images against the frozen ranges. Every comparison is NaN-safe (a
+missing or NaN value fails), and a record without an env or policy fingerprint
+fails the pairing checks (two missing fingerprints are not a match).
+
+One audit covers one phase (``formal`` by default): the expected rollouts,
+distinct base episodes and tasks are those of that phase only, so screening or
+validation rollouts in the same run directory never enter a formal audit.
 """
 
 from __future__ import annotations
@@ -19,12 +28,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-import numpy as np
-
 from robocasa_shift import seeding, specs
 from robocasa_shift.checks.results import CheckResult, write_result
-from robocasa_shift.engine.perturbations import READBACK_ATOL, BaseOffset, max_abs_difference
+from robocasa_shift.engine.perturbations import READBACK_ATOL, BaseOffset, factor_kind, max_abs_difference
 from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.errors import UnknownNameError
+from robocasa_shift.study.pairing import DETERMINISM
 from robocasa_shift.study.store import RunStore
 
 # Checks whose count must be zero, in the order of the paper's Table VII.
@@ -41,44 +50,93 @@ ZERO_CHECKS = (
 )
 
 
-def _expected_perturbation(rec: Dict[str, Any], protocol: specs.Protocol) -> List[str]:
-    """Problems with a record's perturbation runtime record, checked against the frozen spec."""
+def _close(a: Any, b: Any) -> bool:
+    """``a`` equals ``b`` to the read-back tolerance; NaN, None or a shape mismatch is never close."""
+    return max_abs_difference(a, b) <= READBACK_ATOL
+
+
+def _expected_perturbation(rec: Dict[str, Any], protocol: specs.Protocol,
+                           third_person_cameras: Optional[List[str]] = None) -> List[str]:
+    """Problems with a record's perturbation runtime record, checked against the frozen spec.
+
+    The draw is recomputed from the factor's seed stream for the record's (task, phase, episode),
+    and the expected values from that recomputed draw, never from the draw the record carries.
+
+    Args:
+        rec: the record.
+        protocol: the frozen protocol.
+        third_person_cameras: the cameras a camera rotation must move (from the manifest), when known.
+    """
     factor, _, level = rec["condition"].partition(":")
     pert = rec.get("perturbation")
     if rec["condition"] == specs.CLEAN:
         return [] if pert is None else ["clean rollout carries a perturbation record"]
-    if pert is None:
+    if not isinstance(pert, dict):
         return ["no perturbation record"]
     problems = []
     spec = protocol.factor(factor)
-    if pert.get("factor") != factor or pert.get("level") != level:
-        problems.append(f"record is for {pert.get('factor')}:{pert.get('level')}")
-    if pert.get("params") != spec.level(level):
-        problems.append(f"params {pert.get('params')} differ from the frozen level {spec.level(level)}")
+    kind = factor_kind(spec)
+    params = spec.level(level)
+    if pert.get("factor") != factor or pert.get("level") != level or pert.get("kind") != spec.kind:
+        problems.append(f"record is for {pert.get('factor')}:{pert.get('level')} (kind {pert.get('kind')})")
+    if pert.get("params") != params:
+        problems.append(f"params {pert.get('params')} differ from the frozen level {params}")
     error = max_abs_difference(pert.get("applied"), pert.get("expected"))
     if not error <= READBACK_ATOL:
         problems.append(f"read-back differs from the expected values by {error:.3g}")
-    draw = pert.get("draw")
-    if spec.kind == "base_offset":
-        want = BaseOffset.offset(spec.level(level), draw or [np.nan] * 3)
-        if max_abs_difference(pert.get("expected"), want) > READBACK_ATOL:
-            problems.append("base offset is not the scaled draw")
-    if spec.kind == "camera_rotation":
-        scaled = [spec.level(level)["theta_max_deg"] * u for u in (draw or [np.nan, np.nan])]
-        for cam, values in (pert.get("expected") or {}).items():
-            if max_abs_difference([values.get("yaw_deg"), values.get("pitch_deg")], scaled) > READBACK_ATOL:
-                problems.append(f"{cam} offset is not the scaled draw")
+
+    rng = seeding.draw_rng(protocol.study_seed, factor, rec["task"], rec["phase"], int(rec["episode"]))
+    try:
+        want = kind.replay_draw(spec, rng, pert.get("draws_rejected", 0))
+    except ValueError as exc:
+        return problems + [f"draws_rejected: {exc}"]
+    if want is None:
+        if pert.get("draw") is not None:
+            problems.append(f"carries a draw {pert.get('draw')} but kind {spec.kind} draws nothing")
+    elif not _close(pert.get("draw"), want):
+        problems.append(f"draw {pert.get('draw')} is not the one its seed stream gives "
+                        f"({pert.get('draws_rejected', 0)} rejected first): {want}")
+    if spec.kind == "base_offset" and want is not None:
+        if not _close(pert.get("expected"), BaseOffset.offset(params, want)):
+            problems.append("base offset is not the scaled draw of the seed stream")
+    if spec.kind == "camera_rotation" and want is not None:
+        expected = pert.get("expected") if isinstance(pert.get("expected"), dict) else {}
+        cameras = sorted(expected)
+        if not cameras or (third_person_cameras is not None and cameras != sorted(third_person_cameras)):
+            problems.append(f"rotated cameras {cameras} are not the third-person cameras "
+                            f"{third_person_cameras if third_person_cameras is not None else '(any)'}")
+        scaled = [params["theta_max_deg"] * u for u in want]
+        for cam in cameras:
+            values = expected[cam] if isinstance(expected[cam], dict) else {}
+            if not _close([values.get("yaw_deg"), values.get("pitch_deg")], scaled):
+                problems.append(f"{cam} offset is not the scaled draw of the seed stream")
+    if kind.side == "obs":
+        problems += kind.measured_problems(spec, level, pert.get("measured"))
     return problems
 
 
-def audit_run(run_dir: Path | str) -> CheckResult:
-    """Audit ``run_dir``; write ``audit.json`` and ``audit.md`` into it and return the result."""
+def audit_run(run_dir: Path | str, phase: str = "formal") -> CheckResult:
+    """Audit the ``phase`` rollouts of ``run_dir``; write the result into it (:func:`audit_stem`) and return it.
+
+    Args:
+        run_dir: the run directory.
+        phase: the phase audited (``formal``, ``screening`` or ``validation``); keys and records of
+            other phases are left out (``other_phases`` in the report counts their records).
+
+    Raises:
+        UnknownNameError: ``phase`` is not a phase of the protocol.
+    """
+    if phase not in seeding.PHASES:
+        raise UnknownNameError("phase", phase, list(seeding.PHASES))
     store = RunStore(run_dir)
     manifest = store.manifest() or {}
     protocol = specs.load_protocol()
-    entries = store.record_entries()
-    expected = store.planned_keys()
-    horizons = (manifest.get("env_config") or {}).get("horizons", {})
+    all_entries = store.record_entries()
+    entries = [(file, rec) for file, rec in all_entries if rec["phase"] == phase]
+    expected = [k for k in store.planned_keys() if k.phase == phase]
+    env_config = manifest.get("env_config") or {}
+    horizons = env_config.get("horizons", {})
+    third_person = env_config.get("third_person_cameras")
 
     by_key: Dict[RolloutKey, List[Dict[str, Any]]] = defaultdict(list)
     files: Dict[RolloutKey, List[str]] = defaultdict(list)
@@ -86,13 +144,23 @@ def audit_run(run_dir: Path | str) -> CheckResult:
         by_key[RolloutKey.from_record(rec)].append(rec)
         files[RolloutKey.from_record(rec)].append(file)
     tasks = sorted({k.task for k in expected} | {k.task for k in by_key})
-    report: Dict[str, Any] = {"run_dir": str(run_dir), "spec_hash": protocol.spec_hash, "run_problems": [], "tasks": {}}
+    by_phase = dict(Counter(rec["phase"] for _, rec in all_entries))
+    report: Dict[str, Any] = {"run_dir": str(run_dir), "phase": phase, "spec_hash": protocol.spec_hash,
+                              "run_problems": [], "tasks": {},
+                              "other_phases": {p: n for p, n in by_phase.items() if p != phase}}
+    if not tasks:
+        report["run_problems"].append(f"no {phase} rollouts planned or recorded; audit another phase with --phase "
+                                      f"(records by phase: {by_phase})")
     if manifest.get("spec_hash") not in (None, protocol.spec_hash):
         report["run_problems"].append(
             f"manifest spec hash {manifest.get('spec_hash')} differs from the frozen specs {protocol.spec_hash}"
         )
     if manifest.get("study_seed") not in (None, protocol.study_seed):
         report["run_problems"].append(f"manifest study seed {manifest.get('study_seed')} is not {protocol.study_seed}")
+    # Files under records/ that are not records (truncated, stray, mistyped): skipped above, named and failed here.
+    unreadable = store.unreadable_records()
+    report["unreadable_records"] = [{"file": file, "problem": problem} for file, problem in unreadable]
+    report["run_problems"] += [f"unreadable record {file}: {problem}" for file, problem in unreadable]
 
     for task in tasks:
         failing: Dict[str, List[str]] = {name: [] for name in ZERO_CHECKS}
@@ -110,32 +178,39 @@ def audit_run(run_dir: Path | str) -> CheckResult:
         groups: Dict[Tuple, List[Tuple[RolloutKey, Dict]]] = defaultdict(list)
         for key, rec in current.items():
             groups[(key.phase, key.episode)].append((key, rec))
-        for (phase, episode), members in groups.items():
-            fps = [rec.get("env_fingerprint") for _, rec in members if rec.get("env_fingerprint")]
-            clean = [rec.get("env_fingerprint") for key, rec in members if key.condition == specs.CLEAN]
-            reference = clean[0] if clean and clean[0] else (Counter(fps).most_common(1)[0][0] if fps else None)
+        # A missing fingerprint on a valid record fails (two missing ones are no match); an invalid
+        # record may have ended before its fingerprint was taken and fails as invalid anyway.
+        for (ep_phase, episode), members in groups.items():
+            reference = _reference(members, "env_fingerprint")
+            want_env = seeding.env_seed(protocol.study_seed, task, ep_phase, episode)
             for key, rec in members:
-                if rec.get("env_fingerprint") != reference or rec.get("env_seed") != seeding.env_seed(protocol.study_seed, task, phase, episode):
-                    failing["fingerprint_mismatches"].append(key.id)
+                fp = rec.get("env_fingerprint")
+                if not fp and rec.get("valid"):
+                    failing["fingerprint_mismatches"].append(f"{key.id}: no env fingerprint")
+                elif (fp and fp != reference) or rec.get("env_seed") != want_env:
+                    failing["fingerprint_mismatches"].append(_pairing_entry(key, rec))
         seed_groups: Dict[Tuple, List[Tuple[RolloutKey, Dict]]] = defaultdict(list)
         for key, rec in current.items():
             seed_groups[(key.phase, key.episode, key.replicate)].append((key, rec))
-        for (phase, episode, replicate), members in seed_groups.items():
-            want_seed = seeding.policy_seed(protocol.study_seed, task, phase, episode, replicate)
-            prints = [rec.get("policy_rng_fingerprint") for key, rec in members if key.condition == specs.CLEAN]
-            prints = prints or [Counter(rec.get("policy_rng_fingerprint") for _, rec in members).most_common(1)[0][0]]
+        for (ep_phase, episode, replicate), members in seed_groups.items():
+            want_seed = seeding.policy_seed(protocol.study_seed, task, ep_phase, episode, replicate)
+            reference = _reference(members, "policy_rng_fingerprint")
             for key, rec in members:
-                if rec.get("policy_seed") != want_seed or rec.get("policy_rng_fingerprint") != prints[0]:
-                    failing["policy_seed_mismatches"].append(key.id)
+                fp = rec.get("policy_rng_fingerprint")
+                if not fp and rec.get("valid"):
+                    failing["policy_seed_mismatches"].append(f"{key.id}: no policy RNG fingerprint")
+                elif (fp and fp != reference) or rec.get("policy_seed") != want_seed:
+                    failing["policy_seed_mismatches"].append(_pairing_entry(key, rec))
 
         # Shared draws: every level of a factor in an episode uses the same draw.
         draws: Dict[Tuple, set] = defaultdict(set)
         for key, rec in current.items():
             pert = rec.get("perturbation") or {}
             if pert.get("draw") is not None:
-                draws[(key.phase, key.episode, key.replicate, pert.get("factor"))].add(json.dumps(pert["draw"]))
+                shared = json.dumps([pert["draw"], pert.get("draws_rejected")])
+                draws[(key.phase, key.episode, key.replicate, pert.get("factor"))].add(shared)
         for key, rec in current.items():
-            problems = _expected_perturbation(rec, protocol)
+            problems = _expected_perturbation(rec, protocol, third_person)
             pert = rec.get("perturbation") or {}
             if len(draws.get((key.phase, key.episode, key.replicate, pert.get("factor")), ())) > 1:
                 problems.append("levels of this episode used different draws")
@@ -144,7 +219,7 @@ def audit_run(run_dir: Path | str) -> CheckResult:
             kind = rec.get("error_kind")
             if kind == "renderer":
                 failing["renderer_errors"].append(key.id)
-            if kind in ("runtime", "policy_server"):
+            if kind in ("runtime", "policy_server", "worker_crash", "worker_timeout"):
                 failing["runtime_failures"].append(f"{key.id}: {(rec.get('error') or '').splitlines()[0][:160]}")
             if rec.get("stage_error"):
                 failing["stage_tracker_errors"].append(f"{key.id}: {rec['stage_error'][:160]}")
@@ -169,10 +244,31 @@ def audit_run(run_dir: Path | str) -> CheckResult:
         }
     report["passed"] = bool(report["tasks"]) and not report["run_problems"] and all(t["passed"] for t in report["tasks"].values())
     report["records_sha256"] = records_digest(run_dir)
-    result = CheckResult("audit", report.pop("passed"), report, "", "audit")
+    result = CheckResult("audit", report.pop("passed"), report, "", audit_stem(phase))
     result = replace(result, markdown=audit_markdown(result))
     write_result(result, run_dir)
     return result
+
+
+def audit_stem(phase: str = "formal") -> str:
+    """Where the audit of ``phase`` goes: ``audit`` for the formal phase (what ``report`` reads), else ``audit-<phase>``."""
+    return "audit" if phase == "formal" else f"audit-{phase}"
+
+
+def _reference(members: List[Tuple[RolloutKey, Dict[str, Any]]], field: str) -> Optional[str]:
+    """The fingerprint a base episode's rollouts must share: the clean twin's, else the most common one."""
+    clean = [rec.get(field) for key, rec in members if key.condition == specs.CLEAN and rec.get(field)]
+    if clean:
+        return clean[0]
+    present = [rec.get(field) for _, rec in members if rec.get(field)]
+    return Counter(present).most_common(1)[0][0] if present else None
+
+
+def _pairing_entry(key: RolloutKey, rec: Dict[str, Any]) -> str:
+    """A fingerprint or seed mismatch as listed: the rollout, and a note when it survived a retry."""
+    if rec.get("error_kind") == DETERMINISM:
+        return f"{key.id} (determinism failure: the mismatch survived a retry)"
+    return key.id
 
 
 def records_digest(run_dir: Path | str) -> str:
@@ -213,7 +309,8 @@ LABELS = {
 def audit_markdown(report: Mapping[str, Any]) -> str:
     """The audit as a Markdown table, then the failing rollouts of each check."""
     head = ["task", "expected", "valid", "distinct episodes"] + [LABELS[c] for c in ZERO_CHECKS] + ["passed"]
-    lines = ["# Integrity audit", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = ["# Integrity audit", "", f"Phase: {report.get('phase', 'formal')}.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for task, t in report["tasks"].items():
         cells = [task, t["expected_rollouts"], t["valid_rollouts"], t["distinct_base_episodes"]]
         cells += [t["checks"][c]["count"] for c in ZERO_CHECKS] + ["yes" if t["passed"] else "**NO**"]

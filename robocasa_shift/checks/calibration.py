@@ -1,40 +1,70 @@
 """Model-free severity calibration (PROTOCOL.md section 5): no policy runs.
 
 For each task, 3 fixed base episodes x 13 conditions, one reset-and-render
-record each. Checks per record: valid initialization; observation integrity
-(finite, right shape, not blank); the pre-perturbation fingerprint equals the
-clean one; the intended change happened (illumination and blur: darker /
-blurrier than clean, with a monotonicity warning across L1-L3; camera: the
-third-person image changes and the wrist image is identical to clean; base:
-the offset read back equals the scaled draw). Writes a records table, JSON,
-Markdown and a contact sheet per task (rows = conditions, columns = episodes
-and cameras) into ``<run dir>/calibration/``.
+record each. Every camera is rendered at the resolution the policy receives
+(``image_size``: by default the image size of the policy the run directory's
+manifest names, else the policy contract's default) and measured per camera
+role (``third_person``, ``wrist``), since blur and illumination act on every
+image the policy reads. Checks per record: valid initialization; observation
+integrity (finite, right shape, not blank); the pre-perturbation fingerprint
+equals the clean one; the intended change happened (illumination: every role
+darker than clean; blur: every camera's sharpness ratio to its clean render
+inside the frozen range of the level, the one the audit checks; both with a
+monotonicity warning across L1-L3 per role; camera: the third-person image
+changes and the wrist image is identical to clean; base: the offset read back
+equals the scaled draw). Writes a records table, JSON, Markdown and a contact
+sheet per task (rows = conditions, columns = episodes and cameras) into
+``<run dir>/calibration/``.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from robocasa_shift import specs
 from robocasa_shift.backends import get_backend
 from robocasa_shift.checks.results import CheckResult, write_result
-from robocasa_shift.engine.perturbations import factor_kind
+from robocasa_shift.engine.perturbations import GaussianBlur, factor_kind, laplacian_variance
 from robocasa_shift.engine.records import RolloutKey
 from robocasa_shift.engine.rollout import inject, prepare_episode
-from robocasa_shift.errors import PerturbationError
+from robocasa_shift.errors import BadInput, PerturbationError
+from robocasa_shift.policies.base import Policy
+from robocasa_shift.study.store import RunStore
 
 MIN_IMAGE_STD = 2.0  # a frame with less spread than this (0-255 scale) is blank
 MIN_CAMERA_CHANGE = 0.5  # mean absolute pixel change that counts as "the image moved"
+ROLES = ("third_person", "wrist")
+sharpness = laplacian_variance  # the measure the rollouts record and the audit checks (engine.perturbations)
 
 
-def sharpness(image: np.ndarray) -> float:
-    import cv2
+def policy_image_size(run_dir: Path | str) -> Optional[int]:
+    """The image size of the policy the run directory's manifest names (screening or a run wrote it), or None.
 
-    return float(cv2.Laplacian(cv2.cvtColor(image, cv2.COLOR_RGB2GRAY), cv2.CV_64F).var())
+    Read without building the policy (calibration is model-free): the size in the policy's recorded
+    identity or options, else the size its class declares.
+    """
+    try:
+        manifest = RunStore(run_dir).manifest() or {}
+    except Exception:  # an unreadable manifest names no policy; calibration needs none
+        return None
+    identity = manifest.get("policy") if isinstance(manifest.get("policy"), dict) else {}
+    options = manifest.get("policy_options") if isinstance(manifest.get("policy_options"), dict) else {}
+    for value in (identity.get("image_size"), options.get("image_size")):
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    if not isinstance(identity.get("name"), str):
+        return None
+    from robocasa_shift.policies import POLICIES
+
+    try:
+        size = getattr(POLICIES.get(identity["name"]), "image_size", None)
+    except (KeyError, ImportError):
+        return None
+    return size if isinstance(size, int) and size > 0 else None
 
 
 def calibrate(
@@ -43,8 +73,30 @@ def calibrate(
     backend: str = "robosuite",
     episodes: Sequence[int] = (0, 1, 2),
     phase: str = "formal",
-    image_size: int = 128,
+    image_size: Optional[int] = None,
 ) -> CheckResult:
+    """Model-free severity calibration of ``tasks``: every condition rendered and checked, no policy.
+
+    Args:
+        run_dir: the run directory (``calibration/`` is written into it).
+        tasks: the tasks.
+        backend: the backend.
+        episodes: the fixed base episodes of ``phase``.
+        phase: the seed stream of the episodes.
+        image_size: the square render size in pixels; None: the size of the policy the run
+            directory names (:func:`policy_image_size`), else the policy contract's default.
+
+    Raises:
+        BadInput: ``image_size`` is not a positive integer.
+    """
+    size_source = "--image-size"
+    if image_size is None:
+        image_size = policy_image_size(run_dir)
+        size_source = "the run directory's policy"
+        if image_size is None:
+            image_size, size_source = Policy.image_size, "the policy contract's default"
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 8:
+        raise BadInput(f"image size must be an integer of at least 8 pixels, got {image_size!r}")
     protocol = specs.load_protocol()
     b = get_backend(backend)
     out = Path(run_dir) / "calibration"
@@ -55,6 +107,7 @@ def calibrate(
         env = b.make(task)
         cameras = list(env.third_person_cameras) + list(env.wrist_cameras)
         third, wrist = env.third_person_cameras, env.wrist_cameras
+        by_role = {role: list(cams) for role, cams in zip(ROLES, (third, wrist)) if cams}
         sheet: Dict[str, Dict[int, Dict[str, np.ndarray]]] = {}
         for ep in episodes:
             clean_fp = prepare_episode(env, protocol, RolloutKey(phase, task, ep, "clean"))
@@ -81,18 +134,22 @@ def calibrate(
                     im.shape == (image_size, image_size, 3) and np.isfinite(im).all() and im.std() > MIN_IMAGE_STD
                     for im in images.values()
                 )
-                row["brightness"] = float(np.mean([images[c].mean() for c in third]))
-                row["sharpness"] = float(np.mean([sharpness(images[c]) for c in third]))
                 row["third_change"] = float(np.mean([np.abs(images[c].astype(float) - clean[c]).mean() for c in third]))
                 row["wrist_identical"] = all(np.array_equal(images[c], clean[c]) for c in wrist)
-                row["clean_brightness"] = float(np.mean([clean[c].mean() for c in third]))
-                row["clean_sharpness"] = float(np.mean([sharpness(clean[c]) for c in third]))
-                row["intended_change"] = _intended(cond, row, pert)
+                ratios = {}
+                for role, cams in by_role.items():
+                    row[f"brightness_{role}"] = float(np.mean([images[c].mean() for c in cams]))
+                    row[f"clean_brightness_{role}"] = float(np.mean([clean[c].mean() for c in cams]))
+                    row[f"sharpness_{role}"] = float(np.mean([sharpness(images[c]) for c in cams]))
+                    row[f"clean_sharpness_{role}"] = float(np.mean([sharpness(clean[c]) for c in cams]))
+                    ratios[role] = [sharpness(images[c]) / max(sharpness(clean[c]), 1e-12) for c in cams]
+                    row[f"sharpness_ratio_{role}"] = float(np.mean(ratios[role]))
+                row["intended_change"] = _intended(cond, row, pert, protocol, ratios)
                 row["passed"] = bool(row["valid_init"] and row["obs_ok"] and row["fingerprint_matches"] and row["intended_change"])
                 rows.append(row)
         env.close()
         _contact_sheet(sheet, protocol.conditions, list(episodes), cameras, out / f"contact_sheet_{task}.png")
-        warnings += _monotonicity(rows, task, episodes)
+        warnings += _monotonicity(rows, task, episodes, list(by_role))
 
     import pandas as pd
 
@@ -104,6 +161,8 @@ def calibrate(
         "spec_hash": protocol.spec_hash,
         "episodes": list(episodes),
         "phase": phase,
+        "image_size": image_size,
+        "image_size_from": size_source,
         "n_records": len(table),
         "n_failed": int(len(failed)),
         "failed": failed[["task", "episode", "condition"]].to_dict("records"),
@@ -115,14 +174,21 @@ def calibrate(
     return result
 
 
-def _intended(condition: str, row: Dict[str, Any], pert) -> bool:
+def _intended(condition: str, row: Dict[str, Any], pert, protocol: specs.Protocol,
+              ratios: Dict[str, List[float]]) -> bool:
+    """Whether the condition changed the images as its factor intends, in every camera role."""
     if condition == "clean":
         return row["third_change"] == 0.0 and row["wrist_identical"]
-    factor = condition.split(":")[0]
+    factor, _, level = condition.partition(":")
+    roles = list(ratios)
     if factor == "illumination":
-        return row["brightness"] < row["clean_brightness"]
+        return all(row[f"brightness_{r}"] < row[f"clean_brightness_{r}"] for r in roles)
     if factor == "blur":
-        return row["sharpness"] < row["clean_sharpness"]
+        spec = protocol.factor(factor)
+        if isinstance(factor_kind(spec), GaussianBlur):  # the frozen range the audit checks
+            (low, high), _ = GaussianBlur.frozen_checks(spec, level)
+            return all(low <= x <= high for r in roles for x in ratios[r])
+        return all(row[f"sharpness_{r}"] < row[f"clean_sharpness_{r}"] for r in roles)
     if factor == "camera":
         return row["third_change"] > MIN_CAMERA_CHANGE and row["wrist_identical"]
     if factor == "base":
@@ -130,13 +196,18 @@ def _intended(condition: str, row: Dict[str, Any], pert) -> bool:
     return pert is not None and bool(pert["ok"])
 
 
-def _monotonicity(rows: List[Dict[str, Any]], task: str, episodes: Sequence[int]) -> List[str]:
+def _monotonicity(rows: List[Dict[str, Any]], task: str, episodes: Sequence[int], roles: Sequence[str]) -> List[str]:
+    """Warnings where brightness (illumination) or sharpness (blur) of a camera role does not fall over L1-L3."""
     out = []
     for factor, measure in (("illumination", "brightness"), ("blur", "sharpness")):
-        for ep in episodes:
-            values = [r[measure] for r in rows if r["task"] == task and r["episode"] == ep and r["condition"].startswith(factor + ":")]
-            if any(b >= a for a, b in zip(values, values[1:])):
-                out.append(f"{task} episode {ep}: {factor} {measure} is not decreasing over L1-L3: {[round(v, 2) for v in values]}")
+        for role in roles:
+            column = f"{measure}_{role}"
+            for ep in episodes:
+                values = [r[column] for r in rows
+                          if r["task"] == task and r["episode"] == ep and r["condition"].startswith(factor + ":")]
+                if any(b >= a for a, b in zip(values, values[1:])):
+                    out.append(f"{task} episode {ep}: {factor} {role} {measure} is not decreasing over L1-L3: "
+                               f"{[round(v, 2) for v in values]}")
     return out
 
 
@@ -161,18 +232,23 @@ def _contact_sheet(sheet, conditions, episodes, cameras, path: Path) -> None:
 
 
 def _markdown(table, report) -> str:
+    """The calibration table: one row per task and condition, brightness and sharpness per camera role."""
+    roles = [r for r in ROLES if f"brightness_{r}" in table]
+    measures = [f"{m} {r.replace('_', '-')}" for r in roles for m in ("brightness", "sharpness ratio")]
+    head = ["task", "condition", "valid init", "obs ok", "fingerprint = clean", "intended change", *measures,
+            "third-person change", "wrist identical"]
     lines = ["# Severity calibration (model-free)", "",
-             f"{report['n_records']} records ({len(report['episodes'])} episodes x 13 conditions per task); "
+             f"{report['n_records']} records ({len(report['episodes'])} episodes x 13 conditions per task) at "
+             f"{report['image_size']} x {report['image_size']} px ({report['image_size_from']}); "
              f"{report['n_failed']} failed.", "",
-             "| task | condition | valid init | obs ok | fingerprint = clean | intended change | brightness | sharpness | third-person change | wrist identical |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     grouped = table.groupby(["task", "condition"], sort=False)
     for (task, cond), g in grouped:
-        lines.append(
-            f"| {task} | {cond} | {g.valid_init.all()} | {g.obs_ok.all()} | {g.fingerprint_matches.all()} | "
-            f"{g.intended_change.all()} | {g.brightness.mean():.1f} | {g.sharpness.mean():.1f} | "
-            f"{g.third_change.mean():.2f} | {g.wrist_identical.all()} |"
-        )
+        cells = [task, cond, g.valid_init.all(), g.obs_ok.all(), g.fingerprint_matches.all(), g.intended_change.all()]
+        for r in roles:
+            cells += [f"{g[f'brightness_{r}'].mean():.1f}", f"{g[f'sharpness_ratio_{r}'].mean():.4f}"]
+        cells += [f"{g.third_change.mean():.2f}", g.wrist_identical.all()]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     if report["warnings"]:
         lines += ["", "Warnings:", ""] + [f"- {w}" for w in report["warnings"]]
     lines += ["", f"**{'PASSED' if report['passed'] else 'FAILED'}**", ""]

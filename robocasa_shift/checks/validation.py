@@ -36,15 +36,30 @@ def _finish(run_dir: Path | str, check: str, name: str, report: Dict[str, Any], 
 
 
 def replay_states(env, spec: specs.StageSpec, states: np.ndarray) -> Dict[str, Any]:
-    """Replay recorded states through a StageTracker; also note when each predicate first holds on its own."""
+    """Replay recorded states through a StageTracker; also note when each predicate first holds on its own.
+
+    An environment with ``replay_step(state)`` (RoboCasa's) gets each state through it: it restores
+    the state and then does the bookkeeping its own step does after the physics (success check, task
+    counters such as WashLettuce's ``washed_time``), so counter predicates can latch on replay as
+    they do in a rollout. Others get ``set_physics_state``. A predicate that raises or returns a
+    non-bool is reported (``error``, ``holding_errors``), never raised and never read as False.
+    """
     tracker = StageTracker(spec)
     first_hold: List[Optional[int]] = [None] * len(spec.subgoals)
+    holding_errors: Dict[str, str] = {}  # the first error of each subgoal evaluated outside the tracker
+    replay_step = getattr(env, "replay_step", None)
     for t in range(1, len(states)):
-        env.set_physics_state(states[t])
+        if replay_step is not None:
+            replay_step(states[t])
+        else:
+            env.set_physics_state(states[t])
         tracker.update(env, t)
-        for i, holds in enumerate(tracker.holding(env).values()):
-            if holds and first_hold[i] is None:
+        holds, errors = tracker.evaluate_all(env, t)
+        for i, (goal_id, value) in enumerate(holds.items()):
+            if value and first_hold[i] is None:
                 first_hold[i] = t
+            if value is None and goal_id not in holding_errors:
+                holding_errors[goal_id] = next(e for e in errors if f"subgoal '{goal_id}'" in e)
     result = tracker.result()
     latched = result.stage_steps
     # A later subgoal that holds on its own before its predecessor latched is out of order.
@@ -59,6 +74,7 @@ def replay_states(env, spec: specs.StageSpec, states: np.ndarray) -> Dict[str, A
         "all_reached": result.completed == result.n_stages,
         "out_of_order": out_of_order,
         "error": result.error,
+        "holding_errors": list(holding_errors.values()),
     }
 
 
@@ -96,9 +112,10 @@ def validate_stages(
             env.reset(demo["meta"]["env_seed"])
             initial_ok = np.array_equal(env.get_state()["integration"], demo["states"][0])
             env.set_physics_state(demo["states"][0])
-            held = [g for g, v in StageTracker(spec).holding(env).items() if v]
-            initial_holds += [f"episode {key.episode}: {g}" for g in held]
+            holds, initial_errors = StageTracker(spec).evaluate_all(env, 0)
+            initial_holds += [f"episode {key.episode}: {g}" for g, v in holds.items() if v]
             replay = replay_states(env, spec, demo["states"])
+            replay["holding_errors"] = initial_errors + replay["holding_errors"]
             # the actions reproduce the states bit for bit from the seeded reset
             env.reset(demo["meta"]["env_seed"])
             exact = initial_ok
@@ -118,7 +135,7 @@ def validate_stages(
             "enough_demos": len(demos) == n_demos,
             "every_milestone_reached": all(r["all_reached"] for r in rows),
             "in_order": all(not r["out_of_order"] for r in rows),
-            "no_predicate_error": all(r["error"] is None for r in rows),
+            "no_predicate_error": all(r["error"] is None and not r["holding_errors"] for r in rows),
             "replay_exact": all(r["replay_exact"] for r in rows),
             "none_on_initial_states": not initial_holds,
             "random_never_reaches_last": all(r["valid"] and not r["reached_last"] for r in randoms),
@@ -159,6 +176,10 @@ def stages_markdown(report: Dict[str, Any]) -> str:
         for row in t["demos"]:
             lines.append(f"- {task} episode {row['episode']}: " + ", ".join(
                 f"{g}@{s}" for g, s in zip(t["subgoals"], row["stage_steps"])))
+    errors = [(task, row["episode"], e) for task, t in report["tasks"].items() for row in t["demos"]
+              for e in ([row["error"]] if row["error"] else []) + row.get("holding_errors", [])]
+    if errors:
+        lines += ["", "Predicate errors:", ""] + [f"- {task} episode {ep}: {e}" for task, ep, e in errors]
     lines += ["", f"**{'PASSED' if report['passed'] else 'FAILED'}**", ""]
     return "\n".join(lines)
 

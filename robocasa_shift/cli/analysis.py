@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Dict, Optional, Tuple
 
 import click
 
@@ -11,7 +11,8 @@ from robocasa_shift.analysis.compare import write_comparison
 from robocasa_shift.analysis.export import export_records
 from robocasa_shift.analysis.measures import load_records, write_analysis
 from robocasa_shift.analysis.report import build_report
-from robocasa_shift.cli.common import handle_errors
+from robocasa_shift.cli.common import handle_errors, parse_policy_options
+from robocasa_shift.engine.replay import replay_source
 
 
 def fmt(value: Optional[float]) -> str:
@@ -36,28 +37,44 @@ def export_command(run_dir: Path, out: Path) -> None:
 @click.option("--phase", default="formal", show_default=True, help="Rows of this phase are analysed.")
 @click.option("--seed", "bootstrap_seed", default=0, show_default=True, help="Bootstrap seed (recorded).")
 @click.option("--n-boot", default=10000, show_default=True, help="Bootstrap resamples.")
+@click.option("--min-effect", default=0.10, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              help="Declared margin: NO CHANGE DETECTED needs the calibrated interval inside +-this dSR.")
 @handle_errors
-def analyze_command(records: Path, out_dir: Path, phase: str, bootstrap_seed: int, n_boot: int) -> None:
+def analyze_command(records: Path, out_dir: Path, phase: str, bootstrap_seed: int, n_boot: int,
+                    min_effect: float) -> None:
     """Every measure of the protocol from a records table (this harness's or anyone's).
 
     \b
-    Writes OUT/summary.json (SR, paired dSR with bootstrap CIs, transitions,
-    S->F stage depth, McNemar with Holm, Wilson intervals, noise floor) and
-    tidy CSV tables: sr.csv, dsr.csv, transitions.csv, stages.csv,
-    first_incomplete.csv. Required columns: task, episode, condition, success,
-    n_stages, stages_completed, first_incomplete; optional: valid, phase,
-    replicate, spec_hash, stage_error.
+    Writes OUT/summary.json (SR, paired dSR with the paper's bootstrap CI and
+    a calibrated CI, transitions, S->F stage depth, the exact stratified
+    sign-flip test and McNemar with Holm, Wilson intervals, invalid counts,
+    minimum detectable dSR, verdicts, severity trend, noise floor) and tidy
+    CSV tables: sr.csv, dsr.csv, transitions.csv, stages.csv,
+    first_incomplete.csv, trend.csv. Required columns: task, episode,
+    condition, success, n_stages, stages_completed, first_incomplete;
+    optional: valid, phase, replicate, spec_hash, stage_error, and
+    env_fingerprint, policy_rng_fingerprint, stage_spec_hash, policy, backend
+    (checked for pairing and mixing).
     """
-    summary = write_analysis(load_records(records), out_dir, phase=phase, n_boot=n_boot, bootstrap_seed=bootstrap_seed)
+    summary = write_analysis(load_records(records), out_dir, phase=phase, n_boot=n_boot, bootstrap_seed=bootstrap_seed,
+                             min_effect=min_effect)
     click.echo(f"{len(summary['tasks'])} tasks, {len(summary['conditions'])} conditions -> {out_dir}/summary.json")
     for cond, values in summary["conditions"].items():
         if cond == "clean":
             click.echo(f"  {cond:<18} SR {fmt(values['macro_sr'])}")
         else:
-            ci = values["dsr_ci95"]
+            ci, cal = values["dsr_ci95"], values["dsr_ci95_calibrated"]
             ci_text = f"[{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "[-]"
-            click.echo(f"  {cond:<18} SR {fmt(values['macro_sr'])}  dSR {fmt(values['macro_dsr'])} {ci_text}  "
-                       f"S->F {values['transitions']['SF']}  F->S {values['transitions']['FS']}")
+            cal_text = f"[{fmt(cal[0])}, {fmt(cal[1])}]" if cal else "[-]"
+            missing = f"  no valid pair for {', '.join(values['missing_tasks'])}" if values["missing_tasks"] else ""
+            click.echo(f"  {cond:<18} SR {fmt(values['macro_sr'])}  dSR {fmt(values['macro_dsr'])} {ci_text} "
+                       f"calibrated {cal_text}  S->F {values['transitions']['SF']}  F->S {values['transitions']['FS']}  "
+                       f"{values['verdict'] or '-'}{missing}")
+
+
+def _report_policy_options(ctx: click.Context, param: click.Parameter, value: Tuple[str, ...]) -> Dict[str, Any]:
+    """``report --policy-option`` texts as a dict (a malformed one is a usage error)."""
+    return parse_policy_options(value)
 
 
 @click.command(name="report")
@@ -65,15 +82,30 @@ def analyze_command(records: Path, out_dir: Path, phase: str, bootstrap_seed: in
 @click.option("--videos", "videos_per_kind", default=2, show_default=True,
               help="Matched pairs to film per kind (S->F and F->S).")
 @click.option("--seed", "bootstrap_seed", default=0, show_default=True, help="Bootstrap seed (recorded).")
+@click.option("--policy-option", "policy_options", multiple=True, metavar="KEY=VALUE", callback=_report_policy_options,
+              help="Policy option for the video re-runs (repeatable), e.g. host=... port=... api_token=env:NAME. "
+                   "Options that connect, authenticate or load files come only from here (see --trust-run-dir).")
+@click.option("--trust-run-dir", is_flag=True,
+              help="Also take the manifest's connection and file options (host, port, checkpoint, ...) for the "
+                   "re-runs. Only for a run directory you trust; allow_pickle and the torch serializer never "
+                   "come from it.")
+@click.option("--min-effect", default=0.10, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              help="Declared margin: NO CHANGE DETECTED needs the calibrated interval inside +-this dSR.")
 @handle_errors
-def report_command(run_dir: Path, videos_per_kind: int, bootstrap_seed: int) -> None:
+def report_command(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, policy_options: Dict[str, Any],
+                   trust_run_dir: bool, min_effect: float) -> None:
     """RUN_DIR/report/index.html: tables, figures and side-by-side videos of matched pairs.
 
     Also refreshes RUN_DIR/analysis/ (summary.json, CSV tables) and the audit.
     Videos re-run the selected pairs with frame capture; the page says whether
     each re-run reproduced the recorded outcome and subgoal steps exactly.
+    The re-runs rebuild the run's policy, but where it connects and how it
+    decodes replies come from this command line, not from RUN_DIR (which
+    anyone may have written), unless --trust-run-dir is given.
     """
-    page = build_report(run_dir, videos_per_kind=videos_per_kind, bootstrap_seed=bootstrap_seed)
+    with replay_source(policy_options, trust_run_dir):
+        page = build_report(run_dir, videos_per_kind=videos_per_kind, bootstrap_seed=bootstrap_seed,
+                            min_effect=min_effect)
     click.echo(f"report -> {page}")
 
 
@@ -83,19 +115,24 @@ def report_command(run_dir: Path, videos_per_kind: int, bootstrap_seed: int) -> 
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
               help="Folder for compare.json/.md [default: RUN_A/compare-<name of RUN_B>].")
 @click.option("--seed", "bootstrap_seed", default=0, show_default=True, help="Bootstrap seed (recorded).")
+@click.option("--min-effect", default=0.10, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              help="Declared margin: NO CHANGE DETECTED needs the calibrated interval inside +-this dSR.")
 @handle_errors
-def compare_command(run_a: Path, run_b: Path, out_dir: Optional[Path], bootstrap_seed: int) -> None:
+def compare_command(run_a: Path, run_b: Path, out_dir: Optional[Path], bootstrap_seed: int, min_effect: float) -> None:
     """Two policies (or versions) on the same frozen suite, pair by pair (A - B).
 
-    Refused when the runs' spec hashes or study seeds differ. Per condition:
-    paired success and stage-depth differences with bootstrap CIs, and McNemar
-    on the discordant pairs (Holm-adjusted).
+    Refused when the runs' spec hashes, study seeds or stage specs differ. Per
+    condition: paired success and stage-depth differences with bootstrap CIs,
+    the calibrated interval, the exact stratified sign-flip test (Holm-adjusted)
+    and a verdict; McNemar on the discordant pairs as a pooled diagnostic.
     """
     out_dir = out_dir or run_a / f"compare-{run_b.name}"
-    result = write_comparison(run_a, run_b, out_dir, bootstrap_seed=bootstrap_seed)
+    result = write_comparison(run_a, run_b, out_dir, bootstrap_seed=bootstrap_seed, min_effect=min_effect)
     for cond, v in result["conditions"].items():
-        click.echo(f"  {cond:<18} success {v['macro_success_diff']:+.3f}  depth {v['macro_depth_diff']:+.3f}  "
-                   f"p(Holm) {v['mcnemar_p_holm']:.3g}")
+        p = (v["signflip"] or {}).get("p_holm")
+        signed = {k: "-" if v[k] is None else format(v[k], "+.3f") for k in ("macro_success_diff", "macro_depth_diff")}
+        click.echo(f"  {cond:<18} success {signed['macro_success_diff']}  depth {signed['macro_depth_diff']}  "
+                   f"sign-flip p(Holm) {'-' if p is None else format(p, '.3g')}  {v['verdict'] or '-'}")
     click.echo(f"-> {out_dir}/compare.md")
 
 

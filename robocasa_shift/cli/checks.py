@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Tuple
+from typing import Optional, Tuple
 
 import click
 
-from robocasa_shift.checks.audit import audit_run
+from robocasa_shift.checks.audit import audit_run, audit_stem
 from robocasa_shift.checks.calibration import calibrate as run_calibration
 from robocasa_shift.checks.validation import validate_pairing, validate_stages
 from robocasa_shift.cli.common import (
@@ -21,6 +21,7 @@ from robocasa_shift.cli.common import (
     tasks_of,
 )
 from robocasa_shift.config import StudyConfig
+from robocasa_shift.seeding import PHASES
 from robocasa_shift.study.pipeline import formal_suite
 from robocasa_shift.study.plan import parse_episodes
 
@@ -71,11 +72,16 @@ def validate_pairing_command(task_opts: Tuple[str, ...], backend: str, run_dir: 
 @BACKEND_OPTION
 @RUN_DIR_OPTION
 @click.option("--episodes", default="0-2", show_default=True, help="Fixed base episodes (formal phase).")
+@click.option("--image-size", type=click.IntRange(min=8), default=None,
+              help="Square render size in pixels, the resolution the policy receives [default: the image size of "
+                   "the policy RUN_DIR's manifest names, else 128].")
 @handle_errors
-def calibrate_command(task_opts: Tuple[str, ...], backend: str, run_dir: Path, episodes: str) -> None:
+def calibrate_command(task_opts: Tuple[str, ...], backend: str, run_dir: Path, episodes: str,
+                      image_size: Optional[int]) -> None:
     """Model-free severity audit: 3 episodes x 13 conditions per task, no policy; exit 1 on a failed check.
 
-    --task suite takes the tasks that screening retained in RUN_DIR.
+    --task suite takes the tasks that screening retained in RUN_DIR. Every camera
+    (third-person and wrist) is rendered at --image-size and measured per role.
 
     Writes RUN_DIR/calibration/ (records.csv, calibration.json, calibration.md and
     a contact sheet per task: rows = conditions, columns = episodes and cameras).
@@ -85,7 +91,7 @@ def calibrate_command(task_opts: Tuple[str, ...], backend: str, run_dir: Path, e
         tasks = formal_suite(run_dir) or []
         if not tasks:
             raise click.UsageError(f"--task suite: no tasks in {run_dir}/suite.json; run `screen` first")
-    report = run_calibration(run_dir, tasks, backend, parse_episodes(episodes))
+    report = run_calibration(run_dir, tasks, backend, parse_episodes(episodes), image_size=image_size)
     for warning in report["warnings"]:
         click.echo(f"warning: {warning}", err=True)
     finish(report, "calibration", run_dir / "calibration" / "calibration.md")
@@ -93,22 +99,27 @@ def calibrate_command(task_opts: Tuple[str, ...], backend: str, run_dir: Path, e
 
 @click.command(name="audit")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--phase", type=click.Choice(PHASES), default="formal", show_default=True,
+              help="The phase audited; rollouts of other phases in RUN_DIR are left out.")
 @handle_errors
-def audit_command(run_dir: Path) -> None:
-    """Integrity audit (paper Table VII) of a run directory; exit 0 only when it passes.
+def audit_command(run_dir: Path, phase: str) -> None:
+    """Integrity audit (paper Table VII) of one phase of a run directory; exit 0 only when it passes.
 
     Per task: expected and valid rollouts, distinct base episodes, and the counts
     that must be zero (missing or duplicated records, fingerprint and policy-seed
     mismatches, renderer errors, invalid perturbation records, runtime failures,
     StageTracker errors, unexpected truncations); each failing check names its
-    rollouts. Writes RUN_DIR/audit.json and RUN_DIR/audit.md.
+    rollouts. Writes RUN_DIR/audit.json and RUN_DIR/audit.md (another phase:
+    RUN_DIR/audit-PHASE.json and .md, so the formal audit the report reads stays).
     """
-    report = audit_run(run_dir)
+    report = audit_run(run_dir, phase=phase)
     for task, t in report["tasks"].items():
         bad = {name: c["count"] for name, c in t["checks"].items() if c["count"]}
         click.echo(f"  {task:<18} expected {t['expected_rollouts']:>4}  valid {t['valid_rollouts']:>4}  "
                    f"{'ok' if t['passed'] else 'FAILED ' + json.dumps(bad)}")
-    finish(report, "audit", run_dir / "audit.md")
+    for problem in report["run_problems"]:
+        click.echo(f"  run: {problem}")
+    finish(report, audit_stem(phase), run_dir / f"{audit_stem(phase)}.md")
 
 
 COMMANDS = [validate_stages_command, validate_pairing_command, calibrate_command, audit_command]

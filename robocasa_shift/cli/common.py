@@ -22,7 +22,7 @@ import yaml
 from robocasa_shift.backends import get_backend
 from robocasa_shift.config import ExecutionConfig, StudyConfig, check_field, config_field
 from robocasa_shift.errors import BadInput, Error
-from robocasa_shift.study.plan import parse_shard
+from robocasa_shift.study.plan import MAX_KEYS, parse_shard
 
 
 def fail(message: str, code: int) -> None:
@@ -88,7 +88,11 @@ def parse_policy_options(opts: Iterable[str]) -> Dict[str, Any]:
         key, sep, value = text.partition("=")
         if not sep or not key.strip():
             raise click.BadParameter(f"expected KEY=VALUE, got {text!r}", param_hint="--policy-option")
-        options[key.strip()] = yaml.safe_load(value)
+        try:
+            options[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise click.BadParameter(f"{key.strip()}: the value is not valid YAML ({exc})",
+                                     param_hint="--policy-option") from None
     return options
 
 
@@ -169,9 +173,11 @@ execution_options = config_options(ExecutionConfig, "execution", [
     ("address", config_option(ExecutionConfig, "address")),
     ("threads", config_option(ExecutionConfig, "threads", type=int)),
     ("batch", config_option(ExecutionConfig, "batch", type=int, show_default=True)),
+    ("rollout_timeout_s", config_option(ExecutionConfig, "rollout_timeout_s", "--rollout-timeout", type=float,
+                                        show_default=True, metavar="SECONDS")),
     ("progress", config_option(ExecutionConfig, "progress", "--progress/--no-progress")),
 ])
-execution_options.__doc__ = ("--executor, --workers, --address, --threads, --batch, --progress: "
+execution_options.__doc__ = ("--executor, --workers, --address, --threads, --batch, --rollout-timeout, --progress: "
                              "the command gets ``execution: ExecutionConfig``.")
 
 
@@ -185,12 +191,15 @@ def _shard(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> 
 SHARD_OPTION = click.option("--shard", default=None, callback=_shard,
                             help="Run only slice i of n (e.g. 0/4) into this run dir; see merge.")
 RETRY_OPTION = click.option("--retry-errors", is_flag=True, help="Re-run invalid records; the old ones go to history/.")
+FORCE_OPTION = click.option("--force", is_flag=True,
+                            help=f"Plan more than {MAX_KEYS:,} rollouts in one command (a typo in --episodes "
+                                 f"otherwise plans billions).")
 TASK_OPTION = click.option("--task", "task_opts", multiple=True, default=("all",), show_default=True,
                            help="Task name(s); comma list or 'all'.")
 BACKEND_OPTION = config_option(StudyConfig, "backend", show_default=True)
 RUN_DIR_OPTION = click.option("--run-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
                               help="Run directory the outputs go into.")
 
-__all__ = ["BACKEND_OPTION", "RETRY_OPTION", "RUN_DIR_OPTION", "SHARD_OPTION", "TASK_OPTION", "checked",
+__all__ = ["BACKEND_OPTION", "FORCE_OPTION", "RETRY_OPTION", "RUN_DIR_OPTION", "SHARD_OPTION", "TASK_OPTION", "checked",
            "config_option", "config_options", "execution_options", "fail", "finish", "handle_errors",
            "parse_policy_options", "report_run", "split_names", "study_options", "tasks_of"]

@@ -10,6 +10,7 @@ import click
 from robocasa_shift import specs
 from robocasa_shift.checks.screening import screen as run_screen
 from robocasa_shift.cli.common import (
+    FORCE_OPTION,
     RETRY_OPTION,
     RUN_DIR_OPTION,
     SHARD_OPTION,
@@ -21,9 +22,10 @@ from robocasa_shift.cli.common import (
     tasks_of,
 )
 from robocasa_shift.config import ExecutionConfig, StudyConfig
+from robocasa_shift.errors import CheckFailed
 from robocasa_shift.study.pipeline import estimate, formal_suite
 from robocasa_shift.study.pipeline import merge as merge_runs
-from robocasa_shift.study.plan import parse_episodes, plan_keys, shard_keys
+from robocasa_shift.study.plan import MAX_KEYS, parse_episodes, plan_keys, shard_keys
 from robocasa_shift.study.runner import run as run_study
 
 
@@ -42,10 +44,11 @@ from robocasa_shift.study.runner import run as run_study
 @execution_options
 @SHARD_OPTION
 @RETRY_OPTION
+@FORCE_OPTION
 @handle_errors
 def run_command(task_opts, condition_opts, episodes: str, run_dir: Path, phase: str, replicates: str,
                 study: StudyConfig, execution: ExecutionConfig, shard: Optional[Tuple[int, int]],
-                retry_errors: bool) -> None:
+                retry_errors: bool, force: bool) -> None:
     """Run rollouts of one or more tasks under one or more conditions.
 
     \b
@@ -53,17 +56,19 @@ def run_command(task_opts, condition_opts, episodes: str, run_dir: Path, phase: 
       robocasa-shift run --task Lift --condition all --episodes 0-4 --policy expert --run-dir runs/lift
     """
     protocol = specs.load_protocol(verify=True)
+    limit = None if force else MAX_KEYS
     result = run_study(
         run_dir,
         tasks_of(study.backend, task_opts),
         split_names(condition_opts, protocol.conditions),
-        parse_episodes(episodes),
+        parse_episodes(episodes, limit),
         study,
         execution,
         phase=phase,
-        replicates=parse_episodes(replicates),
+        replicates=parse_episodes(replicates, limit),
         retry_errors=retry_errors,
         shard=shard,
+        force=force,
     )
     report_run(result, run_dir)
 
@@ -89,9 +94,11 @@ def screen_command(run_dir: Path, pool_path: Optional[Path], study: StudyConfig,
     """
     if shard:
         raise click.UsageError("screening decides as it goes: run it unsharded")
-    result = run_screen(run_dir, study, execution, pool_path)
+    result = run_screen(run_dir, study, execution, pool_path, retry_errors=retry_errors)
     for task, d in result["screening"].items():
         click.echo(f"  {task:<18} {d['successes']:>2}/{d['rollouts']:<2} {d['decision']}")
+    if result["undecided"]:  # invalid rollouts: the decision is unknown, so nothing may proceed on it
+        raise CheckFailed(f"screening: {result['note']}")
     click.echo(f"formal suite: {', '.join(result['suite']) or '(empty)'} -> {run_dir}/suite.json")
     if result["note"]:
         click.echo(f"note: {result['note']}")
@@ -111,30 +118,32 @@ def screen_command(run_dir: Path, pool_path: Optional[Path], study: StudyConfig,
 @execution_options
 @SHARD_OPTION
 @RETRY_OPTION
+@FORCE_OPTION
 @handle_errors
 def formal_command(task_opts, condition_opts, episodes: str, run_dir: Path, replicates: str, dry_run: bool,
                    study: StudyConfig, execution: ExecutionConfig, shard: Optional[Tuple[int, int]],
-                   retry_errors: bool) -> None:
+                   retry_errors: bool, force: bool) -> None:
     """The formal matrix: suite x episodes x 13 conditions, every rollout at its official horizon."""
     protocol = specs.load_protocol(verify=True)
+    limit = None if force else MAX_KEYS
+    episode_list, replicate_list = parse_episodes(episodes, limit), parse_episodes(replicates, limit)
     tasks = tasks_of(study.backend, task_opts) if task_opts else formal_suite(run_dir)
     if not tasks:
         raise click.UsageError(f"no --task given and no {run_dir}/suite.json: run `screen` first or name the tasks")
     conditions = split_names(condition_opts, protocol.conditions)
     if dry_run:
-        keys = shard_keys(plan_keys(tasks, parse_episodes(episodes), conditions, "formal", parse_episodes(replicates)),
-                          shard)
+        keys = shard_keys(plan_keys(tasks, episode_list, conditions, "formal", replicate_list, force=force), shard)
         workers = execution.resolved().workers
         est = estimate(run_dir, keys, workers)
         eta = "unknown (no rollouts measured in this run directory yet)" if est["eta_s"] is None else \
             f"{est['eta_s'] / 60:.1f} min with {workers} worker(s)"
-        click.echo(f"{est['planned']} rollouts planned ({len(tasks)} tasks x {len(parse_episodes(episodes))} episodes x "
+        click.echo(f"{est['planned']} rollouts planned ({len(tasks)} tasks x {len(episode_list)} episodes x "
                    f"{len(conditions)} conditions), {est['pending']} to run; ETA {eta}")
         for task, s in est["measured_s_per_rollout"].items():
             click.echo(f"  {task:<18} {s:.1f} s per rollout (measured)")
         return
-    result = run_study(run_dir, tasks, conditions, parse_episodes(episodes), study, execution, phase="formal",
-                       replicates=parse_episodes(replicates), retry_errors=retry_errors, shard=shard)
+    result = run_study(run_dir, tasks, conditions, episode_list, study, execution, phase="formal",
+                       replicates=replicate_list, retry_errors=retry_errors, shard=shard, force=force)
     report_run(result, run_dir)
 
 
@@ -146,6 +155,8 @@ def merge_command(out: Path, sources: Tuple[Path, ...]) -> None:
     """Combine shard run directories (--shard i/n) into OUT; refuses mismatched manifests and duplicate keys."""
     result = merge_runs(out, sources)
     click.echo(f"{result['records']} records from {result['sources']} run directories -> {out}")
+    for file, problem in result["unreadable"]:
+        click.echo(f"  skipped unreadable record {file}: {problem}", err=True)
 
 
 COMMANDS = [run_command, screen_command, formal_command, merge_command]

@@ -85,17 +85,63 @@ class FactorKind:
         """An observation-side kind's transform of one RGB image (identity for env-side kinds)."""
         return image
 
+    def replay_draw(self, spec, rng: np.random.Generator, draws_rejected: int) -> Optional[List[float]]:
+        """The draw a record must carry, recomputed from the episode's draw stream (the audit calls it).
+
+        Args:
+            spec: the factor spec.
+            rng: a fresh generator of the episode's draw stream (``seeding.draw_rng``).
+            draws_rejected: how many draws the record says were rejected before the accepted one.
+
+        Returns:
+            The accepted draw, or None for a kind without a random draw.
+
+        Raises:
+            ValueError: ``draws_rejected`` is not what this kind can reject (0 unless it rejects draws).
+        """
+        _never_rejected(draws_rejected)
+        return None
+
+    def measure_transform(self, params: Dict[str, float]) -> Dict[str, Any]:
+        """What an observation-side kind measures of its transform itself, once per rollout ({} by default)."""
+        return {}
+
+    def measure(self, delivered: np.ndarray, raw: np.ndarray, params: Dict[str, float]) -> Dict[str, Any]:
+        """What an observation-side kind measures on one delivered image beside its unperturbed render."""
+        return {}
+
+    def measured_problems(self, spec, level: str, measured: Any) -> List[str]:
+        """Problems with a record's ``measured`` entry against the frozen spec ([] for kinds that measure nothing)."""
+        return []
+
+
+def _never_rejected(draws_rejected: Any) -> None:
+    """Refuse a rejected-draw count other than 0 from a kind that never rejects a draw."""
+    if draws_rejected != 0 or isinstance(draws_rejected, bool):
+        raise ValueError(f"this kind never rejects a draw, but the record says {draws_rejected!r} were rejected")
+
 
 def max_abs_difference(applied: Any, expected: Any) -> float:
-    """Largest absolute difference between two nested structures of numbers (inf on a shape mismatch)."""
-    if isinstance(expected, dict):
-        if not isinstance(applied, dict) or set(applied) != set(expected):
+    """Largest absolute difference between two nested structures of numbers.
+
+    NaN-safe: a shape or key mismatch, a missing value (None), a non-number or a NaN on either
+    side is ``inf``, never NaN, so ``difference > tol`` and ``not difference <= tol`` agree.
+    """
+    if isinstance(expected, dict) or isinstance(applied, dict):
+        if not (isinstance(applied, dict) and isinstance(expected, dict)) or set(applied) != set(expected):
             return float("inf")
         return max([max_abs_difference(applied[k], expected[k]) for k in expected] or [0.0])
-    a, e = np.asarray(applied, dtype=float), np.asarray(expected, dtype=float)
+    try:
+        a, e = np.asarray(applied, dtype=float), np.asarray(expected, dtype=float)
+    except (TypeError, ValueError):
+        return float("inf")
     if a.shape != e.shape:
         return float("inf")
-    return float(np.max(np.abs(a - e))) if a.size else 0.0
+    if not a.size:
+        return 0.0
+    diff = np.abs(a - e)
+    # None reads as NaN; NaN - NaN is NaN and inf - inf too: each is a value that cannot be checked
+    return float("inf") if np.isnan(diff).any() else float(np.max(diff))
 
 
 @FACTOR_KINDS.register("light_scale")
@@ -126,6 +172,11 @@ class CameraRotation(FactorKind):
     def draw(self, spec, rng, env=None):
         radius, angle = np.sqrt(rng.uniform()), rng.uniform(0.0, 2.0 * np.pi)
         return {"draw": [float(radius * np.cos(angle)), float(radius * np.sin(angle))], "draws_rejected": 0}
+
+    def replay_draw(self, spec, rng, draws_rejected):
+        """The unit-disk draw (never rejected: any rotation of the camera is a valid state)."""
+        _never_rejected(draws_rejected)
+        return self.draw(spec, rng)["draw"]
 
     def apply(self, env, params, draw):
         yaw, pitch = (params["theta_max_deg"] * u for u in draw["draw"])
@@ -178,6 +229,20 @@ class BaseOffset(FactorKind):
             reasons.append(problems[0])
         raise PerturbationError(f"no valid base draw in {max_draws} draws; last problem: {reasons[-1]}")
 
+    def replay_draw(self, spec, rng, draws_rejected):
+        """The ``draws_rejected + 1``-th standard-normal triple of the stream: the rejected ones come first.
+
+        Raises:
+            ValueError: ``draws_rejected`` is not an integer in ``[0, max_draws)``.
+        """
+        max_draws = int(spec.options.get("max_draws", 50))
+        is_int = isinstance(draws_rejected, int) and not isinstance(draws_rejected, bool)
+        if not (is_int and 0 <= draws_rejected < max_draws):
+            raise ValueError(f"draws_rejected must be an integer in [0, {max_draws}), got {draws_rejected!r}")
+        for _ in range(draws_rejected + 1):
+            z = rng.standard_normal(3).tolist()  # exactly as draw() takes them, so the stream lines up
+        return z
+
     def apply(self, env, params, draw):
         expected = self.offset(params, draw["draw"])
         env.set_base_offset(expected)
@@ -187,9 +252,30 @@ class BaseOffset(FactorKind):
         return {k: float(v) for k, v in env.base_offset().items()}
 
 
+def laplacian_variance(image: np.ndarray) -> float:
+    """Sharpness of an RGB uint8 image: the variance of the Laplacian of its grey levels."""
+    import cv2
+
+    return float(cv2.Laplacian(cv2.cvtColor(np.ascontiguousarray(image), cv2.COLOR_RGB2GRAY), cv2.CV_64F).var())
+
+
+# The step-edge probe the blur kernel is measured on: 0 | 255 across the middle of a small RGB image.
+# 129 columns hold the widest kernel of any frozen level (4 px: 25 taps) far from the borders.
+_EDGE_PROBE_SHAPE = (9, 129, 3)
+
+
 @FACTOR_KINDS.register("gaussian_blur")
 class GaussianBlur(FactorKind):
-    """cv2.GaussianBlur(img, (0, 0), sigmaX=s, sigmaY=s), default border, uint8 in and out."""
+    """cv2.GaussianBlur(img, (0, 0), sigmaX=s, sigmaY=s), default border, uint8 in and out.
+
+    The read-back of an observation-side kind equals what it asked for by construction, so a blur
+    rollout also records what was measured (:meth:`measure`): the kernel the transform actually
+    applies, measured through the transform on a step edge, and per camera the sharpness ratio of
+    the delivered image (variance of the Laplacian of the delivered image over that of the same
+    render unblurred). The spec freezes the expected ratio range per level
+    (``options.sharpness_ratio_range``) and the tolerance on the measured kernel width
+    (``options.kernel_sigma_rtol``); :meth:`measured_problems` checks a record against them.
+    """
 
     side = "obs"
     level_params = ("sigma_px",)
@@ -202,6 +288,80 @@ class GaussianBlur(FactorKind):
 
         s = params["sigma_px"]
         return cv2.GaussianBlur(image, (0, 0), sigmaX=s, sigmaY=s)
+
+    def measured_kernel(self, params: Dict[str, float]) -> Dict[str, float]:
+        """The kernel :meth:`transform` applies, measured on a step edge (0 | 255) passed through it.
+
+        Returns:
+            ``sigma_px``: the standard deviation of the line spread function (the derivative of the
+            blurred edge), ``support_px``: how many pixels of it are non-zero after uint8 rounding.
+        """
+        probe = np.zeros(_EDGE_PROBE_SHAPE, np.uint8)
+        probe[:, _EDGE_PROBE_SHAPE[1] // 2:] = 255
+        edge = np.asarray(self.transform(probe, params), dtype=float)[_EDGE_PROBE_SHAPE[0] // 2, :, 0] / 255.0
+        spread = np.diff(edge)
+        total = spread.sum()
+        if total <= 0:  # the edge vanished or inverted: no kernel to speak of
+            return {"sigma_px": float("nan"), "support_px": int(np.count_nonzero(spread))}
+        x = np.arange(len(spread), dtype=float)
+        mean = float((spread * x).sum() / total)
+        sigma = float(np.sqrt(max(0.0, (spread * (x - mean) ** 2).sum() / total)))
+        return {"sigma_px": sigma, "support_px": int(np.count_nonzero(spread))}
+
+    def measure_transform(self, params):
+        """``{"kernel": measured_kernel(params)}``."""
+        return {"kernel": self.measured_kernel(params)}
+
+    def measure(self, delivered, raw, params):
+        """Sharpness of the delivered image over the same render unblurred (None when the render is flat)."""
+        raw_var, delivered_var = laplacian_variance(raw), laplacian_variance(delivered)
+        ratio = delivered_var / raw_var if raw_var > 0 else None
+        return {"sharpness_ratio": ratio, "laplacian_var_raw": raw_var, "laplacian_var_delivered": delivered_var,
+                "shape": list(delivered.shape)}
+
+    @staticmethod
+    def frozen_checks(spec, level: str) -> Tuple[Tuple[float, float], float]:
+        """The level's frozen sharpness-ratio range and the kernel-width tolerance.
+
+        Raises:
+            SpecError: the spec lacks them or they are malformed (a range is ``[low, high]``, 0 <= low < high).
+        """
+        from robocasa_shift.errors import SpecError
+
+        ranges = spec.options.get("sharpness_ratio_range")
+        bounds = ranges.get(level) if isinstance(ranges, dict) else None
+        rtol = spec.options.get("kernel_sigma_rtol")
+        ok_bounds = (isinstance(bounds, list) and len(bounds) == 2
+                     and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds)
+                     and 0 <= bounds[0] < bounds[1])
+        if not ok_bounds:
+            raise SpecError(spec.path, f"options.sharpness_ratio_range.{level}",
+                            f"expected [low, high] with 0 <= low < high, got {bounds!r}")
+        if not (isinstance(rtol, (int, float)) and not isinstance(rtol, bool) and 0 < rtol < 1):
+            raise SpecError(spec.path, "options.kernel_sigma_rtol", f"expected a number in (0, 1), got {rtol!r}")
+        return (float(bounds[0]), float(bounds[1])), float(rtol)
+
+    def measured_problems(self, spec, level, measured):
+        """Kernel width within the frozen tolerance of ``sigma_px``; every camera's ratio inside the frozen range."""
+        (low, high), rtol = self.frozen_checks(spec, level)
+        if not isinstance(measured, dict):
+            return ["no measurement of the delivered images"]
+        problems = []
+        sigma = spec.level(level)["sigma_px"]
+        kernel = measured.get("kernel") if isinstance(measured.get("kernel"), dict) else {}
+        if not max_abs_difference(kernel.get("sigma_px"), sigma) <= rtol * sigma:
+            problems.append(f"measured kernel sigma {kernel.get('sigma_px')!r} px is not the frozen "
+                            f"{sigma:g} px (tolerance {rtol:g})")
+        cameras = measured.get("cameras")
+        if not isinstance(cameras, dict) or not cameras:
+            problems.append("no camera's delivered image was measured")
+            cameras = {}
+        for cam, m in sorted(cameras.items()):
+            ratio = m.get("sharpness_ratio") if isinstance(m, dict) else None
+            ok = isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and low <= ratio <= high
+            if not ok:
+                problems.append(f"{cam}: sharpness ratio {ratio!r} outside the frozen range [{low:g}, {high:g}]")
+        return problems
 
 
 def factor_kind(spec) -> FactorKind:

@@ -113,6 +113,8 @@ def to_row(rec: Dict[str, Any]) -> Dict[str, Any]:
         "phase": rec["phase"],
         "replicate": rec["replicate"],
         "spec_hash": rec["spec_hash"],
+        # one stage-spec version per task: analyze refuses a table that mixes two
+        "stage_spec_hash": rec.get("stage_spec_hash"),
         "stage_error": rec["stage_error"] is not None,
         "backend": rec["backend"],
         "policy": rec["policy"],

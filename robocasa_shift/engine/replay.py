@@ -3,24 +3,129 @@
 Rollouts are deterministic given their key, so a pair is re-run from its keys
 instead of recording frames for every rollout; a re-run that does not
 reproduce its record's outcome and subgoal steps is reported, never hidden.
+
+A run directory may come from someone else, so its manifest is not trusted
+to say where a re-run connects, what it sends or what it loads. Policy
+options that connect, authenticate or deserialize (``host``, ``port``,
+``uri``, ``serializer``, ``api_token``/``api_key`` and every other secret,
+checkpoint and other file paths, ...; see :func:`is_connection_option`) are
+taken only from the reader's own command line (``report --policy-option
+KEY=VALUE``), or from the manifest behind an explicit ``--trust-run-dir``.
+``allow_pickle`` and a serializer other than msgpack are never taken from a
+file, trusted or not.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from robocasa_shift.backends import get_backend
+from robocasa_shift.config import SECRET_PLACEHOLDER, is_secret_option
 from robocasa_shift.engine.perturbations import factor_kind
 from robocasa_shift.engine.records import Record, RolloutKey
 from robocasa_shift.engine.rollout import Observer, run_rollout
+from robocasa_shift.errors import PolicyOptionError
 from robocasa_shift.policies import make_policy
 from robocasa_shift.specs import load_protocol, load_stage_spec, parse_condition
 
 # Record fields a re-run must reproduce exactly.
 REPRODUCED_FIELDS = ("success", "steps", "stage_steps")
+
+# Policy options naming where a policy connects, or what it loads: from a run directory only when it is trusted.
+CONNECTION_OPTIONS = frozenset({"host", "port", "uri", "url", "endpoint", "address", "server", "serializer",
+                                "checkpoint", "weights_dir", "model_path", "demo_dir"})
+# Option name endings that name a file to load (a checkpoint beside the shared directory may hold a pickle).
+PATH_SUFFIXES = ("_path", "_dir", "_file", "_checkpoint")
+# The one serializer a run directory may name, and only when trusted: it decodes without running code.
+SAFE_SERIALIZERS = frozenset({"msgpack"})
+
+
+def is_connection_option(name: str) -> bool:
+    """Whether policy option ``name`` decides where a re-run connects, what it sends, or what it loads and decodes.
+
+    The known network and checkpoint options (``CONNECTION_OPTIONS``), file paths (``PATH_SUFFIXES``),
+    every secret (a name with token, key, secret or password), CURVE keys, and anything about pickling
+    or trust.
+    """
+    lowered = name.lower()
+    return (lowered in CONNECTION_OPTIONS or lowered.endswith(PATH_SUFFIXES) or is_secret_option(name)
+            or lowered.startswith(("curve_", "trust")) or "pickle" in lowered)
+
+
+def never_from_file(name: str, value: Any) -> bool:
+    """Whether option ``name=value`` must come from a command line even when the run directory is trusted.
+
+    ``allow_pickle`` (and any pickle switch) and a serializer other than msgpack: they let whoever
+    answers run code in this process, so a file never turns them on.
+    """
+    lowered = name.lower()
+    return "pickle" in lowered or (lowered == "serializer" and value not in SAFE_SERIALIZERS)
+
+
+def replay_policy_options(manifest: Mapping[str, Any], command_line: Optional[Mapping[str, Any]] = None,
+                          trust_run_dir: bool = False) -> Dict[str, Any]:
+    """The policy options a re-run of ``manifest``'s rollouts uses.
+
+    The manifest's options, less those :func:`is_connection_option` names (unless ``trust_run_dir``),
+    less those :func:`never_from_file` names and less redacted secrets; then ``command_line`` on top.
+
+    Raises:
+        PolicyOptionError: the manifest sets an option that was withheld and ``command_line`` does not
+            give it: the message lists them and says how to give them (nothing has connected yet).
+    """
+    given = dict(command_line or {})
+    options: Dict[str, Any] = {}
+    withheld: Dict[str, Any] = {}
+    for name, value in dict(manifest.get("policy_options") or {}).items():
+        if name in given:
+            continue
+        if never_from_file(name, value) or value == SECRET_PLACEHOLDER:
+            withheld[name] = value
+        elif is_connection_option(name) and not trust_run_dir:
+            withheld[name] = value
+        else:
+            options[name] = value
+    if withheld:
+        policy = (manifest.get("policy") or {}).get("name", "?")
+        # secrets are not shown (the manifest holds a placeholder at best); the rest helps to retype them
+        shown = ", ".join(name if is_secret_option(name) else f"{name}={value!r}" for name, value in withheld.items())
+        raise PolicyOptionError(
+            f"the run directory's manifest sets options of policy {policy!r} that decide where a re-run connects, "
+            f"what it sends or what it loads ({shown}); they are not taken from a run directory that "
+            "someone else may have written. Give each with --policy-option KEY=VALUE on this command line, or pass "
+            "--trust-run-dir if you trust whoever wrote the directory (allow_pickle, a serializer other than msgpack "
+            "and redacted secrets are never taken from a file), or --videos 0 to skip the re-runs")
+    return {**options, **given}
+
+
+@dataclass(frozen=True)
+class ReplaySource:
+    """What a re-run takes from the reader rather than the run directory: its policy options and its trust."""
+
+    policy_options: Mapping[str, Any] = field(default_factory=dict)
+    trust_run_dir: bool = False
+
+
+_SOURCE: contextvars.ContextVar[ReplaySource] = contextvars.ContextVar("replay_source", default=ReplaySource())
+
+
+@contextlib.contextmanager
+def replay_source(policy_options: Optional[Mapping[str, Any]] = None, trust_run_dir: bool = False) -> Iterator[None]:
+    """Within the block, a ``Replayer`` built without explicit options uses these (a command's own options).
+
+    It carries ``report --policy-option/--trust-run-dir`` through ``build_report`` to the
+    ``Replayer`` it makes, without threading them through every function in between.
+    """
+    token = _SOURCE.set(ReplaySource(dict(policy_options or {}), bool(trust_run_dir)))
+    try:
+        yield
+    finally:
+        _SOURCE.reset(token)
 
 
 class FrameCapture(Observer):
@@ -66,15 +171,32 @@ class Replay:
 class Replayer:
     """Re-runs keys of one run directory as its manifest describes them (backend, policy, render profile).
 
-    Environments are built once per task and closed by :meth:`close` (or on leaving a ``with`` block).
+    The policy's connection options come from the caller, not the manifest (see
+    :func:`replay_policy_options`). Environments are built once per task and closed by
+    :meth:`close` (or on leaving a ``with`` block).
+
+    Args:
+        manifest: the run directory's ``manifest.json``.
+        policy_options: options from the reader's command line (default: the enclosing
+            :func:`replay_source`, else none); they override the manifest's.
+        trust_run_dir: take connection options from the manifest too (default: the enclosing
+            :func:`replay_source`, else False).
+
+    Raises:
+        PolicyOptionError: the manifest sets a connection option the caller did not give.
     """
 
-    def __init__(self, manifest: Mapping[str, Any]):
+    def __init__(self, manifest: Mapping[str, Any], policy_options: Optional[Mapping[str, Any]] = None,
+                 trust_run_dir: Optional[bool] = None):
+        source = _SOURCE.get()
         self.manifest = manifest
         self.backend_name = manifest["backend"]
         self.protocol = load_protocol()
         self.backend = get_backend(self.backend_name)
-        self.policy = make_policy(manifest["policy"]["name"], **manifest.get("policy_options", {}))
+        self.policy_options = replay_policy_options(
+            manifest, source.policy_options if policy_options is None else policy_options,
+            source.trust_run_dir if trust_run_dir is None else trust_run_dir)
+        self.policy = make_policy(manifest["policy"]["name"], **self.policy_options)
         self._envs: Dict[str, Any] = {}
 
     def env(self, task: str):

@@ -133,6 +133,10 @@ class Rollout:
                 kind = factor_kind(spec)
                 if kind.side == "obs":
                     self.obs_transform = (kind, spec.level(record.perturbation["level"]))
+                    # An observation-side read-back equals its expectation by construction; what is
+                    # measured (the transform's kernel here, each camera's first delivered image in
+                    # observe) is what the audit can check against the frozen spec.
+                    record.perturbation["measured"] = {**kind.measure_transform(self.obs_transform[1]), "cameras": {}}
             self._phase = "policy reset"
             self.policy.reset(record.policy_seed)
             record.policy_rng_fingerprint = self.policy.rng_fingerprint()
@@ -159,7 +163,11 @@ class Rollout:
                 except Exception as exc:
                     raise RendererError(f"rendering {cam}: {type(exc).__name__}: {exc}") from exc
                 if self.obs_transform is not None:
-                    image = self.obs_transform[0].transform(image, self.obs_transform[1])
+                    kind, params = self.obs_transform
+                    raw, image = image, kind.transform(image, params)
+                    measured = self.record.perturbation["measured"]["cameras"]
+                    if cam not in measured:  # the first observation of each camera: no extra render
+                        measured[cam] = {"role": self.roles[cam], **kind.measure(image, raw, params)}
                 images[cam] = image
             self.record.frames_rendered += len(self.cameras)
             self.observer.on_observation(self.step_index, images)

@@ -8,18 +8,29 @@ deepest milestone reached. Predicates are side-effect-free functions of the
 simulator state, registered by name per backend and referenced from stage
 spec files. An exception in a predicate stops the tracker and is recorded as
 a StageTracker error; it is never read as False.
+
+A predicate returns ``bool`` or ``numpy.bool_`` (what a numpy comparison such as
+``np.linalg.norm(d) < r`` gives) and nothing else: any other result, an int
+included, is a StageTracker error naming the subgoal and the predicate. Ints are
+refused on purpose, 0 and 1 too: a predicate that returns a count or a distance
+would otherwise read as "holds" whenever it is non-zero, and a yes/no question
+deserves a yes/no answer.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
 
 from robocasa_shift.registry import Registry
 from robocasa_shift.specs import StageSpec
 
 # Keys are "<backend>.<predicate>"; values are functions (env, **args) -> bool.
 PREDICATES: Registry[Callable[..., bool]] = Registry("predicate", "robocasa_shift.predicates")
+# The result types a predicate may return (see the module docstring for why ints are refused).
+BOOL_TYPES = (bool, np.bool_)
 
 
 def predicate(backend: str, name: str):
@@ -70,29 +81,51 @@ class StageTracker:
         self.error: Optional[str] = None
         self._next = 0
 
+    def _evaluate(self, index: int, env, step: Optional[int]) -> Tuple[Optional[bool], Optional[str]]:
+        """``(holds, None)``, or ``(None, error)`` when the predicate raised or returned something not a bool."""
+        goal = self.spec.subgoals[index]
+        where = f"subgoal '{goal.id}' (predicate {goal.predicate})" + ("" if step is None else f" at step {step}")
+        try:
+            holds = self.functions[index](env)
+        except Exception as exc:  # recorded on the rollout, never read as False
+            return None, f"{where}: {type(exc).__name__}: {exc}"
+        if not isinstance(holds, BOOL_TYPES):
+            return None, f"{where} returned {holds!r} of type {type(holds).__name__}, not a bool (bool or numpy.bool_)"
+        return bool(holds), None
+
     def update(self, env, step: int) -> List[str]:
         """Evaluate on the post-step state of control step ``step``; return the subgoals that latched."""
         latched = []
         while self.error is None and self._next < len(self.functions):
-            goal = self.spec.subgoals[self._next]
-            try:
-                holds = self.functions[self._next](env)
-            except Exception as exc:  # recorded on the rollout, never read as False
-                self.error = f"subgoal '{goal.id}' (predicate {goal.predicate}) at step {step}: {type(exc).__name__}: {exc}"
-                break
-            if not isinstance(holds, (bool, int)) and type(holds).__name__ != "bool_":
-                self.error = f"subgoal '{goal.id}' (predicate {goal.predicate}) returned {holds!r}, not a bool"
-                break
+            holds, self.error = self._evaluate(self._next, env, step)
             if not holds:
                 break
             self.stage_steps[self._next] = step
-            latched.append(goal.id)
+            latched.append(self.spec.subgoals[self._next].id)
             self._next += 1
         return latched
 
-    def holding(self, env) -> Dict[str, bool]:
-        """Evaluate every predicate on the current state, independently of latching (for audits)."""
-        return {g.id: bool(fn(env)) for g, fn in zip(self.spec.subgoals, self.functions)}
+    def evaluate_all(self, env, step: Optional[int] = None) -> Tuple[Dict[str, Optional[bool]], List[str]]:
+        """Evaluate every predicate on the current state, independently of latching, with the errors.
+
+        Never raises, and touches no latch: a predicate that raises or returns a non-bool reads as
+        None (never False) and its error is returned.
+
+        Returns:
+            ``(holds, errors)``: subgoal id -> True, False or None; the errors, naming subgoal and predicate.
+        """
+        holds: Dict[str, Optional[bool]] = {}
+        errors: List[str] = []
+        for index, goal in enumerate(self.spec.subgoals):
+            holds[goal.id], error = self._evaluate(index, env, step)
+            if error:
+                errors.append(error)
+        return holds, errors
+
+    def holding(self, env) -> Dict[str, Optional[bool]]:
+        """Every predicate on the current state (for audits): True, False, or None where it could not be
+        evaluated (it raised or returned a non-bool; :meth:`evaluate_all` says why). Never raises."""
+        return self.evaluate_all(env)[0]
 
     def result(self) -> StageResult:
         return StageResult(names=self.spec.names, stage_steps=list(self.stage_steps), error=self.error)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict
+import os
+from typing import Any, Dict, Mapping
 
+from robocasa_shift.config import ENV_PREFIX, is_env_reference, is_secret_option
 from robocasa_shift.errors import PolicyOptionError
 from robocasa_shift.policies.base import Observation, Policy
 from robocasa_shift.registry import Registry
@@ -25,8 +27,30 @@ POLICIES.register("fake-random", "robocasa_shift.backends.fake:FakeRandomPolicy"
 
 
 def make_policy(name: str, **options: Any) -> Policy:
-    """An instance of the policy registered under ``name``; unknown options list the valid ones."""
+    """An instance of the policy registered under ``name``; unknown options list the valid ones.
+
+    A secret option given as ``env:NAME`` is read from the environment variable here, in the
+    process that builds the policy, so the secret itself never travels through a config or a file.
+    """
+    options = resolve_secret_options(options)
     return check_policy_options(name, options)(**options)
+
+
+def resolve_secret_options(options: Mapping[str, Any]) -> Dict[str, Any]:
+    """``options`` with each secret option's ``env:NAME`` value replaced by that variable's value.
+
+    Raises:
+        PolicyOptionError: a referenced variable is not set (the message names it).
+    """
+    resolved = dict(options)
+    for option, value in options.items():
+        if is_secret_option(option) and is_env_reference(value):
+            variable = value[len(ENV_PREFIX):]
+            if variable not in os.environ:
+                raise PolicyOptionError(f"policy option {option}={value}: the environment variable {variable} is not "
+                                        f"set; export it in the shell that runs the command")
+            resolved[option] = os.environ[variable]
+    return resolved
 
 
 def check_policy_options(name: str, options: Dict[str, Any]) -> type:
@@ -44,4 +68,5 @@ def check_policy_options(name: str, options: Dict[str, Any]) -> type:
     return cls
 
 
-__all__ = ["POLICIES", "Observation", "Policy", "PolicyOptionError", "check_policy_options", "make_policy"]
+__all__ = ["POLICIES", "Observation", "Policy", "PolicyOptionError", "check_policy_options", "make_policy",
+           "resolve_secret_options"]

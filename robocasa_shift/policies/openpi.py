@@ -41,11 +41,22 @@ servers that can do better (robocasa-shift's, not openpi's): metadata
 a generator owned by that connection and answers ``{"rng_fingerprint": str}``
 (a hash of the generator's state), which is recorded. A plain server is never
 sent this message.
+
+Decoding replies. openpi-client's ``msgpack_numpy.unpackb`` builds an array
+straight from the dtype, shape and bytes the server sent: an object dtype
+turns 8 bytes into a raw pointer (reading it crashes the process), a short
+buffer or a structured dtype fail in numpy. Replies and metadata are decoded
+here instead (``unpackb``): plain numeric and bool dtypes only, the byte
+count checked against the shape, the array copied out of the message; a
+websocket message longer than ``max_message_bytes`` closes the connection.
+The API key goes in a header and never into an error, a log or the identity;
+an endpoint is recorded without any password or secret query parameter.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import asdict
 from importlib.metadata import version
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
@@ -61,6 +72,7 @@ from robocasa_shift.policies.remote import (
     RemotePolicy,
     StateLayoutLike,
     as_camera_map,
+    as_secret,
     as_state_layout,
     canonical,
     checked_image,
@@ -68,12 +80,19 @@ from robocasa_shift.policies.remote import (
     flat_to_actions,
     layout_name,
     proprio_vector,
+    redact_uri,
     resolve_layout,
 )
 
 DEFAULT_PORT = 8000
 SEEDED_RESET_KEY = "seeded_reset"  # in the server's metadata
 RESET_MESSAGE_KEY = "__reset__"  # the client's reset message: {"__reset__": {"seed": int}}
+# Bound on one message from the server: an action chunk is a few kB and metadata rarely more, so this
+# only stops a server from making the client allocate without limit.
+MAX_MESSAGE_BYTES = 16 * 2**20
+# dtype kinds a reply's arrays may have: bool, signed and unsigned integers, floats. Object ("O"),
+# void/structured ("V"), strings, dates and complex numbers are refused.
+ARRAY_KINDS = frozenset("biuf")
 
 # Harness camera -> openpi observation key(s). Unlisted cameras map to "observation/<camera>".
 DEFAULT_CAMERA_MAP: Dict[str, Tuple[str, ...]] = {
@@ -104,6 +123,74 @@ def observation_to_openpi(
     return payload
 
 
+# =========================================================================== decoding replies
+
+
+class ReplyFormatError(PolicyServerError, ValueError):
+    """A reply or metadata message that is not openpi's msgpack-numpy, or holds an array this client refuses."""
+
+
+def _checked_dtype(value: Any) -> np.dtype:
+    """The numpy dtype a dtype string names, if it is a plain bool, integer or float dtype; else ReplyFormatError."""
+    if not isinstance(value, str):
+        raise ReplyFormatError(f"an array's dtype must be a dtype string, got {type(value).__name__}")
+    try:
+        dtype = np.dtype(value)
+    except TypeError as exc:
+        raise ReplyFormatError(f"unknown dtype {value[:40]!r} ({exc})") from None
+    if dtype.kind not in ARRAY_KINDS or dtype.fields is not None or dtype.subdtype is not None:
+        raise ReplyFormatError(f"dtype {value[:40]!r} refused: only bool, integer and float arrays are accepted "
+                               "(object and structured dtypes would read the server's bytes as pointers)")
+    return dtype
+
+
+def decode_array(obj: Dict[Any, Any]) -> Any:
+    """openpi's msgpack-numpy hook, checked: numeric dtypes only, exact byte count, a copy.
+
+    Raises:
+        ReplyFormatError: another dtype, a malformed shape, or data whose length is not
+            ``prod(shape) * itemsize``.
+    """
+    if b"__ndarray__" in obj:
+        dtype = _checked_dtype(obj.get(b"dtype"))
+        shape, data = obj.get(b"shape"), obj.get(b"data")
+        if not isinstance(shape, (list, tuple)) or len(shape) > 32 or not all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+            raise ReplyFormatError(f"an array's shape must be a list of at most 32 sizes >= 0, got {shape!r:.80}")
+        if not isinstance(data, bytes):
+            raise ReplyFormatError(f"an array's data must be bytes, got {type(data).__name__}")
+        expected = math.prod(shape) * dtype.itemsize  # Python ints: no overflow on a hostile shape
+        if len(data) != expected:
+            raise ReplyFormatError(f"an array of shape {tuple(shape)} and dtype {dtype.str} needs {expected:,} bytes, "
+                                   f"the reply has {len(data):,}")
+        return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
+    if b"__npgeneric__" in obj:
+        dtype = _checked_dtype(obj.get(b"dtype"))
+        value = obj.get(b"data")
+        if not isinstance(value, (bool, int, float)):
+            raise ReplyFormatError(f"a numpy scalar's data must be a number, got {type(value).__name__}")
+        return dtype.type(value)
+    return obj
+
+
+def unpackb(data: bytes, max_bytes: Optional[int] = MAX_MESSAGE_BYTES) -> Any:
+    """Decode one msgpack-numpy message from a server with ``decode_array``; nothing in it runs or is trusted.
+
+    Raises:
+        ReplyFormatError: longer than ``max_bytes``, not msgpack, or an array ``decode_array`` refuses.
+    """
+    import msgpack
+
+    if max_bytes is not None and len(data) > max_bytes:
+        raise ReplyFormatError(f"a message of {len(data):,} bytes exceeds the limit of {max_bytes:,}")
+    try:
+        return msgpack.unpackb(data, object_hook=decode_array)
+    except ReplyFormatError:
+        raise
+    except Exception as exc:  # msgpack's own errors: truncated, extra data, bad types, too deep
+        raise ReplyFormatError(f"not a msgpack message ({type(exc).__name__}: {exc})") from None
+
+
 # =========================================================================== client
 
 
@@ -123,9 +210,10 @@ _CHECK = ("check that an openpi server is running there (openpi: `uv run scripts
 
 
 def make_client(host: str = "localhost", port: Optional[int] = DEFAULT_PORT, api_key: Optional[str] = None,
-                timeout_s: float = 30.0, connect_timeout_s: float = 10.0):
-    """An ``OpenpiClient``: openpi-client's ``WebsocketClientPolicy`` with timeouts and clear errors."""
-    WebsocketClientPolicy, msgpack_numpy = _client_base()
+                timeout_s: float = 30.0, connect_timeout_s: float = 10.0, max_message_bytes: int = MAX_MESSAGE_BYTES):
+    """An ``OpenpiClient``: openpi-client's ``WebsocketClientPolicy`` with timeouts, checked decoding and clear errors."""
+    WebsocketClientPolicy, _ = _client_base()
+    secret = as_secret(api_key)
 
     class OpenpiClient(WebsocketClientPolicy):
         """openpi's client, with timeouts on connect and on every reply, clear errors and reconnects.
@@ -135,17 +223,23 @@ def make_client(host: str = "localhost", port: Optional[int] = DEFAULT_PORT, api
         naming the server. After a timeout or a server error the connection
         is closed (a late reply would otherwise answer the next request);
         ``reconnect`` opens a new one and refuses a server whose metadata changed.
+        Every message is decoded by this module's ``unpackb``, never by
+        openpi-client's, and bounded by ``max_message_bytes``.
         """
 
         def __init__(self):
             self.timeout_s, self.connect_timeout_s = float(timeout_s), float(connect_timeout_s)
+            self.max_message_bytes = int(max_message_bytes)
             self._metadata_sha256: Optional[str] = None
-            super().__init__(str(host), None if port is None else int(port), api_key)
+            # the base class would keep the key as plain text: it gets None; the key stays in a Secret,
+            # read only by _wait_for_server when it builds the header
+            super().__init__(str(host), None if port is None else int(port), None)
             self._metadata_sha256 = content_hash(self._server_metadata)
 
         @property
         def uri(self) -> str:
-            return self._uri
+            """The server's address as errors and the identity show it (no password or secret parameter)."""
+            return redact_uri(self._uri)
 
         @property
         def closed(self) -> bool:
@@ -159,27 +253,33 @@ def make_client(host: str = "localhost", port: Optional[int] = DEFAULT_PORT, api
             from websockets.exceptions import ConnectionClosed
             from websockets.sync.client import connect
 
-            headers = {"Authorization": f"Api-Key {self._api_key}"} if self._api_key else None
+            headers = {"Authorization": f"Api-Key {secret.reveal()}"} if secret else None
             # websockets >= 17 wants ``legacy=True`` for a connection used outside a ``with`` block
             legacy = {"legacy": True} if "legacy" in inspect.signature(connect).parameters else {}
             try:
-                conn = connect(self._uri, compression=None, max_size=None, additional_headers=headers,
-                               open_timeout=self.connect_timeout_s, **legacy)
+                conn = connect(self._uri, compression=None, max_size=self.max_message_bytes,
+                               additional_headers=headers, open_timeout=self.connect_timeout_s, **legacy)
             except Exception as exc:  # refused, unreachable, DNS, handshake timeout, HTTP error status
-                raise PolicyServerError(f"cannot connect to the openpi server at {self._uri} "
-                                        f"({type(exc).__name__}: {exc}); {_CHECK}", "connect") from exc
+                # the exception's text may quote the URI it was given: show the redacted one only
+                text = str(exc).replace(self._uri, self.uri)
+                raise PolicyServerError(f"cannot connect to the openpi server at {self.uri} "
+                                        f"({type(exc).__name__}: {text}); {_CHECK}", "connect") from None
             try:
                 first = conn.recv(timeout=self.connect_timeout_s)
             except (TimeoutError, ConnectionClosed) as exc:
                 conn.close()
                 raise PolicyServerTimeout(
-                    f"{self._uri} accepted a websocket connection but sent no metadata within "
+                    f"{self.uri} accepted a websocket connection but sent no metadata within "
                     f"{self.connect_timeout_s:g} s ({type(exc).__name__}); an openpi policy server sends its "
                     f"metadata first: {_CHECK}", "connect") from None
-            metadata = msgpack_numpy.unpackb(first) if isinstance(first, bytes) else first
+            try:
+                metadata = unpackb(first, self.max_message_bytes) if isinstance(first, bytes) else first
+            except ReplyFormatError as exc:
+                conn.close()
+                raise ReplyFormatError(f"{self.uri} sent metadata this client refuses: {exc}", "connect") from None
             if not isinstance(metadata, dict):
                 conn.close()
-                raise PolicyServerError(f"{self._uri} sent {type(metadata).__name__} instead of openpi's metadata "
+                raise PolicyServerError(f"{self.uri} sent {type(metadata).__name__} instead of openpi's metadata "
                                         f"dict on connect: {str(metadata)[:200]!r}", "connect")
             return conn, metadata
 
@@ -188,7 +288,7 @@ def make_client(host: str = "localhost", port: Optional[int] = DEFAULT_PORT, api
             self._ws, metadata = self._wait_for_server()
             if self._metadata_sha256 is not None and content_hash(metadata) != self._metadata_sha256:
                 self._drop()
-                raise PolicyServerError(f"the openpi server at {self._uri} now sends different metadata than at the "
+                raise PolicyServerError(f"the openpi server at {self.uri} now sends different metadata than at the "
                                         "first connection (another checkpoint?); the run's manifest would be wrong",
                                         "connect")
             self._server_metadata = metadata
@@ -204,26 +304,34 @@ def make_client(host: str = "localhost", port: Optional[int] = DEFAULT_PORT, api
             from websockets.exceptions import ConnectionClosed
 
             if self._ws is None:
-                raise PolicyServerError(f"the connection to the openpi server at {self._uri} was closed after an "
+                raise PolicyServerError(f"the connection to the openpi server at {self.uri} was closed after an "
                                         "earlier error or timeout; the next reset reconnects", what)
             try:
                 self._ws.send(self._packer.pack(message))
                 reply = self._ws.recv(timeout=self.timeout_s)
             except TimeoutError:
                 self._drop()
-                raise PolicyServerTimeout(f"the openpi server at {self._uri} did not answer {what} within "
+                raise PolicyServerTimeout(f"the openpi server at {self.uri} did not answer {what} within "
                                           f"{self.timeout_s:g} s (the first inference of a JAX server compiles "
                                           "the model: raise timeout_s); the connection was closed", what) from None
             except ConnectionClosed as exc:
                 self._drop()
-                raise PolicyServerError(f"the openpi server at {self._uri} closed the connection during {what} "
-                                        f"({exc}); {_CHECK}", what) from None
+                too_big = getattr(getattr(exc, "rcvd", None), "code", None) == 1009 or \
+                    getattr(getattr(exc, "sent", None), "code", None) == 1009
+                hint = (f"its reply exceeded max_message_bytes={self.max_message_bytes:,}" if too_big else _CHECK)
+                raise PolicyServerError(f"the openpi server at {self.uri} closed the connection during {what} "
+                                        f"({exc}); {hint}", what) from None
             if isinstance(reply, str):  # openpi sends the traceback as text, then closes
                 self._drop()
-                raise PolicyServerError(f"the openpi server at {self._uri} failed {what}:\n{reply}", what, reply)
-            result = msgpack_numpy.unpackb(reply)
+                raise PolicyServerError(f"the openpi server at {self.uri} failed {what}:\n{reply}", what, reply)
+            try:
+                result = unpackb(reply, self.max_message_bytes)
+            except ReplyFormatError as exc:
+                self._drop()  # the stream can no longer be trusted to pair replies with requests
+                raise ReplyFormatError(f"the openpi server at {self.uri} sent a reply to {what} this client "
+                                       f"refuses: {exc}", what) from None
             if not isinstance(result, dict):
-                raise PolicyServerError(f"{what}: expected a dict from {self._uri}, got {type(result).__name__}", what)
+                raise PolicyServerError(f"{what}: expected a dict from {self.uri}, got {type(result).__name__}", what)
             return result
 
         def infer(self, obs: Dict) -> Dict:
@@ -232,7 +340,7 @@ def make_client(host: str = "localhost", port: Optional[int] = DEFAULT_PORT, api
         def reset_seed(self, seed: int) -> Dict[str, Any]:
             """Seed this connection's generator on a server that advertises ``seeded_reset``."""
             if not self.seeded:
-                raise PolicyServerError(f"the openpi server at {self._uri} does not advertise '{SEEDED_RESET_KEY}' "
+                raise PolicyServerError(f"the openpi server at {self.uri} does not advertise '{SEEDED_RESET_KEY}' "
                                         "in its metadata; a plain openpi server cannot be seeded", "reset")
             return self._exchange({RESET_MESSAGE_KEY: {"seed": int(seed)}}, "reset")
 
@@ -250,7 +358,7 @@ class OpenpiPolicy(RemotePolicy):
 
     Args:
         host, port: the server (``host`` may be a full ``ws://`` or ``wss://`` URI, then ``port=None``).
-        api_key: sent as ``Authorization: Api-Key ...`` when the server wants one.
+        api_key: sent as ``Authorization: Api-Key ...`` when the server wants one (kept as a ``Secret``).
         timeout_s: for each reply; connect_timeout_s: for the handshake and the metadata.
         camera_map: harness camera -> openpi observation key(s); a dict or its JSON.
         state_key: where the proprio vector goes ("" sends none); state_layout: its
@@ -260,6 +368,7 @@ class OpenpiPolicy(RemotePolicy):
         actions_key: the reply key holding the (T, D) chunk.
         n_action_steps: steps of each chunk executed before the next observation (None: all).
         image_size: square render size (openpi's models take 224 x 224).
+        max_message_bytes: longest message accepted from the server (the connection closes beyond it).
     """
 
     name = "openpi"
@@ -283,6 +392,7 @@ class OpenpiPolicy(RemotePolicy):
         actions_key: str = "actions",
         n_action_steps: Optional[int] = 5,
         image_size: int = 224,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
     ):
         self.camera_map = as_camera_map(camera_map, DEFAULT_CAMERA_MAP)
         self.state_key, self.state_layout = state_key, as_state_layout(state_layout)
@@ -291,7 +401,7 @@ class OpenpiPolicy(RemotePolicy):
         self.actions_key = actions_key
         self.n_action_steps = None if n_action_steps is None else int(n_action_steps)
         self.image_size = int(image_size)
-        self.client = make_client(host, port, api_key, timeout_s, connect_timeout_s)
+        self.client = make_client(host, port, api_key, timeout_s, connect_timeout_s, max_message_bytes)
 
     def reset(self, seed: int) -> None:
         """Seed this connection's generator on the server, or warn once that the server takes no seed."""

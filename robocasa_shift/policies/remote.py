@@ -10,6 +10,8 @@
 - Flat action layouts: where the columns of a model's (T, D) action go in the
   PandaOmron action, for openpi and LeRobot.
 - ``content_hash`` of server replies and metadata, as recorded in manifests.
+- Credentials: ``Secret`` (a token or key that never shows in a repr, an
+  error or an identity) and ``redact_uri`` (an endpoint fit for a record).
 
 Errors live in ``robocasa_shift.errors``.
 """
@@ -21,9 +23,11 @@ import json
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 
+from robocasa_shift.config import SECRET_PLACEHOLDER, is_secret_option
 from robocasa_shift.embodiments.panda_omron import (
     ACTION_DIM,
     ARM_POS,
@@ -61,6 +65,74 @@ ROBOCASA_STATE: Tuple[Tuple[str, int], ...] = (
     ("robot0_base_to_eef_quat", 4),
     ("robot0_gripper_qpos", 2),
 )
+
+
+# =========================================================================== credentials
+
+
+class Secret:
+    """A credential (API token or key) held in memory only.
+
+    Its ``repr`` and ``str`` are a placeholder, so a client that logs itself,
+    a traceback that shows locals or an f-string in an error message cannot
+    leak it; :meth:`reveal` is called only where the value goes on the wire.
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str):
+        self._value = str(value)
+
+    def reveal(self) -> str:
+        """The credential itself, for the one place that sends it."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"Secret({SECRET_PLACEHOLDER!r})"
+
+    __str__ = __repr__
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+def as_secret(value: Any) -> Optional[Secret]:
+    """``value`` as a ``Secret``; None or an empty string means no credential.
+
+    A number is taken as its text: ``--policy-option api_token=12345`` arrives
+    as an int after the option's YAML parsing.
+    """
+    if value is None or isinstance(value, Secret):
+        return value or None
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ValueError(f"a credential must be a string, got {type(value).__name__}")
+    return Secret(str(value)) if str(value) else None
+
+
+def redact_uri(uri: str) -> str:
+    """``uri`` with any password in its user part and the values of secret-named query parameters replaced.
+
+    ``ws://user:pass@host:8000/?token=t`` becomes
+    ``ws://user:<redacted>@host:8000/?token=<redacted>``: what error messages
+    and a run's identity may show of an endpoint.
+    """
+    parts = urlsplit(uri)
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, _, host = netloc.rpartition("@")
+        name, sep, _password = user.partition(":")
+        netloc = f"{name}{':' + SECRET_PLACEHOLDER if sep else ''}@{host}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(k, SECRET_PLACEHOLDER if is_secret_option(k) else v) for k, v in pairs], safe="<>")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 # =========================================================================== content hash

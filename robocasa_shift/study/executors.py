@@ -1,27 +1,52 @@
 """Executors: where rollouts run. The caller is the one writer of the run directory.
 
-- ``local`` (default): a process pool, one worker per core; each worker keeps
-  one live environment and reuses it across rollouts of the same task (keys
-  arrive grouped by task).
+- ``local`` (default): supervised worker processes, one per core; each worker
+  keeps one live environment and reuses it across rollouts of the same task
+  (keys arrive grouped by task). With one worker the rollouts run in the
+  caller's process instead (no isolation: a crash there ends the command,
+  which a rerun resumes).
 - ``ray``: the same rollouts as tasks of actors on an existing Ray cluster
   (``address``), or on a local Ray instance started for the run.
 
 A rollout's record depends only on its key, never on the worker that ran it.
 Workers are single-threaded by default when there are several of them, so
 the software renderer and torch do not oversubscribe the cores.
+
+Faults: a worker process that dies (segfault, OOM kill) while it holds a
+lockstep group leaves one invalid record of kind ``worker_crash`` per key of
+the group; one that shows no progress within ``rollout_timeout_s`` per key of
+its group is killed and leaves ``worker_timeout`` records. Either way a fresh
+worker takes its place and the study goes on; ``--retry-errors`` re-runs
+those keys. A worker that cannot be built (its initialisation raises or it
+dies before it is ready) fails the command once, with its error: it is never
+respawned.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import signal
+import time
+from collections import deque
+from multiprocessing.connection import wait as wait_for
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
+from robocasa_shift import specs
 from robocasa_shift.config import ExecutionConfig, StudyConfig
 from robocasa_shift.engine.records import Record, RolloutKey
+from robocasa_shift.errors import Error
 from robocasa_shift.registry import Registry
-from robocasa_shift.study.worker import Worker, init_worker, run_in_worker
+from robocasa_shift.study.worker import Worker, serve, unrun_records
 
 EXECUTORS: Registry[type] = Registry("executor", "robocasa_shift.executors")
+# A worker gets at least this long to start (imports, simulator), however short the rollout timeout:
+# a loaded machine must not turn a slow start into a failed command.
+WORKER_START_MIN_S = 300.0
+
+
+def start_limit_s(execution: ExecutionConfig) -> float:
+    """How long a new worker may take to be ready: the rollout timeout, at least :data:`WORKER_START_MIN_S`."""
+    return max(execution.rollout_timeout_s, WORKER_START_MIN_S)
 
 
 def lockstep_groups(keys: Sequence[RolloutKey], batch: int) -> List[List[RolloutKey]]:
@@ -39,12 +64,75 @@ def lockstep_groups(keys: Sequence[RolloutKey], batch: int) -> List[List[Rollout
     return groups
 
 
+class WorkerStartError(Error):
+    """A worker process that could not be built or died before it was ready; never respawned."""
+
+
+def describe_exit(exitcode: Optional[int]) -> str:
+    """How a process ended, in words (``killed by SIGKILL``, ``exit status 3``)."""
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit status {exitcode}"
+
+
+class _Slot:
+    """One supervised worker process: its pipe, the group it holds and when that group is overdue."""
+
+    def __init__(self, ctx, study: StudyConfig, threads: int):
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=serve, args=(child, study, threads), daemon=True,
+                                   name="robocasa-shift-worker")
+        self.process.start()
+        child.close()  # only the worker holds its end: a dead worker reads as end-of-file here
+        self.started = time.monotonic()
+        self.ready = False
+        self.group: Optional[List[RolloutKey]] = None
+        self.deadline = float("inf")
+
+    def give(self, group: List[RolloutKey], seconds_per_key: float) -> bool:
+        """Hand ``group`` to the worker; False when it died before it could take it (the group was not run)."""
+        try:
+            self.conn.send(group)
+        except OSError:
+            return False
+        self.group = group
+        self.deadline = time.monotonic() + seconds_per_key * len(group)
+        return True
+
+    def take(self) -> List[RolloutKey]:
+        """The group this worker held, which it no longer holds."""
+        group, self.group, self.deadline = self.group, None, float("inf")
+        return group
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Ask the worker to finish (it closes its environments); kill it if it does not within ``grace_s``."""
+        if self.process.is_alive() and self.group is None:
+            try:
+                self.conn.send(None)
+            except OSError:
+                pass
+            self.process.join(grace_s)
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+        self.conn.close()
+
+
 class LocalExecutor:
-    """Runs keys in a spawn-context process pool (or in this process when there is one worker).
+    """Runs keys in supervised spawn-context worker processes (or in this process when there is one worker).
+
+    Each worker process takes one lockstep group at a time over its own pipe; the executor
+    watches every pipe and every process sentinel, so a dead or hung worker is noticed, its
+    keys recorded as invalid and the worker replaced (see the module docstring).
 
     Args:
         study: what each worker builds.
-        execution: resolved execution settings (workers, threads per worker, batch).
+        execution: resolved execution settings (workers, threads per worker, batch, rollout timeout).
     """
 
     name = "local"
@@ -52,11 +140,18 @@ class LocalExecutor:
     def __init__(self, study: StudyConfig, execution: ExecutionConfig):
         self.study, self.execution = study, execution.resolved()
         self.workers = self.execution.workers
-        self._pool = None
+        self._ctx = mp.get_context("spawn")
+        self._slots: List[_Slot] = []
         self._inline: Optional[Worker] = None
+        self._protocol: Optional[specs.Protocol] = None
 
     def map(self, keys: Sequence[RolloutKey]) -> Iterator[Dict[str, Any]]:
-        """Run ``keys`` (task-grouped), yielding one result per key as it completes."""
+        """Run ``keys`` (task-grouped), yielding one result per key as it completes.
+
+        Raises:
+            Error: a worker could not be built, or a group raised an error of the harness (no
+                record could be made for it), re-raised here with its message and exit status.
+        """
         if not keys:
             return
         groups = lockstep_groups(keys, self.execution.batch)
@@ -66,24 +161,87 @@ class LocalExecutor:
             for group in groups:
                 yield from self._inline.run(group)
             return
-        if self._pool is None:
-            self._pool = mp.get_context("spawn").Pool(self.workers, initializer=init_worker,
-                                                      initargs=(self.study, self.execution.threads))
-        # chunksize 1: a worker takes the next group only when done, so tasks stay grouped per worker
-        for results in self._pool.imap_unordered(run_in_worker, groups, chunksize=1):
-            yield from results
+        yield from self._supervise(deque(groups))
+
+    def _supervise(self, queue: deque) -> Iterator[Dict[str, Any]]:
+        """Deal ``queue``'s groups to the worker processes; record and replace dead or hung ones."""
+        limit, start_limit = self.execution.rollout_timeout_s, start_limit_s(self.execution)
+        while len(self._slots) < self.workers:
+            self._slots.append(self._spawn())
+        while queue or any(slot.group for slot in self._slots):
+            for slot in self._slots:
+                if slot.ready and slot.group is None and queue:
+                    group = queue.popleft()
+                    if not slot.give(group, limit):
+                        queue.appendleft(group)  # the worker just died: its replacement takes the group
+            now = time.monotonic()
+            due = [s.deadline for s in self._slots] + [s.started + start_limit for s in self._slots if not s.ready]
+            wait_for([s.conn for s in self._slots] + [s.process.sentinel for s in self._slots],
+                     timeout=max(0.0, min(due) - now) if due and min(due) < float("inf") else None)
+            for i, slot in enumerate(self._slots):
+                # messages first: a worker may have answered just before it died
+                yield from self._receive(slot)
+                if not slot.process.is_alive():
+                    slot.process.join()
+                    if not slot.ready:
+                        raise WorkerStartError(f"a worker process died before it was ready "
+                                               f"({describe_exit(slot.process.exitcode)}); see its output above")
+                    if slot.group is not None:
+                        message = (f"the worker process (pid {slot.process.pid}) running this rollout died: "
+                                   f"{describe_exit(slot.process.exitcode)}")
+                        yield from self._unrun(slot.take(), "worker_crash", message)
+                    slot.stop()
+                    self._slots[i] = self._spawn()
+                elif slot.group is not None and time.monotonic() > slot.deadline:
+                    group = slot.take()
+                    slot.process.kill()
+                    message = (f"the worker process (pid {slot.process.pid}) made no progress on its "
+                               f"{len(group)} rollout(s) within {limit:g} s per rollout (rollout_timeout_s): killed")
+                    slot.stop()
+                    self._slots[i] = self._spawn()
+                    yield from self._unrun(group, "worker_timeout", message)
+                elif not slot.ready and time.monotonic() > slot.started + start_limit:
+                    slot.process.kill()
+                    slot.stop()
+                    raise WorkerStartError(f"a worker process was not ready within {start_limit:g} s: killed")
+
+    def _receive(self, slot: _Slot) -> Iterator[Dict[str, Any]]:
+        """Handle every message waiting on ``slot``'s pipe."""
+        while True:
+            try:
+                if not slot.conn.poll():
+                    return
+                kind, payload = slot.conn.recv()
+            except (EOFError, OSError):  # the worker is gone; the caller sees it in its sentinel
+                return
+            if kind == "ready":
+                slot.ready = True
+            elif kind == "results":
+                slot.take()
+                yield from payload
+            elif kind in ("init_error", "error"):
+                raise payload
+
+    def _spawn(self) -> _Slot:
+        """A fresh worker process (it answers "ready" once built)."""
+        return _Slot(self._ctx, self.study, self.execution.threads)
+
+    def _unrun(self, keys: Sequence[RolloutKey], kind: str, message: str) -> List[Dict[str, Any]]:
+        """Invalid records of ``kind`` for keys a worker took and never recorded."""
+        if self._protocol is None:
+            self._protocol = specs.load_protocol(verify=True)
+        return unrun_records(self.study, keys, kind, message, self._protocol)
 
     def describe(self) -> Dict[str, Any]:
         """The executor's settings, for logs."""
         return {"executor": self.name, "workers": self.workers, "threads_per_worker": self.execution.threads,
-                "batch": self.execution.batch}
+                "batch": self.execution.batch, "rollout_timeout_s": self.execution.rollout_timeout_s}
 
     def close(self) -> None:
-        """Stop the pool (or close the in-process worker)."""
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
+        """Stop the worker processes (or close the in-process worker)."""
+        slots, self._slots = self._slots, []
+        for slot in slots:
+            slot.stop()
         if self._inline is not None:
             self._inline.close()
             self._inline = None
@@ -113,4 +271,5 @@ def group_by_task(keys: Sequence[RolloutKey]) -> List[RolloutKey]:
     return sorted(keys, key=lambda k: (order[k.task], k.phase, k.episode, k.replicate))
 
 
-__all__ = ["EXECUTORS", "LocalExecutor", "as_record", "group_by_task", "lockstep_groups", "make_executor"]
+__all__ = ["EXECUTORS", "LocalExecutor", "WORKER_START_MIN_S", "WorkerStartError", "as_record", "describe_exit", "group_by_task",
+           "lockstep_groups", "make_executor", "start_limit_s"]

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from robocasa_shift.engine.records import RolloutKey
 from robocasa_shift.errors import RunDirError
 from robocasa_shift.study.plan import pending_keys
-from robocasa_shift.study.store import IDENTITY_FIELDS, RunStore, atomic_write_json
+from robocasa_shift.study.store import IDENTITY_FIELDS, RunStore, atomic_write_bytes, atomic_write_json, parse_record
 
 
 def formal_suite(run_dir: Path | str) -> Optional[List[str]]:
@@ -35,7 +34,20 @@ def estimate(run_dir: Path | str, keys: Sequence[RolloutKey], workers: int) -> D
 
 
 def merge(out: Path | str, sources: Sequence[Path | str]) -> Dict[str, Any]:
-    """Combine shard run directories into ``out``; refuse mismatched manifests and duplicate keys."""
+    """Combine shard run directories into ``out``; refuse mismatched manifests and duplicate keys.
+
+    Each record is placed by the key inside it, never by its file name (a misnamed record would
+    otherwise overwrite another), and written atomically. A file that is not a record is skipped
+    and returned in ``unreadable``: the merged plan still expects its key, so the audit reports it
+    missing until it is run again.
+
+    Returns:
+        ``records`` (current records merged), ``sources``, ``unreadable`` (``(file, problem)`` pairs).
+
+    Raises:
+        RunDirError: a source without a manifest, manifests that differ, a key recorded twice, or an
+            ``out`` that already holds records.
+    """
     out = Path(out)
     stores = [RunStore(s) for s in sources]
     manifests = [s.manifest() for s in stores]
@@ -52,27 +64,50 @@ def merge(out: Path | str, sources: Sequence[Path | str]) -> Dict[str, Any]:
                     raise RunDirError(f"{src}: stage spec hashes of {clash} differ from {sources[0]}")
             elif a != b:
                 raise RunDirError(f"{src}: manifest field {name} differs from {sources[0]}:\n  {json.dumps(a)}\n  {json.dumps(b)}")
-    seen: Dict[RolloutKey, str] = {}
-    for src, store in zip(sources, stores):
-        for rec in store.records():
-            key = RolloutKey.from_record(rec)
-            if key in seen:
-                raise RunDirError(f"duplicate key {key.id} in {seen[key]} and {src}")
-            seen[key] = str(src)
     target = RunStore(out)
+    seen: Dict[RolloutKey, str] = {}
+    copies: Dict[Path, bytes] = {}
+    unreadable: List[Tuple[str, str]] = []
+    for src, store in zip(sources, stores):
+        for base in ("records", "history"):
+            for path in store.record_files(base):
+                name = str(Path(src) / path.relative_to(store.root))
+                raw = path.read_bytes()
+                rec, problem = parse_record(raw)
+                if rec is None:
+                    unreadable.append((name, problem))
+                    continue
+                key = RolloutKey.from_record(rec)
+                if base == "records":
+                    if key in seen:
+                        raise RunDirError(f"duplicate key {key.id} in {seen[key]} and {name}")
+                    seen[key] = name
+                    dest = target.record_path(key)
+                else:
+                    dest = _history_path(target, key, path.name, copies)
+                copies[dest] = raw
     with target:
         if any(True for _ in target.record_files()):
             raise RunDirError(f"{out} already holds records; merge into a new directory")
         merged = dict(first)
         merged["stage_spec_hashes"] = {k: v for m in manifests for k, v in (m.get("stage_spec_hashes") or {}).items()}
         merged["merged_from"] = [str(s) for s in sources]
-        atomic_write_json(target.manifest_path, merged)
+        atomic_write_json(target.manifest_path, target.redacted(merged))
         target.log_command({"merged_from": [str(s) for s in sources]})
-        for src, store in zip(sources, stores):
-            for base in ("records", "history"):
-                for path in store.record_files(base):
-                    dest = out / path.relative_to(store.root)
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(path, dest)
+        for dest, raw in copies.items():
+            atomic_write_bytes(dest, raw)  # the bytes read and checked above, never a second, later read
+        for store in stores:
             target.add_to_plan(store.planned_keys())
-    return {"records": len(seen), "sources": len(sources)}
+    return {"records": len(seen), "sources": len(sources), "unreadable": unreadable}
+
+
+def _history_path(target: RunStore, key: RolloutKey, name: str, taken: Dict[Path, bytes]) -> Path:
+    """Where a superseded record of ``key`` goes in ``target``: by its key, keeping its time stamp, never over another."""
+    parts = name.split(".")
+    stamp = parts[1] if len(parts) == 3 else "merged"
+    dest = target.record_path(key, base="history").with_suffix(f".{stamp}.json")
+    n = 1
+    while dest in taken:
+        dest = target.record_path(key, base="history").with_suffix(f".{stamp}-{n}.json")
+        n += 1
+    return dest

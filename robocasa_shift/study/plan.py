@@ -12,16 +12,27 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 from robocasa_shift.engine.records import RolloutKey
 from robocasa_shift.errors import BadInput, UnknownNameError
 from robocasa_shift.seeding import PHASES
+from robocasa_shift.study.pairing import FINAL_ERROR_KINDS
 from robocasa_shift.study.store import RunStore
 
+# Most rollout keys one command plans without ``force``: a typo such as --episodes 0-999999999 would
+# otherwise build billions of keys (and their plan.json) before anything could say so.
+MAX_KEYS = 100_000
 
-def parse_episodes(text: str) -> List[int]:
+
+def parse_episodes(text: str, max_count: Optional[int] = MAX_KEYS) -> List[int]:
     """``'0-19'`` -> 0..19; ``'0,3,5-7'`` -> [0, 3, 5, 6, 7].
 
+    Args:
+        text: the ranges.
+        max_count: refuse ranges naming more than this many numbers (None: no limit); checked
+            before any list is built.
+
     Raises:
-        BadInput: a malformed or empty range.
+        BadInput: a malformed, empty or too large range.
     """
     out: List[int] = []
+    count = 0
     for part in str(text).split(","):
         part = part.strip()
         if not part:
@@ -33,6 +44,10 @@ def parse_episodes(text: str) -> List[int]:
             raise BadInput(f"episodes must look like '0-19' or '0,3,5-7', got {text!r}") from None
         if first < 0 or last < first:
             raise BadInput(f"bad episode range {part!r} in {text!r}")
+        count += last - first + 1
+        if max_count is not None and count > max_count:
+            raise BadInput(f"{text!r} names more than {max_count:,} numbers (episodes or replicates); "
+                           f"pass --force if you mean it")
         out.extend(range(first, last + 1))
     if not out:
         raise BadInput(f"no episodes in {text!r}")
@@ -45,15 +60,25 @@ def plan_keys(
     conditions: Sequence[str],
     phase: str = "formal",
     replicates: Sequence[int] = (0,),
+    force: bool = False,
 ) -> List[RolloutKey]:
     """Keys in execution order: task, episode, replicate, then condition (clean first).
 
+    Args:
+        force: plan more than :data:`MAX_KEYS` keys.
+
     Raises:
         UnknownNameError: ``phase`` is not a seed stream of the protocol.
+        BadInput: more than :data:`MAX_KEYS` keys without ``force`` (counted before any is built).
     """
     if phase not in PHASES:
         raise UnknownNameError("phase", phase, list(PHASES))
     episodes = list(episodes)
+    count = len(tasks) * len(episodes) * len(replicates) * len(conditions)
+    if count > MAX_KEYS and not force:
+        raise BadInput(f"{count:,} rollouts planned ({len(tasks)} tasks x {len(episodes)} episodes x "
+                       f"{len(replicates)} replicates x {len(conditions)} conditions), more than {MAX_KEYS:,}; "
+                       f"pass --force if you mean it")
     return [
         RolloutKey(phase, task, ep, cond, rep)
         for task in tasks
@@ -87,9 +112,17 @@ def shard_keys(keys: Sequence[RolloutKey], shard: Optional[Tuple[int, int]]) -> 
 
 
 def pending_keys(store: RunStore, keys: Sequence[RolloutKey], retry_errors: bool = False) -> List[RolloutKey]:
-    """Keys without a record in ``store``; with ``retry_errors`` also keys whose record is invalid."""
-    done = store.recorded_keys()
-    return [k for k in keys if k not in done or (retry_errors and not done[k])]
+    """Keys without a record in ``store``; with ``retry_errors`` also keys whose record is invalid.
+
+    A record invalid for good (kind in ``pairing.FINAL_ERROR_KINDS``: a fingerprint mismatch that
+    survived its retry) is never retried: it stays as the determinism failure it reports.
+    """
+    recorded = {RolloutKey.from_record(r): r for r in store.records()}
+
+    def retry(rec: dict) -> bool:
+        return rec.get("valid", True) is not True and rec.get("error_kind") not in FINAL_ERROR_KINDS
+
+    return [k for k in keys if k not in recorded or (retry_errors and retry(recorded[k]))]
 
 
-__all__ = ["parse_episodes", "parse_shard", "pending_keys", "plan_keys", "shard_keys"]
+__all__ = ["MAX_KEYS", "parse_episodes", "parse_shard", "pending_keys", "plan_keys", "shard_keys"]

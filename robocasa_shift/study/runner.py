@@ -10,6 +10,7 @@ and an :class:`~robocasa_shift.config.ExecutionConfig`.
 from __future__ import annotations
 
 import platform
+import shutil
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -17,9 +18,11 @@ from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
 from tqdm import tqdm
 
-from robocasa_shift.config import ExecutionConfig, StudyConfig
+from robocasa_shift.config import ExecutionConfig, StudyConfig, redact_argv
 from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.errors import PolicyServerError
 from robocasa_shift.study.executors import as_record, group_by_task, make_executor
+from robocasa_shift.study.pairing import mark_unpaired
 from robocasa_shift.study.plan import pending_keys, plan_keys, shard_keys
 from robocasa_shift.study.store import RunStore
 from robocasa_shift.study.worker import StudyCache
@@ -30,6 +33,9 @@ SEED_RULE = (
     "factor draw = derive_seed(study_seed, stream=<factor>, task, phase, episode); "
     "derive_seed: numpy SeedSequence(entropy=study_seed, spawn_key=sha256 words of 'name=value', sorted by name)"
 )
+# Consecutive rollouts failed by the policy server (records of kind policy_server) that stop a study:
+# past this the server is down, and each further rollout would only wait out the client's timeout.
+SERVER_FAILURES_TO_STOP = 5
 
 
 def package_versions(extra: Dict[str, str]) -> Dict[str, str]:
@@ -56,7 +62,7 @@ def study_manifest(cache: StudyCache, tasks: Sequence[str]) -> Dict[str, Any]:
         "versions": package_versions(cache.backend.versions()),
         "render_profile": study.render_profile,
         "seed_rule": SEED_RULE,
-        "command": " ".join(sys.argv),
+        "command": " ".join(redact_argv(sys.argv)),
     }
 
 
@@ -64,8 +70,11 @@ class RunSession:
     """One command's hold on a run directory: lock, manifest, plan, executor, single writer.
 
     Constructing a session checks every name (tasks, conditions, policy options,
-    the backend's availability) and touches nothing on disk; entering it takes
-    the lock and writes or checks the manifest.
+    the backend's availability) and touches nothing on disk; entering it builds
+    the manifest (which builds the policy: a bad option or an unreachable server
+    fails here, before the run directory is touched), then takes the lock and
+    writes or checks the manifest. A run directory this session created is
+    removed again when entering fails.
 
     Args:
         run_dir: the run directory.
@@ -88,13 +97,17 @@ class RunSession:
         self._executor = None
 
     def __enter__(self) -> "RunSession":
+        manifest = study_manifest(self.cache, self.tasks)
+        created = not self.store.root.exists()
         self.store.lock()
         try:
-            self.store.ensure_manifest(study_manifest(self.cache, self.tasks))
+            self.store.ensure_manifest(manifest)
             self.store.note_execution(self.execution.record())
             self.store.log_command({"execution": self.execution.record()})
         except BaseException:
             self.store.unlock()
+            if created:  # leave no empty or half-made run directory behind
+                shutil.rmtree(self.store.root, ignore_errors=True)
             raise
         return self
 
@@ -117,10 +130,19 @@ class RunSession:
 
         Returns:
             Counts: ``planned``, ``ran``, ``skipped``, ``failures`` (valid, unsuccessful), ``invalid``.
+
+        Raises:
+            PolicyServerError: :data:`SERVER_FAILURES_TO_STOP` rollouts in a row failed at the policy
+                server (circuit breaker, exit 3); their records are written, the keys not yet run stay
+                pending, so the same command resumes once the server is back.
         """
         self.store.add_to_plan(keys)
+        # Pairing (PROTOCOL section 6): records whose fingerprints differ from their clean twin's are
+        # invalid; marked before planning, so --retry-errors re-runs them now, and again after the
+        # run for the pairs it completed (a mismatch that survives its retry is a determinism failure).
+        mark_unpaired(self.store, keys)
         todo = group_by_task(pending_keys(self.store, keys, retry_errors))
-        failures = invalid = 0
+        done = failures = invalid = server_failures = 0
         renderer_written = False
         bar = _progress(len(todo), self.execution.progress, desc)
         try:
@@ -132,12 +154,26 @@ class RunSession:
                 if not renderer_written and result.get("renderer_info"):
                     self.store.ensure_manifest({"renderer": result["renderer_info"]})
                     renderer_written = True
+                done += 1
                 failures += int(record.valid and not record.success)
                 invalid += int(not record.valid)
+                server_failures = server_failures + 1 if record.error_kind == "policy_server" else 0
+                if server_failures >= SERVER_FAILURES_TO_STOP:
+                    last = (record.error or "").partition("\n")[0]
+                    raise PolicyServerError(
+                        f"the policy server failed {server_failures} rollouts in a row; stopped the study after "
+                        f"{done} of {len(todo)} rollouts. Last error: {last}\n"
+                        f"The {len(todo) - done} rollouts not run stay pending: once the server is back, rerun the "
+                        f"same command (add --retry-errors to redo the {server_failures} failed ones).")
                 bar.set_postfix(failures=failures, invalid=invalid, refresh=False)
                 bar.update(1)
         finally:
             bar.close()
+            ran = set(todo)
+            unpaired = [r for r in mark_unpaired(self.store, keys) if r.key in ran]
+        # rollouts of this command that ran valid and turned invalid once compared with their clean twin
+        invalid += len(unpaired)
+        failures -= sum(not r.success for r in unpaired)
         return {"planned": len(keys), "ran": len(todo), "skipped": len(keys) - len(todo), "failures": failures,
                 "invalid": invalid}
 
@@ -153,6 +189,7 @@ def run(
     replicates: Sequence[int] = (0,),
     retry_errors: bool = False,
     shard: Optional[Tuple[int, int]] = None,
+    force: bool = False,
 ) -> Dict[str, Any]:
     """Run every key of tasks x episodes x replicates x conditions not yet recorded in ``run_dir``.
 
@@ -161,13 +198,15 @@ def run(
         tasks, conditions, episodes: what to run; ``phase`` and ``replicates`` pick the seed streams.
         study: what is studied (backend, policy and its options, render profile).
         execution: how it is executed (executor, workers, threads, batch, progress bar).
-        retry_errors: re-run keys whose record is invalid (the old record goes to ``history/``).
+        retry_errors: re-run keys whose record is invalid (the old record goes to ``history/``), except
+            determinism failures (a fingerprint mismatch with the clean twin that survived its retry).
         shard: ``(i, n)``: only the i-th of n disjoint slices of the keys (see ``plan.shard_keys``).
+        force: plan more than ``plan.MAX_KEYS`` keys.
 
     Returns:
         Counts: ``planned``, ``ran``, ``skipped``, ``failures``, ``invalid``.
     """
-    keys = shard_keys(plan_keys(tasks, episodes, conditions, phase=phase, replicates=replicates), shard)
+    keys = shard_keys(plan_keys(tasks, episodes, conditions, phase=phase, replicates=replicates, force=force), shard)
     with RunSession(run_dir, tasks, conditions, study, execution) as session:
         return session.execute(keys, retry_errors=retry_errors)
 
@@ -176,4 +215,4 @@ def _progress(total: int, enabled: bool, desc: str = "rollouts") -> tqdm:
     return tqdm(total=total, desc=desc, unit="rollout", disable=not enabled, dynamic_ncols=True)
 
 
-__all__ = ["RunSession", "SEED_RULE", "package_versions", "run", "study_manifest"]
+__all__ = ["RunSession", "SEED_RULE", "SERVER_FAILURES_TO_STOP", "package_versions", "run", "study_manifest"]

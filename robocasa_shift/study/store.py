@@ -9,10 +9,19 @@ Layout::
     D/history/...               records superseded by --retry-errors
     D/.lock                     held with flock while a process writes to D
 
-Each record is written to a temporary file and renamed over its final name,
-so a killed process leaves either the whole record or none of it; a rerun
-skips the keys already recorded. The lock is held by the kernel (``flock``),
-so it dies with the process that held it.
+Each record is written to a temporary file, fsynced, renamed over its final
+name and the directory fsynced, so a killed process (or a lost power supply)
+leaves either the whole record or none of it; a rerun skips the keys already
+recorded. The lock is held by the kernel (``flock``), so it dies with the
+process that held it.
+
+Records are read defensively: a file that is not a record (truncated JSON, a
+stray JSON without a key, ``"valid": "false"``) is skipped with a warning
+naming it, and listed by :meth:`RunStore.unreadable_records` (the audit fails
+on it); it never stops a command. Secret policy options (see
+:func:`robocasa_shift.config.is_secret_option`) are redacted in everything the
+store writes: the manifest's ``policy_options`` and ``command`` and every line
+of ``commands.jsonl``.
 """
 
 from __future__ import annotations
@@ -23,11 +32,15 @@ import json
 import os
 import shlex
 import sys
+import warnings
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
+from robocasa_shift.config import redact_argv, redact_options, redact_text
 from robocasa_shift.engine.records import Record, RolloutKey
 from robocasa_shift.errors import RunDirError, RunDirLocked
+from robocasa_shift.seeding import PHASES
 
 MANIFEST = "manifest.json"
 PLAN = "plan.json"
@@ -46,26 +59,123 @@ def _condition_slug(condition: str) -> str:
     return condition.replace(":", "-")
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file and rename it over ``path``: readers see all of it or none."""
+def fsync_directory(directory: Path) -> None:
+    """Flush a directory's entries to disk: without it a rename can be lost in a crash after it returned."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file and rename it over ``path``: readers see all of it or none.
+
+    The file is fsynced before the rename and its directory after it, so the new name survives a crash.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
+    with open(tmp, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync_directory(path.parent)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """:func:`atomic_write_bytes` of ``text`` in UTF-8."""
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_json(path: Path, data: Any) -> None:
-    """``atomic_write_text`` of ``data`` as indented JSON with sorted keys."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True, allow_nan=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """:func:`atomic_write_bytes` of ``data`` as indented JSON with sorted keys."""
+    atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True, allow_nan=True))
+
+
+# --------------------------------------------------------------------------- reading records defensively
+
+_NUMBER = (int, float)
+_TYPE_WORDS = {str: "a string", int: "an integer", bool: "true or false", list: "a list", dict: "an object",
+               None: "null"}
+# The type of every record field (a tuple: any of them; None: may be null). A bool is never taken for an int.
+RECORD_FIELD_TYPES: Dict[str, Tuple[Any, ...]] = {
+    "phase": (str,), "task": (str,), "episode": (int,), "condition": (str,), "replicate": (int,),
+    "backend": (str,), "policy": (str,), "spec_hash": (str,), "stage_spec_hash": (str,), "study_seed": (int,),
+    "env_seed": (int,), "policy_seed": (int,), "horizon": (int,), "n_stages": (int,), "stage_names": (list,),
+    "env_fingerprint": (str, None), "policy_rng_fingerprint": (str, None), "success": (bool, None),
+    "steps": (int,), "truncated": (bool,), "stages_completed": (int,), "first_incomplete": (int, None),
+    "stage_steps": (list,), "stage_error": (str, None), "perturbation": (dict, None), "valid": (bool,),
+    "error": (str, None), "error_kind": (str, None), "renderer": (str, None), "wall_s": _NUMBER, "timing": (dict,),
+    "policy_calls": (int,), "frames_rendered": (int,),
+}
+# Fields a record file must have: those without a default in ``Record``.
+REQUIRED_RECORD_FIELDS = tuple(f.name for f in fields(Record) if f.default is MISSING and f.default_factory is MISSING)
+
+
+def _type_ok(value: Any, allowed: Tuple[Any, ...]) -> bool:
+    if value is None:
+        return None in allowed
+    if isinstance(value, bool):
+        return bool in allowed
+    return any(t is not None and t is not bool and isinstance(value, t) for t in allowed)
+
+
+def record_problem(data: Any) -> Optional[str]:
+    """What makes ``data`` (parsed JSON) not a record, or None when it is one.
+
+    Checks that it is an object, has every required field, and that each known field has its type
+    (``"valid": "false"`` is refused, not read as true) and the key is usable (a known phase,
+    episode and replicate >= 0, a non-empty task and condition).
+    """
+    if not isinstance(data, dict):
+        return f"expected a JSON object, got {type(data).__name__}"
+    missing = [name for name in REQUIRED_RECORD_FIELDS if name not in data]
+    if missing:
+        return f"missing field(s) {', '.join(missing)}"
+    for name, allowed in RECORD_FIELD_TYPES.items():
+        if name in data and not _type_ok(data[name], allowed):
+            want = "a number" if allowed == _NUMBER else " or ".join(_TYPE_WORDS[t] for t in allowed)
+            return f"field '{name}' must be {want}, got {json.dumps(data[name])[:60]}"
+    if data["phase"] not in PHASES:
+        return f"field 'phase' must be one of {', '.join(PHASES)}, got {data['phase']!r}"
+    for name in ("task", "condition"):
+        if not data[name].strip() or "/" in data[name]:
+            return f"field '{name}' must be a non-empty name without '/', got {data[name]!r}"
+    for name in ("episode", "replicate"):
+        if data.get(name, 0) < 0:
+            return f"field '{name}' must be >= 0, got {data[name]}"
+    return None
+
+
+def parse_record(raw: bytes) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    """``(record, None)`` from a record file's bytes, or ``(None, problem)`` when they are not a record."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8 text ({exc.reason} at byte {exc.start})"
+    except json.JSONDecodeError as exc:
+        return None, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}; truncated?)"
+    problem = record_problem(data)
+    return (None, problem) if problem else (data, None)
+
+
+_WARNED: set = set()  # unreadable files already reported in this process (every command reads records often)
+
+
+def _warn_unreadable(path: Path, problem: str) -> None:
+    if (str(path), problem) not in _WARNED:
+        _WARNED.add((str(path), problem))
+        warnings.warn(f"skipping unreadable record {path}: {problem}", RuntimeWarning, stacklevel=3)
+
+
+def _read_json(path: Path, what: str) -> Any:
+    """A JSON file of the run directory (manifest, plan); a corrupt one is a :class:`RunDirError` naming it."""
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RunDirError(f"{path}: the run's {what} is not valid JSON ({exc}); restore it from a copy, "
+                          f"or start a new --run-dir") from None
 
 
 class RunStore:
@@ -119,11 +229,27 @@ class RunStore:
         """The run's manifest, or None before the first command wrote one."""
         if not self.manifest_path.exists():
             return None
-        with open(self.manifest_path) as f:
-            return json.load(f)
+        manifest = _read_json(self.manifest_path, "manifest")
+        if not isinstance(manifest, dict):
+            raise RunDirError(f"{self.manifest_path}: the run's manifest is not a JSON object")
+        return manifest
+
+    @staticmethod
+    def redacted(manifest: Dict[str, Any]) -> Dict[str, Any]:
+        """``manifest`` with secret policy options (values and the command line) replaced by a placeholder."""
+        out = dict(manifest)
+        if isinstance(out.get("policy_options"), dict):
+            out["policy_options"] = redact_options(out["policy_options"])
+        if isinstance(out.get("command"), str):
+            out["command"] = redact_text(out["command"])
+        return out
 
     def ensure_manifest(self, manifest: Dict[str, Any]) -> Dict[str, Any]:
-        """Write the manifest of a new run, or check that this command matches the existing one."""
+        """Write the manifest of a new run, or check that this command matches the existing one.
+
+        Secret policy options are redacted before anything is compared or written.
+        """
+        manifest = self.redacted(manifest)
         existing = self.manifest()
         if existing is None:
             manifest = {**manifest, "created": _dt.datetime.now().isoformat(timespec="seconds")}
@@ -166,7 +292,7 @@ class RunStore:
         self.root.mkdir(parents=True, exist_ok=True)
         entry = {
             "time": _dt.datetime.now().isoformat(timespec="seconds"),
-            "argv": " ".join(shlex.quote(a) for a in sys.argv),
+            "argv": " ".join(shlex.quote(a) for a in redact_argv(sys.argv)),
             "pid": os.getpid(),
             **(extra or {}),
         }
@@ -184,8 +310,12 @@ class RunStore:
         """Every key a command on this run directory planned: the rollouts the audit expects."""
         if not self.plan_path.exists():
             return []
-        with open(self.plan_path) as f:
-            return [RolloutKey.from_id(k) for k in json.load(f)["keys"]]
+        plan = _read_json(self.plan_path, "plan")
+        try:
+            return [RolloutKey.from_id(k) for k in plan["keys"]]
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise RunDirError(f"{self.plan_path}: not a plan (expected {{\"keys\": [\"phase/task/episode/"
+                              f"condition/rN\", ...]}}); restore it from a copy, or start a new --run-dir") from None
 
     def add_to_plan(self, keys: Iterable[RolloutKey]) -> None:
         """Add ``keys`` to the plan (a sorted set, rewritten atomically); planning a key twice changes nothing."""
@@ -221,13 +351,38 @@ class RunStore:
         if root.exists():
             yield from sorted(p for p in root.rglob("*.json") if not p.name.startswith("."))
 
-    def record_entries(self, base: str = "records") -> List[Tuple[str, Dict[str, Any]]]:
-        """Every record of the run with the file it came from (relative to the run directory)."""
-        out = []
+    def read_entries(self, base: str = "records") -> Tuple[List[Tuple[str, Dict[str, Any]]], List[Tuple[str, str]]]:
+        """Every record file of the run, read: ``(records, unreadable)``.
+
+        ``records`` holds ``(file, record)`` for each file that is a record; ``unreadable`` holds
+        ``(file, problem)`` for each that is not (files relative to the run directory).
+        """
+        good, bad = [], []
         for path in self.record_files(base):
-            with open(path) as f:
-                out.append((str(path.relative_to(self.root)), json.load(f)))
-        return out
+            file = str(path.relative_to(self.root))
+            try:
+                record, problem = parse_record(path.read_bytes())
+            except OSError as exc:
+                record, problem = None, f"cannot be read ({exc.strerror})"
+            if record is None:
+                bad.append((file, problem))
+            else:
+                good.append((file, record))
+        return good, bad
+
+    def record_entries(self, base: str = "records") -> List[Tuple[str, Dict[str, Any]]]:
+        """Every record of the run with the file it came from (relative to the run directory).
+
+        A file that is not a record is skipped with a warning naming it (see :meth:`unreadable_records`).
+        """
+        good, bad = self.read_entries(base)
+        for file, problem in bad:
+            _warn_unreadable(self.root / file, problem)
+        return good
+
+    def unreadable_records(self, base: str = "records") -> List[Tuple[str, str]]:
+        """``(file, problem)`` for every file under ``base`` that is not a readable record."""
+        return self.read_entries(base)[1]
 
     def records(self, base: str = "records") -> List[Dict[str, Any]]:
         """Every record of the run, as written (one dict per record file)."""
@@ -235,4 +390,4 @@ class RunStore:
 
     def recorded_keys(self) -> Dict[RolloutKey, bool]:
         """Keys already recorded, mapped to whether their record is valid."""
-        return {RolloutKey.from_record(r): bool(r.get("valid", True)) for r in self.records()}
+        return {RolloutKey.from_record(r): r.get("valid", True) is True for r in self.records()}

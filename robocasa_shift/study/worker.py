@@ -4,8 +4,11 @@
 describes, made live: the verified protocol, the backend, one environment per
 lockstep slot (reused across rollouts of a task; switching tasks closes the
 previous task's) and one policy per slot. :class:`Worker` is a cache living in
-one executor process (or Ray actor); ``init_worker`` / ``run_in_worker`` are
-the process-pool plumbing around one process-global worker.
+one executor process (or Ray actor); :func:`serve` is the body of a process
+supervised by the local executor (one pipe, one group of keys at a time);
+``init_worker`` / ``run_in_worker`` are the process-pool plumbing around one
+process-global worker (``bench`` uses them). :func:`unrun_records` builds the
+invalid records of keys whose worker died or hung before it could record them.
 
 Everything a worker is built from (a ``StudyConfig`` and a thread count) is
 plain, picklable data, so a spawned or remote worker builds exactly the study
@@ -15,18 +18,21 @@ its caller described.
 from __future__ import annotations
 
 import os
+import pickle
 import resource
 import sys
+import traceback
 from typing import Any, Dict, List, Optional, Sequence
 
-from robocasa_shift import specs
+from robocasa_shift import seeding, specs
 from robocasa_shift.backends import get_backend
 from robocasa_shift.backends.base import check_hooks
-from robocasa_shift.config import StudyConfig
+from robocasa_shift.config import StudyConfig, redact_options
 from robocasa_shift.engine.perturbations import required_hooks
 from robocasa_shift.engine.records import Record, RolloutKey
 from robocasa_shift.engine.rollout import run_lockstep, run_rollout
-from robocasa_shift.policies import check_policy_options, make_policy
+from robocasa_shift.errors import Error, PolicyOptionError
+from robocasa_shift.policies import POLICIES, check_policy_options, make_policy, resolve_secret_options
 
 THREAD_VARIABLES = ("LP_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -84,7 +90,14 @@ class StudyCache:
     def policies(self, n: int) -> List[Any]:
         """``n`` policy instances (lockstep rollouts need one each; each has its own generators)."""
         while len(self._policies) < n:
-            self._policies.append(make_policy(self.config.policy, **self.config.policy_kwargs))
+            try:
+                self._policies.append(make_policy(self.config.policy, **self.config.policy_kwargs))
+            except Error:
+                raise
+            except (TypeError, ValueError) as exc:  # a constructor refusing an option's value (port=notanint)
+                options = redact_options(self.config.policy_kwargs)
+                raise PolicyOptionError(f"policy {self.config.policy!r} cannot be built with the options {options}: "
+                                        f"{type(exc).__name__}: {exc}") from None
         return self._policies[:n]
 
     def check_names(self, tasks: Sequence[str], conditions: Sequence[str]) -> None:
@@ -96,6 +109,7 @@ class StudyCache:
             BackendUnavailable: the backend's simulator or assets are missing.
         """
         check_policy_options(self.config.policy, self.config.policy_kwargs)
+        resolve_secret_options(self.config.policy_kwargs)  # an env:NAME whose variable is unset: refused now
         for task in tasks:
             self.backend.task(task)
         for cond in conditions:
@@ -171,6 +185,10 @@ class Worker:
         self.parent = os.getppid()
         self.cache = StudyCache(study)
 
+    def ready(self) -> int:
+        """This worker's process id, once it is built (the Ray executor waits on it before dealing keys)."""
+        return os.getpid()
+
     def run(self, keys: Sequence[RolloutKey]) -> List[Dict[str, Any]]:
         """Run one lockstep group (see ``executors.lockstep_groups``); one result per key."""
         records = self.cache.run_keys(keys)
@@ -198,4 +216,98 @@ def run_in_worker(keys: Sequence[RolloutKey]) -> List[Dict[str, Any]]:
     return _WORKER.run(keys)
 
 
-__all__ = ["StudyCache", "THREAD_VARIABLES", "Worker", "apply_threads", "init_worker", "peak_rss_mb", "run_in_worker"]
+class WorkerError(Error):
+    """An error raised in a worker process that could not cross back to the caller as itself.
+
+    It keeps the original's message and exit status (``exit_code``); a traceback is added for errors
+    that are not the harness's own (bugs, not user mistakes).
+    """
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def __reduce__(self):
+        return (WorkerError, (str(self), self.exit_code))
+
+
+def portable_error(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling (to cross a pipe or Ray), else a :class:`WorkerError` that carries it."""
+    try:
+        copy = pickle.loads(pickle.dumps(exc))
+        if type(copy) is type(exc) and str(copy) == str(exc):
+            return exc
+    except Exception:
+        pass
+    if isinstance(exc, Error):
+        return WorkerError(str(exc), exc.exit_code)
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=8))
+    return WorkerError(f"{type(exc).__name__} in a worker process: {exc}\n{text}")
+
+
+def serve(conn, study: StudyConfig, threads: int = 1) -> None:
+    """Body of a worker process supervised by the local executor (``executors.LocalExecutor``).
+
+    Builds the worker, answers ``("ready", pid)`` (or ``("init_error", error)`` and exits: a worker
+    that cannot be built is never respawned), then runs each group of keys received, answering
+    ``("results", [...])`` or ``("error", error)``, until it receives None or its supervisor is gone.
+    """
+    try:
+        worker = Worker(study, threads)
+    except BaseException as exc:
+        conn.send(("init_error", portable_error(exc)))
+        conn.close()
+        return
+    conn.send(("ready", os.getpid()))
+    try:
+        while True:
+            try:
+                keys = conn.recv()
+            except (EOFError, OSError):  # the supervisor died: stop instead of computing for nobody
+                return
+            if keys is None:
+                return
+            try:
+                reply = ("results", worker.run(keys))
+            except Exception as exc:
+                reply = ("error", portable_error(exc))
+            conn.send(reply)
+    finally:
+        worker.close()
+
+
+def policy_name(study: StudyConfig) -> str:
+    """The name a policy writes into its records (its class's ``name``), without building it."""
+    return getattr(POLICIES.get(study.policy), "name", None) or study.policy
+
+
+def unrun_records(study: StudyConfig, keys: Sequence[RolloutKey], kind: str, message: str,
+                  protocol: Optional[specs.Protocol] = None) -> List[Dict[str, Any]]:
+    """Results (as a worker returns them) holding an invalid record of ``kind`` for each of ``keys``.
+
+    For keys whose worker died (``worker_crash``) or hung (``worker_timeout``) before recording them:
+    the record carries everything known without running the key (seeds, horizon, stages), so the
+    audit and ``--retry-errors`` treat it like any other invalid record.
+    """
+    protocol = protocol or specs.load_protocol(verify=True)
+    backend = get_backend(study.backend)
+    name = policy_name(study)
+    results = []
+    for key in keys:
+        spec = specs.load_stage_spec(study.backend, key.task)
+        record = Record(
+            phase=key.phase, task=key.task, episode=key.episode, condition=key.condition, replicate=key.replicate,
+            backend=study.backend, policy=name, spec_hash=protocol.spec_hash, stage_spec_hash=spec.content_hash,
+            study_seed=protocol.study_seed,
+            env_seed=seeding.env_seed(protocol.study_seed, key.task, key.phase, key.episode),
+            policy_seed=seeding.policy_seed(protocol.study_seed, key.task, key.phase, key.episode, key.replicate),
+            horizon=backend.task(key.task).horizon, n_stages=len(spec.subgoals), stage_names=spec.names,
+            stage_steps=[None] * len(spec.subgoals),
+        )
+        record.fail(kind, message)
+        results.append({"record": record.to_json(), "renderer_info": None, "pid": None, "rss_mb": None})
+    return results
+
+
+__all__ = ["StudyCache", "THREAD_VARIABLES", "Worker", "WorkerError", "apply_threads", "init_worker", "peak_rss_mb",
+           "policy_name", "portable_error", "run_in_worker", "serve", "unrun_records"]

@@ -3,7 +3,8 @@
 ``protocol`` (wire format), ``client`` (``Gr00tClient``), ``mapping``
 (observations to payloads, replies to PandaOmron actions), ``policy``
 (``Gr00tPolicy``) and ``launcher`` (``Gr00tLauncher`` and the command line:
-``python -m robocasa_shift.policies.gr00t serve|ping``).
+``python -m robocasa_shift.policies.gr00t serve|ping|curve-keygen``). What the
+launcher and the client guard against is in SECURITY.md.
 """
 
 from robocasa_shift.policies.gr00t.client import Gr00tClient

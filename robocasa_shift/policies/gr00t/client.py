@@ -2,19 +2,43 @@
 
 Every request carries the client's session id and every ``get_action`` a
 sequence number, so a launcher can keep one generator per session and answer
-a retried request from its cache; plain servers ignore both.
+a retried request from its cache; plain servers ignore both. The session id
+is random per client (a user-given ``session`` is only its prefix): two
+clients sharing one id would re-seed and answer each other.
+
+The API token is held as a ``remote.Secret`` and sent inside the request, as
+GR00T's wire format wants it; it never appears in an error, a log line or
+the policy's identity.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from typing import Any, Dict, Mapping, Optional, Union
 
-from robocasa_shift.errors import PolicyServerError, PolicyServerTimeout
-from robocasa_shift.policies.gr00t.protocol import DEFAULT_PORT, Serializer
+from robocasa_shift.errors import PolicyOptionError, PolicyServerError, PolicyServerTimeout
+from robocasa_shift.policies.gr00t.protocol import DEFAULT_PORT, MAX_MESSAGE_BYTES, Serializer
+from robocasa_shift.policies.remote import as_secret
 
 log = logging.getLogger(__name__)
+_SESSION_PREFIX = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def new_session_id(prefix: Optional[str] = None) -> str:
+    """A fresh random session id, ``<prefix>-<32 hex digits>`` when a prefix is given.
+
+    Raises:
+        PolicyOptionError: a prefix that is not 1-64 letters, digits, ``_``, ``.`` or ``-``.
+    """
+    # an identifier, not a source of randomness: it never reaches the model
+    suffix = uuid.uuid4().hex
+    if prefix is None or prefix == "":
+        return suffix
+    if not isinstance(prefix, str) or not _SESSION_PREFIX.fullmatch(prefix):
+        raise PolicyOptionError(f"session prefix {prefix!r}: use 1-64 letters, digits, '_', '.' or '-'")
+    return f"{prefix}-{suffix}"
 
 
 class Gr00tClient:
@@ -29,9 +53,14 @@ class Gr00tClient:
         host, port: where the server listens.
         timeout_s: per try, for sending and for the reply.
         retries: extra tries after a timeout (0: one try only).
-        serializer: "msgpack" (current GR00T) or "torch" (before August 2025).
-        api_token: sent with every request when the server requires one.
-        session: the session id sent with every request (a random id by default).
+        serializer: "msgpack" (current GR00T) or "torch" (before August 2025; it unpickles
+            replies, so it needs ``allow_pickle=True`` and warns every time).
+        api_token: sent with every request when the server requires one (kept as a ``Secret``).
+        session: a prefix for this client's session id; the id itself is always unique to this client.
+        allow_pickle: the explicit opt-in the torch serializer needs.
+        max_message_bytes: replies longer than this are dropped by the socket (ZMQ_MAXMSGSIZE).
+        curve_server_key: the launcher's CURVE public key (Z85, 40 characters); encrypts the
+            connection with a fresh client key pair (the launcher must serve CURVE).
     """
 
     def __init__(
@@ -43,6 +72,9 @@ class Gr00tClient:
         serializer: Union[str, Serializer] = "msgpack",
         api_token: Optional[str] = None,
         session: Optional[str] = None,
+        allow_pickle: bool = False,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        curve_server_key: Optional[str] = None,
     ):
         try:
             import msgpack  # noqa: F401
@@ -52,10 +84,18 @@ class Gr00tClient:
         self._zmq = zmq
         self.host, self.port = str(host), int(port)
         self.timeout_s, self.retries = float(timeout_s), max(0, int(retries))
-        self.serializer = Serializer.named(serializer)
-        self.api_token = api_token
-        # an identifier, not a source of randomness: it never reaches the model
-        self.session = session or uuid.uuid4().hex
+        self.serializer = Serializer.named(serializer, allow_pickle=allow_pickle)
+        self._api_token = as_secret(api_token)
+        self.session = new_session_id(session)
+        self.max_message_bytes = int(max_message_bytes)
+        self._curve = None
+        if curve_server_key:
+            if not zmq.has("curve"):
+                raise PolicyOptionError("curve_server_key: this pyzmq's libzmq was built without CURVE support")
+            if not isinstance(curve_server_key, str) or len(curve_server_key) != 40:
+                raise PolicyOptionError("curve_server_key must be the launcher's Z85 public key (40 characters)")
+            public, secret = zmq.curve_keypair()
+            self._curve = (curve_server_key.encode("ascii"), public, secret)
         self.sockets_created = 0
         self._seq = 0
         # the process-wide context: a private one would block in term() if it were garbage-collected
@@ -78,6 +118,10 @@ class Gr00tClient:
         sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
         sock.setsockopt(zmq.SNDTIMEO, timeout_ms)
         sock.setsockopt(zmq.LINGER, 0)
+        # a reply over the bound drops the connection (then a timeout) instead of filling memory
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        if self._curve is not None:
+            sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self._curve
         sock.connect(self.endpoint)
         self._socket = sock
         self.sockets_created += 1
@@ -92,8 +136,8 @@ class Gr00tClient:
         request: Dict[str, Any] = {"endpoint": endpoint, "session": self.session, **extra}
         if requires_input:
             request["data"] = data
-        if self.api_token:
-            request["api_token"] = self.api_token
+        if self._api_token:
+            request["api_token"] = self._api_token.reveal()
         message = self.serializer.dumps(request)
         tries = self.retries + 1
         for attempt in range(tries):
@@ -153,7 +197,7 @@ class Gr00tClient:
         return self.call("reset", {"seed": int(seed)})
 
     def kill_server(self) -> None:
-        """Ask the server to stop."""
+        """Ask the server to stop (a ``Gr00tLauncher`` answers only when started with ``allow_kill`` and a token)."""
         self.call("kill", requires_input=False)
 
     def close(self) -> None:

@@ -15,6 +15,17 @@ per worker or session-keyed requests through one launcher (what
 ``Gr00tClient`` does); a plain N1.5 server cannot be seeded and is recorded as
 ``"unseeded-server"``.
 
+Security (see SECURITY.md). The launcher binds 127.0.0.1 unless told
+otherwise, and refuses a non-loopback bind without an API token. It never
+unpickles: a request is decoded as msgpack (numpy arrays through
+``np.load(allow_pickle=False)``), bounded in size on the socket
+(``ZMQ_MAXMSGSIZE``) and again before decoding, and its token is compared
+(``hmac.compare_digest``) before any endpoint runs. ``kill`` is off unless
+the launcher is started with ``allow_kill`` and a token. Sessions are capped:
+a full table drops only sessions idle for ``session_idle_s``, never an active
+one, and refuses new sessions with a clear error instead. CURVE encryption
+is optional (``curve_secret_key``; clients pass the public key).
+
 Run a seeding server: ``python -m robocasa_shift.policies.gr00t serve
 --model-path ... --embodiment-tag ... --data-config ... --port 5555`` (needs
 NVIDIA's ``gr00t`` package), check one: ``python -m
@@ -25,31 +36,59 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import hmac
+import ipaddress
 import json
 import logging
 import os
 import sys
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Union
 
 from robocasa_shift.errors import PolicyServerError
 from robocasa_shift.policies.gr00t.client import Gr00tClient
-from robocasa_shift.policies.gr00t.protocol import DEFAULT_PORT, SERIALIZERS, Serializer
-from robocasa_shift.policies.remote import NumpySessionRNG, TorchSessionRNG, canonical, content_hash, cuda_devices
+from robocasa_shift.policies.gr00t.protocol import DEFAULT_PORT, MAX_MESSAGE_BYTES, SERIALIZERS, packb, unpackb
+from robocasa_shift.policies.remote import (
+    NumpySessionRNG,
+    Secret,
+    TorchSessionRNG,
+    as_secret,
+    canonical,
+    content_hash,
+    cuda_devices,
+)
 
 log = logging.getLogger(__name__)
 # the first line of the module this command line came from, kept as its --help text
 DESCRIPTION = "The ``gr00t`` policy: a client of a GR00T N1.5 inference server, and a seeding launcher for it."
+DEFAULT_HOST = "127.0.0.1"
+UNAUTHORIZED = "Unauthorized: Invalid API token"
+NO_PICKLE = ("the launcher never unpickles requests (a pickled request runs its sender's code before any token "
+             "check); it serves msgpack, GR00T's format since August 2025: update the client")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` reaches this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # "*", an interface name or a host name: may face a network
+        return False
 
 
 @dataclass
 class _Session:
+    """One client session: its generator, when it was last used, and the last request it answered (for retries)."""
+
     rng: Any
-    last_seq: Optional[int] = None
+    last_used_s: float
+    last_request: Optional[Tuple[Any, str]] = None  # (seq, sha256 of the request) answered last
     last_reply: Any = None
 
 
@@ -66,31 +105,62 @@ class Gr00tLauncher:
 
     Args:
         model: the policy (e.g. ``gr00t.model.policy.Gr00tPolicy``).
-        host, port: where to bind (port 0: a free port, read ``.port`` after ``start``).
-        serializer: "msgpack" or "torch".
-        api_token: when set, requests must carry it.
+        host, port: where to bind (port 0: a free port, read ``.port`` after ``start``). A host
+            other than loopback needs ``api_token``.
+        serializer: "msgpack" only; "torch" (pickle) is refused with the reason.
+        api_token: when set, every request must carry it (compared in constant time).
         model_info: added as ``"model"`` to ``get_modality_config`` replies, so clients record it.
         session_seeding: False serves without ``reset``, as a plain N1.5 server.
-        max_sessions: sessions kept (least recently used are dropped).
+        max_sessions: sessions kept at most.
+        session_idle_s: a session unused this long may be dropped to make room for a new one;
+            while none is that idle, new sessions are refused (active ones are never dropped).
+        allow_kill: answer ``kill`` (needs ``api_token``); off by default.
+        max_message_bytes: longer requests are dropped by the socket (ZMQ_MAXMSGSIZE) and refused.
+        curve_secret_key: a CURVE secret key (Z85, 40 characters) to encrypt every connection;
+            clients then need the matching public key (``curve_public_key``).
+
+    Raises:
+        ValueError: the torch serializer, a non-loopback host without a token, ``allow_kill``
+            without a token, or a malformed CURVE key.
     """
 
     def __init__(
         self,
         model: Any,
-        host: str = "*",
+        host: str = DEFAULT_HOST,
         port: int = DEFAULT_PORT,
-        serializer: Union[str, Serializer] = "msgpack",
-        api_token: Optional[str] = None,
+        serializer: str = "msgpack",
+        api_token: Optional[Union[str, Secret]] = None,
         model_info: Optional[Mapping[str, Any]] = None,
         session_seeding: bool = True,
         max_sessions: int = 4096,
+        session_idle_s: float = 600.0,
+        allow_kill: bool = False,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        curve_secret_key: Optional[Union[str, Secret]] = None,
     ):
+        if serializer != "msgpack":
+            raise ValueError(f"serializer {serializer!r}: {NO_PICKLE}")
+        self._api_token = as_secret(api_token)
+        if not is_loopback(str(host)) and self._api_token is None:
+            raise ValueError(f"binding {host!r} lets other machines reach the launcher: give it an API token "
+                             f"(--api-token, or the GR00T_API_TOKEN environment variable), or bind {DEFAULT_HOST} "
+                             "and reach it through an SSH tunnel")
+        if int(max_sessions) < 1:
+            raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
+        if allow_kill and self._api_token is None:
+            raise ValueError("allow_kill needs an API token: without one anyone who reaches the port could stop it")
+        self._curve_secret = as_secret(curve_secret_key)
+        self.curve_public_key: Optional[str] = None
+        if self._curve_secret is not None:
+            self.curve_public_key = curve_public_key(self._curve_secret.reveal())
         self.model = model
-        self.host, self.port = host, int(port)
-        self.serializer = Serializer.named(serializer)
-        self.api_token = api_token
+        self.host, self.port = str(host), int(port)
         self.model_info = dict(model_info) if model_info is not None else None
         self.max_sessions = int(max_sessions)
+        self.session_idle_s = float(session_idle_s)
+        self.allow_kill = bool(allow_kill)
+        self.max_message_bytes = int(max_message_bytes)
         self.sessions: "OrderedDict[str, _Session]" = OrderedDict()
         self.running = False
         self._bound = threading.Event()
@@ -113,14 +183,16 @@ class Gr00tLauncher:
 
     # ------------------------------------------------------------------ endpoints
 
-    def _ping(self, request):
+    def _ping(self, request, message):
         return {"status": "ok", "message": "Server is running", "session_seeding": "reset" in self.endpoints}
 
-    def _kill(self, request):
+    def _kill(self, request, message):
+        if not self.allow_kill:
+            raise PermissionError("kill is disabled on this launcher (start it with --allow-kill and an --api-token)")
         self.running = False
         return {"status": "ok", "message": "Server is stopping"}
 
-    def _get_modality_config(self, request):
+    def _get_modality_config(self, request, message):
         config = self.model.get_modality_config()
         if self.model_info is not None:
             config = {**config, "model": self.model_info}
@@ -131,35 +203,58 @@ class Gr00tLauncher:
             return TorchSessionRNG(self._torch, seed, cuda_devices(self._torch))
         return NumpySessionRNG(seed)
 
-    def _reset(self, request):
+    def _make_room(self, now: float) -> None:
+        """Drop sessions idle for ``session_idle_s`` (oldest first) until one more fits, or refuse."""
+        while len(self.sessions) >= self.max_sessions:
+            oldest_id, oldest = next(iter(self.sessions.items()))
+            if now - oldest.last_used_s < self.session_idle_s:
+                raise RuntimeError(
+                    f"the launcher holds {len(self.sessions)} sessions, its maximum, all used within the last "
+                    f"{self.session_idle_s:g} s; no session is dropped while in use. Retry later, or restart the "
+                    "launcher with a larger --max-sessions")
+            del self.sessions[oldest_id]
+
+    def _reset(self, request, message):
         session = request.get("session")
         data = request.get("data") or {}
-        if not session:
+        if not session or not isinstance(session, str):
             raise ValueError("reset needs a session id in the request ('session')")
-        if "seed" not in data:
+        if not isinstance(data, dict) or "seed" not in data:
             raise ValueError("reset needs {'seed': int} as data")
-        self.sessions.pop(session, None)
-        self.sessions[session] = _Session(self._new_rng(int(data["seed"])))
-        while len(self.sessions) > self.max_sessions:
-            self.sessions.popitem(last=False)
+        now = time.monotonic()
+        if self.sessions.pop(session, None) is None:
+            self._make_room(now)
+        self.sessions[session] = _Session(self._new_rng(int(data["seed"])), now)
         return {"rng_fingerprint": self.sessions[session].rng.fingerprint(), "session": session}
 
-    def _get_action(self, request):
+    def _get_action(self, request, message):
         obs = request.get("data", {})
         session_id = request.get("session")
         if session_id is None or "reset" not in self.endpoints:
             return self.model.get_action(obs)
-        session = self.sessions.get(session_id)
+        session = self.sessions.get(session_id) if isinstance(session_id, str) else None
         if session is None:
             raise ValueError(f"session {session_id!r} was never reset on this server (or was dropped, "
                              "or the server restarted); call reset(seed) first")
         self.sessions.move_to_end(session_id)
+        session.last_used_s = time.monotonic()
         seq = request.get("seq")
-        if seq is not None and seq == session.last_seq:  # a retry of a request already served
-            return session.last_reply
+        # A retry resends the very same bytes: the cache answers it only when the whole request matches,
+        # so another client that reuses the session id and sequence number never gets this one's action.
+        key = (seq, hashlib.sha256(message).hexdigest())
+        if seq is not None and session.last_request is not None and seq == session.last_request[0]:
+            if key == session.last_request:
+                return session.last_reply
+            raise ValueError(f"session {session_id!r} got two different requests numbered {seq}: two clients share "
+                             "this session id; give each policy instance its own session")
         reply = session.rng.run(lambda: self.model.get_action(obs))
-        session.last_seq, session.last_reply = seq, reply
+        session.last_request, session.last_reply = key, reply
         return reply
+
+    @property
+    def requires_token(self) -> bool:
+        """Whether requests must carry an API token (the token itself is never exposed)."""
+        return self._api_token is not None
 
     def fingerprint(self, session: str) -> str:
         """The current generator hash of a session (for checks)."""
@@ -167,21 +262,41 @@ class Gr00tLauncher:
 
     # ------------------------------------------------------------------ serving
 
+    def _authorized(self, request: Mapping[str, Any]) -> bool:
+        """Whether ``request`` carries this launcher's token (always, when it has none)."""
+        if self._api_token is None:
+            return True
+        given = request.get("api_token")
+        if isinstance(given, str):
+            given = given.encode("utf-8")
+        # compare_digest: the time taken does not tell how much of a guessed token was right
+        return isinstance(given, bytes) and hmac.compare_digest(given, self._api_token.reveal().encode("utf-8"))
+
     def handle(self, message: bytes) -> bytes:
-        """One request's reply bytes; failures become ``{"error": str}``."""
+        """One request's reply bytes; failures become ``{"error": str}``.
+
+        Order matters: the size is checked, then msgpack is decoded (no code runs: arrays through
+        ``np.load(allow_pickle=False)``), then the token is checked, and only then is any endpoint run.
+        """
         try:
-            request = self.serializer.loads(message)
-            if not isinstance(request, dict):
-                raise ValueError(f"a request must be a dict, got {type(request).__name__}")
-            if self.api_token is not None and request.get("api_token") != self.api_token:
-                return self.serializer.dumps({"error": "Unauthorized: Invalid API token"})
+            request = unpackb(message, max_bytes=self.max_message_bytes)
+        except Exception as exc:
+            log.warning("refused an undecodable request of %d bytes (%s)", len(message), type(exc).__name__)
+            return packb({"error": f"could not decode the request as GR00T msgpack ({type(exc).__name__}: {exc}); "
+                                   f"{NO_PICKLE}"})
+        if not isinstance(request, dict):
+            return packb({"error": f"a request must be a dict, got {type(request).__name__}"})
+        if not self._authorized(request):
+            log.warning("refused a request without a valid API token")
+            return packb({"error": UNAUTHORIZED})
+        try:
             endpoint = request.get("endpoint", "get_action")
             if endpoint not in self.endpoints:
                 raise ValueError(f"Unknown endpoint: {endpoint}")
-            return self.serializer.dumps(self.endpoints[endpoint](request))
+            return packb(self.endpoints[endpoint](request, message))
         except Exception as exc:
             log.exception("request failed")
-            return self.serializer.dumps({"error": f"{type(exc).__name__}: {exc}"})
+            return packb({"error": f"{type(exc).__name__}: {exc}"})
 
     def serve_forever(self, poll_ms: int = 100) -> None:
         """Bind and answer requests until ``kill`` or ``stop``."""
@@ -190,7 +305,13 @@ class Gr00tLauncher:
         context = zmq.Context()
         sock = context.socket(zmq.REP)
         sock.setsockopt(zmq.LINGER, 0)
+        # libzmq drops a peer whose message exceeds this before it is buffered whole
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
         try:
+            if self._curve_secret is not None:
+                sock.curve_secretkey = self._curve_secret.reveal().encode("ascii")
+                sock.curve_publickey = self.curve_public_key.encode("ascii")
+                sock.curve_server = True
             if self.port == 0:
                 self.port = sock.bind_to_random_port(f"tcp://{self.host}")
             else:
@@ -203,7 +324,8 @@ class Gr00tLauncher:
             raise
         self.running = True
         self._bound.set()
-        log.info("GR00T launcher listening on tcp://%s:%d", self.host, self.port)
+        log.info("GR00T launcher listening on tcp://%s:%d%s", self.host, self.port,
+                 " (CURVE)" if self._curve_secret is not None else "")
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         try:
@@ -232,6 +354,21 @@ class Gr00tLauncher:
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
+
+
+def curve_public_key(secret_key: str) -> str:
+    """The Z85 CURVE public key of a Z85 secret key.
+
+    Raises:
+        ValueError: not a 40-character Z85 key, or a libzmq without CURVE.
+    """
+    import zmq
+
+    if not zmq.has("curve"):
+        raise ValueError("this pyzmq's libzmq was built without CURVE support")
+    if not isinstance(secret_key, str) or len(secret_key.strip()) != 40:
+        raise ValueError("a CURVE secret key is 40 Z85 characters (make one with `... gr00t curve-keygen`)")
+    return zmq.curve_public(secret_key.strip().encode("ascii")).decode("ascii")
 
 
 # =========================================================================== command line
@@ -289,8 +426,38 @@ def _package_version(name: str) -> Optional[str]:
         return None
 
 
+TOKEN_ENV = "GR00T_API_TOKEN"  # read when --api-token is not given: a token on a command line shows in `ps`
+
+
+def _build_launcher(args: argparse.Namespace, model: Any, model_info: Mapping[str, Any]) -> Gr00tLauncher:
+    """The launcher ``serve`` runs, from its parsed arguments (refusals become exit status 2 in ``main``)."""
+    curve_secret = None
+    if args.curve_secret_key_file:
+        curve_secret = Path(args.curve_secret_key_file).read_text().strip()
+    return Gr00tLauncher(model, args.host, args.port, args.serializer, args.api_token or os.environ.get(TOKEN_ENV),
+                         model_info, max_sessions=args.max_sessions, session_idle_s=args.session_idle_s,
+                         allow_kill=args.allow_kill, max_message_bytes=args.max_message_bytes,
+                         curve_secret_key=curve_secret)
+
+
+def _check_serve_args(args: argparse.Namespace) -> Optional[str]:
+    """Why ``serve`` must not start with these arguments (None: it may), before any model is loaded."""
+    token = args.api_token or os.environ.get(TOKEN_ENV)
+    if args.serializer != "msgpack":
+        return f"--serializer {args.serializer}: {NO_PICKLE}"
+    if not is_loopback(args.host) and not token:
+        return (f"--host {args.host} lets other machines reach the launcher: set an API token ({TOKEN_ENV} or "
+                f"--api-token), or bind {DEFAULT_HOST} and reach it through an SSH tunnel")
+    if args.allow_kill and not token:
+        return "--allow-kill needs an API token (set GR00T_API_TOKEN or --api-token)"
+    return None
+
+
 def main(argv: Optional[Iterable[str]] = None) -> int:
-    """``serve`` a checkpoint through a ``Gr00tLauncher``, or ``ping`` a server; returns the exit status."""
+    """``serve`` a checkpoint through a ``Gr00tLauncher``, ``ping`` a server or make a CURVE key pair.
+
+    Returns the exit status (2: refused arguments or an unreachable server).
+    """
     parser = argparse.ArgumentParser(prog="python -m robocasa_shift.policies.gr00t", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve a GR00T checkpoint with per-session seeding")
@@ -299,10 +466,21 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     serve.add_argument("--data-config", required=True, help="a GR00T data config name")
     serve.add_argument("--denoising-steps", type=int, default=4)
     serve.add_argument("--device", default=None)
-    serve.add_argument("--host", default="*")
+    serve.add_argument("--host", default=DEFAULT_HOST,
+                       help=f"interface to bind (default {DEFAULT_HOST}); any other needs an API token")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT)
-    serve.add_argument("--serializer", default="msgpack", choices=sorted(SERIALIZERS))
-    serve.add_argument("--api-token", default=None)
+    serve.add_argument("--serializer", default="msgpack",
+                       help="msgpack only: the launcher never unpickles (the old torch format is refused)")
+    serve.add_argument("--api-token", default=None,
+                       help=f"token every request must carry (prefer the {TOKEN_ENV} environment variable)")
+    serve.add_argument("--allow-kill", action="store_true", help="answer 'kill' requests (needs an API token)")
+    serve.add_argument("--max-sessions", type=int, default=4096, help="client sessions kept at most")
+    serve.add_argument("--session-idle-s", type=float, default=600.0,
+                       help="a session idle this long may be dropped when the table is full")
+    serve.add_argument("--max-message-bytes", type=int, default=MAX_MESSAGE_BYTES,
+                       help="longest request accepted (ZMQ_MAXMSGSIZE)")
+    serve.add_argument("--curve-secret-key-file", default=None,
+                       help="encrypt with CURVE: a file holding the launcher's Z85 secret key (see curve-keygen)")
     serve.add_argument("--deterministic", action="store_true",
                        help="deterministic torch kernels (needed for bitwise-identical actions on GPU)")
     ping = sub.add_parser("ping", help="check that a server answers")
@@ -310,10 +488,32 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     ping.add_argument("--port", type=int, default=DEFAULT_PORT)
     ping.add_argument("--timeout-s", type=float, default=5.0)
     ping.add_argument("--serializer", default="msgpack", choices=sorted(SERIALIZERS))
+    ping.add_argument("--allow-pickle", action="store_true",
+                      help="needed with --serializer torch: the reply is unpickled (trusted servers only)")
+    ping.add_argument("--api-token", default=None, help=f"default: the {TOKEN_ENV} environment variable")
+    ping.add_argument("--curve-server-key", default=None, help="the launcher's CURVE public key (Z85)")
+    keygen = sub.add_parser("curve-keygen", help="write a CURVE secret key file for serve; print its public key")
+    keygen.add_argument("--out", required=True, help="file for the secret key (created with mode 0600)")
     args = parser.parse_args(list(argv) if argv is not None else None)
 
+    if args.command == "curve-keygen":
+        import zmq
+
+        public, secret = zmq.curve_keypair()
+        fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secret.decode("ascii") + "\n")
+        print(public.decode("ascii"))
+        return 0
+
     if args.command == "ping":
-        client = Gr00tClient(args.host, args.port, args.timeout_s, retries=0, serializer=args.serializer)
+        try:
+            client = Gr00tClient(args.host, args.port, args.timeout_s, retries=0, serializer=args.serializer,
+                                 api_token=args.api_token or os.environ.get(TOKEN_ENV),
+                                 allow_pickle=args.allow_pickle, curve_server_key=args.curve_server_key)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         try:
             print(json.dumps(canonical(client.call("ping", requires_input=False))))
             config = client.get_modality_config()
@@ -325,6 +525,10 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
             client.close()
         return 0
 
+    problem = _check_serve_args(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO)
     model = build_gr00t_model(args.model_path, args.embodiment_tag, args.data_config, args.denoising_steps, args.device)
     if args.deterministic:
@@ -342,9 +546,13 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
         "gr00t_version": _package_version("gr00t"),
         "deterministic": bool(args.deterministic),
     }
-    launcher = Gr00tLauncher(model, args.host, args.port, args.serializer, args.api_token, model_info)
-    print(f"GR00T launcher serving {args.model_path} on tcp://{args.host}:{args.port} (serializer {args.serializer})",
+    try:
+        launcher = _build_launcher(args, model, model_info)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"GR00T launcher serving {args.model_path} on tcp://{args.host}:{args.port} (msgpack"
+          f"{', CURVE' if launcher.curve_public_key else ''}{', token required' if launcher.requires_token else ''})",
           flush=True)
     launcher.serve_forever()
     return 0
-

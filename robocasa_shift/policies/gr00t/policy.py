@@ -29,7 +29,8 @@ class Gr00tPolicy(RemotePolicy):
     """GR00T N1.5 behind a ZeroMQ server; one observation per ``n_action_steps`` control steps.
 
     Args:
-        host, port, timeout_s, retries, serializer, api_token: see ``Gr00tClient``.
+        host, port, timeout_s, retries, serializer, api_token, allow_pickle, curve_server_key: see
+            ``Gr00tClient`` ("torch" needs ``allow_pickle=True`` and warns: it unpickles replies).
         camera_map: harness camera -> GR00T video key(s); a dict (or its JSON). Default
             ``DEFAULT_CAMERA_MAP``; unlisted cameras map to ``video.<camera>``.
         chunk_size: the chunk length the server must return (None: any).
@@ -37,7 +38,8 @@ class Gr00tPolicy(RemotePolicy):
         instruction: replaces the task's instruction.
         language_key: the payload key of the instruction.
         image_size: square render size (RoboCasa's gym wrapper serves 256).
-        session: the session id (random by default; one per policy instance).
+        session: a prefix for the session id; the id is always unique to this policy instance, so
+            workers and lockstep slots never share a session (and its seed and retry cache).
     """
 
     name = "gr00t"
@@ -60,8 +62,11 @@ class Gr00tPolicy(RemotePolicy):
         language_key: str = LANGUAGE_KEY,
         image_size: int = 256,
         session: Optional[str] = None,
+        allow_pickle: bool = False,
+        curve_server_key: Optional[str] = None,
     ):
-        self.client = Gr00tClient(host, port, timeout_s, retries, serializer, api_token, session)
+        self.client = Gr00tClient(host, port, timeout_s, retries, serializer, api_token, session,
+                                  allow_pickle=allow_pickle, curve_server_key=curve_server_key)
         self.camera_map = as_camera_map(camera_map, DEFAULT_CAMERA_MAP)
         self.chunk_size = None if chunk_size is None else int(chunk_size)
         self.n_action_steps = None if n_action_steps is None else int(n_action_steps)

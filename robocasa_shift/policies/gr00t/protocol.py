@@ -9,20 +9,32 @@ both). Payloads are msgpack with numpy arrays as ``{"__ndarray_class__": True,
 "as_npy": <np.save bytes>}`` and ModalityConfig objects as
 ``{"__ModalityConfig_class__": True, "as_json": ...}``; servers before August
 2025 send ``torch.save`` of the whole dict (``serializer="torch"``).
+
+Safety. Decoding msgpack runs no code: arrays are read with
+``np.load(allow_pickle=False)`` (an object array is refused) and every
+message is bounded by ``MAX_MESSAGE_BYTES``. The torch format is pickle:
+decoding it runs whatever the sender put in it, so ``Serializer.named``
+gives it out only with ``allow_pickle=True``, it warns each time it is
+chosen, and this harness's launcher never decodes it at all.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Union
+from typing import Any, Callable, Dict, Optional, Union
 
 import numpy as np
 
-from robocasa_shift.errors import UnknownNameError
+from robocasa_shift.errors import PolicyOptionError, UnknownNameError
 
 DEFAULT_PORT = 5555
+# Bound on one request or reply, on the socket (ZMQ_MAXMSGSIZE) and before decoding: a GR00T
+# request with three 256 x 256 images is about 0.6 MB, so this leaves room for large models'
+# inputs while a peer cannot make the other side allocate without limit.
+MAX_MESSAGE_BYTES = 64 * 2**20
 NDARRAY_TAG = "__ndarray_class__"
 MODALITY_CONFIG_TAG = "__ModalityConfig_class__"
 
@@ -43,6 +55,9 @@ def _encode(obj: Any) -> Any:
 
 def _decode(obj: Dict[Any, Any]) -> Any:
     if NDARRAY_TAG in obj:
+        if not isinstance(obj.get("as_npy"), bytes):
+            raise ValueError("an encoded array needs its np.save bytes in 'as_npy'")
+        # allow_pickle=False: an object array (whose .npy payload is a pickle) raises instead of unpickling
         return np.load(io.BytesIO(obj["as_npy"]), allow_pickle=False)
     if MODALITY_CONFIG_TAG in obj:
         # a plain dict: the client need not import gr00t to read a modality config
@@ -57,10 +72,19 @@ def packb(obj: Any) -> bytes:
     return msgpack.packb(obj, default=_encode)
 
 
-def unpackb(data: bytes) -> Any:
-    """Inverse of ``packb``; ModalityConfig objects come back as plain dicts."""
+def unpackb(data: bytes, max_bytes: Optional[int] = MAX_MESSAGE_BYTES) -> Any:
+    """Inverse of ``packb``; ModalityConfig objects come back as plain dicts. Runs no code from ``data``.
+
+    Args:
+        max_bytes: longer messages are refused before decoding (None: no bound).
+
+    Raises:
+        ValueError: ``data`` is longer than ``max_bytes``, or an array in it is an object array.
+    """
     import msgpack
 
+    if max_bytes is not None and len(data) > max_bytes:
+        raise ValueError(f"message of {len(data):,} bytes exceeds the limit of {max_bytes:,} bytes")
     return msgpack.unpackb(data, object_hook=_decode)
 
 
@@ -74,35 +98,53 @@ def torch_packb(obj: Any) -> bytes:
 
 
 def torch_unpackb(data: bytes) -> Any:
-    """Inverse of ``torch_packb``. It unpickles: use it only with a server you trust."""
+    """Inverse of ``torch_packb``. It UNPICKLES: whoever wrote ``data`` runs code here. Trusted servers only."""
     import torch
 
     return torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
 
 
+class PickleSerializerWarning(RuntimeWarning):
+    """The torch serializer was chosen: replies are unpickled, so the server can run code in this process."""
+
+
 @dataclass(frozen=True)
 class Serializer:
-    """One wire format: ``dumps`` and ``loads`` of a request or reply."""
+    """One wire format: ``dumps`` and ``loads`` of a request or reply; ``unpickles`` when ``loads`` runs pickle."""
 
     name: str
     dumps: Callable[[Any], bytes]
     loads: Callable[[bytes], Any]
+    unpickles: bool = False
 
     @staticmethod
-    def named(name: Union[str, "Serializer"]) -> "Serializer":
+    def named(name: Union[str, "Serializer"], allow_pickle: bool = False) -> "Serializer":
         """The serializer called ``name`` ("msgpack" or "torch"); a ``Serializer`` passes through.
+
+        Args:
+            allow_pickle: must be True for "torch", whose replies are unpickled; choosing it warns
+                (``PickleSerializerWarning``) every time.
 
         Raises:
             UnknownNameError: another name.
+            PolicyOptionError: "torch" without ``allow_pickle=True``.
         """
-        if isinstance(name, Serializer):
-            return name
-        if name not in SERIALIZERS:
+        serializer = name if isinstance(name, Serializer) else SERIALIZERS.get(name)
+        if serializer is None:
             raise UnknownNameError("GR00T serializer", name, sorted(SERIALIZERS))
-        return SERIALIZERS[name]
+        if serializer.unpickles:
+            if allow_pickle is not True:
+                raise PolicyOptionError(
+                    f"the '{serializer.name}' serializer unpickles every reply, so the server (or anyone who can "
+                    "answer in its place) can run code in this process. Use 'msgpack' (GR00T's format since "
+                    "August 2025); for an older server you trust, also pass allow_pickle=true "
+                    "(--policy-option allow_pickle=true)")
+            warnings.warn(f"GR00T serializer '{serializer.name}': replies are unpickled; only use it with a server "
+                          "you trust, over a network you trust", PickleSerializerWarning, stacklevel=3)
+        return serializer
 
 
 SERIALIZERS: Dict[str, Serializer] = {
     "msgpack": Serializer("msgpack", packb, unpackb),
-    "torch": Serializer("torch", torch_packb, torch_unpackb),
+    "torch": Serializer("torch", torch_packb, torch_unpackb, unpickles=True),
 }

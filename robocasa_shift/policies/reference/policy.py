@@ -105,7 +105,8 @@ class ReferencePolicy(Policy):
 
             info = self.manifest["nets"][key]
             net = KeypointNet(info["n_out"])
-            net.load_state_dict(self._torch.load(self.weights_dir / info["file"]))
+            # weights_only: a weights file is data; never let one (from another weights_dir) run code
+            net.load_state_dict(self._torch.load(self.weights_dir / info["file"], weights_only=True))
             net.eval()
             _NETS[cache_key] = net
         return _NETS[cache_key]
