@@ -238,7 +238,8 @@ def select_pairs(df: pd.DataFrame, per_kind: int = 2) -> List[Tuple[str, Dict[st
     return chosen
 
 
-def make_videos(run_dir: Path, df: pd.DataFrame, out: Path, per_kind: int = 2) -> List[Dict[str, Any]]:
+def make_videos(run_dir: Path, df: pd.DataFrame, out: Path, per_kind: int = 2,
+                policy_options: Optional[Mapping[str, Any]] = None, trust_run_dir: bool = False) -> List[Dict[str, Any]]:
     """Re-run the selected pairs with frame capture and write one side-by-side MP4 per pair."""
     pairs = select_pairs(df, per_kind)
     if not pairs:
@@ -246,7 +247,7 @@ def make_videos(run_dir: Path, df: pd.DataFrame, out: Path, per_kind: int = 2) -
     manifest = json.loads((run_dir / "manifest.json").read_text())
     stored = {RolloutKey.from_record(r): r for r in RunStore(run_dir).records()}
     videos = []
-    with Replayer(manifest) as replayer:
+    with Replayer(manifest, policy_options, trust_run_dir) as replayer:
         for n, (kind, clean_row, pert_row) in enumerate(pairs, start=1):
             task, ep = clean_row["task"], int(clean_row["episode"])
             keys = [RolloutKey("formal", task, ep, cond) for cond in ("clean", pert_row["condition"])]
@@ -534,8 +535,13 @@ def _known_conditions(df: pd.DataFrame) -> Tuple[pd.DataFrame, List[str]]:
 
 
 def build_report(run_dir: Path | str, videos_per_kind: int = 2, bootstrap_seed: int = 0, n_boot: int = 10000,
-                 min_effect: float = 0.10) -> Path:
+                 min_effect: float = 0.10, policy_options: Optional[Mapping[str, Any]] = None,
+                 trust_run_dir: bool = False) -> Path:
     """Write ``run_dir/report/index.html`` with its figures and videos; return the page's path.
+
+    The pair videos re-run rollouts with the run's policy; where it connects and how it decodes
+    replies come from ``policy_options`` (the caller's command line), never from the run
+    directory, unless ``trust_run_dir`` (see ``engine.replay.replay_policy_options``).
 
     Every value taken from the run directory (record fields, manifest entries, file names) is
     escaped, and record conditions are checked against the frozen spec first: rows with an
@@ -609,7 +615,7 @@ def build_report(run_dir: Path | str, videos_per_kind: int = 2, bootstrap_seed: 
         if summary.get("noise_floor") and summary["noise_floor"]["macro_flip_rate"] is not None:
             nf = summary["noise_floor"]
             parts.append(f"<p>Clean-vs-clean flip rate (noise floor, replicate 1): macro {nf['macro_flip_rate']:.3f}</p>")
-        videos = make_videos(run_dir, df, out, videos_per_kind)
+        videos = make_videos(run_dir, df, out, videos_per_kind, policy_options, trust_run_dir)
         parts.append("<h2>Matched pairs, clean beside perturbed</h2>")
         if not videos:
             parts.append("<p>No S->F or F->S pair in this run.</p>" if videos_per_kind else

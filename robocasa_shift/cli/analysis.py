@@ -12,7 +12,6 @@ from robocasa_shift.analysis.export import export_records
 from robocasa_shift.analysis.measures import load_records, write_analysis
 from robocasa_shift.analysis.report import build_report
 from robocasa_shift.cli.common import handle_errors, parse_policy_options
-from robocasa_shift.engine.replay import replay_source
 
 
 def fmt(value: Optional[float]) -> str:
@@ -103,9 +102,8 @@ def report_command(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, pol
     decodes replies come from this command line, not from RUN_DIR (which
     anyone may have written), unless --trust-run-dir is given.
     """
-    with replay_source(policy_options, trust_run_dir):
-        page = build_report(run_dir, videos_per_kind=videos_per_kind, bootstrap_seed=bootstrap_seed,
-                            min_effect=min_effect)
+    page = build_report(run_dir, videos_per_kind=videos_per_kind, bootstrap_seed=bootstrap_seed,
+                        min_effect=min_effect, policy_options=policy_options, trust_run_dir=trust_run_dir)
     click.echo(f"report -> {page}")
 
 

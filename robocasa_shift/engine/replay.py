@@ -17,10 +17,8 @@ file, trusted or not.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -103,31 +101,6 @@ def replay_policy_options(manifest: Mapping[str, Any], command_line: Optional[Ma
     return {**options, **given}
 
 
-@dataclass(frozen=True)
-class ReplaySource:
-    """What a re-run takes from the reader rather than the run directory: its policy options and its trust."""
-
-    policy_options: Mapping[str, Any] = field(default_factory=dict)
-    trust_run_dir: bool = False
-
-
-_SOURCE: contextvars.ContextVar[ReplaySource] = contextvars.ContextVar("replay_source", default=ReplaySource())
-
-
-@contextlib.contextmanager
-def replay_source(policy_options: Optional[Mapping[str, Any]] = None, trust_run_dir: bool = False) -> Iterator[None]:
-    """Within the block, a ``Replayer`` built without explicit options uses these (a command's own options).
-
-    It carries ``report --policy-option/--trust-run-dir`` through ``build_report`` to the
-    ``Replayer`` it makes, without threading them through every function in between.
-    """
-    token = _SOURCE.set(ReplaySource(dict(policy_options or {}), bool(trust_run_dir)))
-    try:
-        yield
-    finally:
-        _SOURCE.reset(token)
-
-
 class FrameCapture(Observer):
     """Captures what the given cameras see at every control step, and when subgoals latch.
 
@@ -177,25 +150,20 @@ class Replayer:
 
     Args:
         manifest: the run directory's ``manifest.json``.
-        policy_options: options from the reader's command line (default: the enclosing
-            :func:`replay_source`, else none); they override the manifest's.
-        trust_run_dir: take connection options from the manifest too (default: the enclosing
-            :func:`replay_source`, else False).
+        policy_options: options from the reader's command line; they override the manifest's.
+        trust_run_dir: take connection options from the manifest too.
 
     Raises:
         PolicyOptionError: the manifest sets a connection option the caller did not give.
     """
 
     def __init__(self, manifest: Mapping[str, Any], policy_options: Optional[Mapping[str, Any]] = None,
-                 trust_run_dir: Optional[bool] = None):
-        source = _SOURCE.get()
+                 trust_run_dir: bool = False):
         self.manifest = manifest
         self.backend_name = manifest["backend"]
         self.protocol = load_protocol()
         self.backend = get_backend(self.backend_name)
-        self.policy_options = replay_policy_options(
-            manifest, source.policy_options if policy_options is None else policy_options,
-            source.trust_run_dir if trust_run_dir is None else trust_run_dir)
+        self.policy_options = replay_policy_options(manifest, policy_options, trust_run_dir)
         self.policy = make_policy(manifest["policy"]["name"], **self.policy_options)
         self._envs: Dict[str, Any] = {}
 
