@@ -115,6 +115,20 @@ def _expected_perturbation(rec: Dict[str, Any], protocol: specs.Protocol,
     return problems
 
 
+def _pairing_failures(members, fp_field: str, reference: Optional[str], seed_field: str, want_seed: int,
+                      what: str) -> List[str]:
+    """Members whose fingerprint is missing (valid records only), differs from the reference, or whose seed
+    is not the one recomputed from the study seed."""
+    out = []
+    for key, rec in members:
+        fp = rec.get(fp_field)
+        if not fp and rec.get("valid"):
+            out.append(f"{key.id}: no {what}")
+        elif (fp and fp != reference) or rec.get(seed_field) != want_seed:
+            out.append(_pairing_entry(key, rec))
+    return out
+
+
 def audit_run(run_dir: Path | str, phase: str = "formal") -> CheckResult:
     """Audit the ``phase`` rollouts of ``run_dir``; write the result into it (:func:`audit_stem`) and return it.
 
@@ -183,24 +197,16 @@ def audit_run(run_dir: Path | str, phase: str = "formal") -> CheckResult:
         for (ep_phase, episode), members in groups.items():
             reference = _reference(members, "env_fingerprint")
             want_env = seeding.env_seed(protocol.study_seed, task, ep_phase, episode)
-            for key, rec in members:
-                fp = rec.get("env_fingerprint")
-                if not fp and rec.get("valid"):
-                    failing["fingerprint_mismatches"].append(f"{key.id}: no env fingerprint")
-                elif (fp and fp != reference) or rec.get("env_seed") != want_env:
-                    failing["fingerprint_mismatches"].append(_pairing_entry(key, rec))
+            failing["fingerprint_mismatches"] += _pairing_failures(
+                members, "env_fingerprint", reference, "env_seed", want_env, "env fingerprint")
         seed_groups: Dict[Tuple, List[Tuple[RolloutKey, Dict]]] = defaultdict(list)
         for key, rec in current.items():
             seed_groups[(key.phase, key.episode, key.replicate)].append((key, rec))
         for (ep_phase, episode, replicate), members in seed_groups.items():
             want_seed = seeding.policy_seed(protocol.study_seed, task, ep_phase, episode, replicate)
             reference = _reference(members, "policy_rng_fingerprint")
-            for key, rec in members:
-                fp = rec.get("policy_rng_fingerprint")
-                if not fp and rec.get("valid"):
-                    failing["policy_seed_mismatches"].append(f"{key.id}: no policy RNG fingerprint")
-                elif (fp and fp != reference) or rec.get("policy_seed") != want_seed:
-                    failing["policy_seed_mismatches"].append(_pairing_entry(key, rec))
+            failing["policy_seed_mismatches"] += _pairing_failures(
+                members, "policy_rng_fingerprint", reference, "policy_seed", want_seed, "policy RNG fingerprint")
 
         # Shared draws: every level of a factor in an episode uses the same draw.
         draws: Dict[Tuple, set] = defaultdict(set)
