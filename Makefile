@@ -16,7 +16,7 @@ RUN ?= runs/study
 # Debian's chromium: the report tests open the HTML report in it, headless.
 APT_PACKAGES := libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6 chromium
 
-.PHONY: check-coverage bench setup test test-fast demo run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate screen formal audit report setup-lerobot test-lerobot
+.PHONY: check-coverage bench setup test test-fast demo branch-demo run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate screen formal audit report setup-lerobot test-lerobot
 
 setup: $(VENV)/.setup-done
 
@@ -52,6 +52,17 @@ demo: setup
 	$(CLI) audit $(DEMO_RUN)
 	$(CLI) report $(DEMO_RUN)
 	@echo "open $(DEMO_RUN)/report/index.html"
+
+# Counterfactual branching on the demo's run (make demo first): where could the failures the shift
+# caused still have been saved, and by what? Four S->F trunks of base-shift conditions, every 12th
+# chunk boundary, K = 4 branches per intervention: about 15 minutes on 2 cores (README).
+BRANCH_ARGS ?= --condition base:L2,base:L3 --max-trunks 4 --stride 12
+branch-demo: setup
+	@test -f $(DEMO_RUN)/manifest.json || { echo "no run at $(DEMO_RUN): run make demo first"; exit 1; }
+	$(CLI) branch $(DEMO_RUN) $(BRANCH_ARGS) --workers $(WORKERS)
+	$(CLI) audit $(DEMO_RUN)
+	$(CLI) report $(DEMO_RUN)
+	@echo "open $(DEMO_RUN)/report/index.html (section: Counterfactual branching)"
 
 screen: setup
 	$(CLI) screen --backend $(BACKEND) --policy $(POLICY) --workers $(WORKERS) --executor $(EXECUTOR) --run-dir $(RUN)

@@ -75,6 +75,11 @@ class AnalysisError(BadInput):
     """A records table the analysis cannot use; the message says which rows or columns and why."""
 
 
+class StateUnsupported(BadInput):
+    """A policy that cannot snapshot its state (``get_state`` / ``set_state``) is refused for branching,
+    since a branch restored without its generators would not continue the rollout it claims to."""
+
+
 # --------------------------------------------------------------------------- unavailable (exit 3)
 
 

@@ -27,6 +27,7 @@ from robocasa_shift.errors import FrozenSpecError, SpecError, UnknownNameError
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PERTURBATIONS_DIR = Path(os.environ.get("ROBOCASA_SHIFT_PERTURBATIONS", PROJECT_ROOT / "perturbations"))
 STAGE_SPECS_DIR = Path(os.environ.get("ROBOCASA_SHIFT_STAGE_SPECS", PROJECT_ROOT / "stage_specs"))
+INTERVENTIONS_DIR = Path(os.environ.get("ROBOCASA_SHIFT_INTERVENTIONS", PROJECT_ROOT / "interventions"))
 LOCK_NAME = "spec.lock"
 CLEAN = "clean"
 
@@ -288,12 +289,38 @@ def freeze(directory: Path | str | None = None) -> List[str]:
             continue
         entry[version] = digest
         frozen.append(f"{path.name} version {version}: {digest}")
+    _write_lock(directory, lock)
+    return frozen
+
+
+def freeze_interventions(directory: Path | str | None = None) -> List[str]:
+    """:func:`freeze` for the intervention specs (``interventions/*.yaml``)."""
+    directory = Path(directory or INTERVENTIONS_DIR)
+    paths = sorted(directory.glob("*.yaml"))
+    for path in paths:  # refuse malformed files before freezing them
+        load_intervention_spec(path.stem, directory, verify=False)
+    lock = read_lock(directory)
+    frozen = []
+    for path in paths:
+        content = _read_yaml(path)
+        version, digest = str(content["version"]), canonical_hash(content)
+        entry = lock.setdefault(path.name, {})
+        if version in entry:
+            if entry[version] != digest:
+                _check_frozen(lock, directory, path.name, int(version), digest)
+            continue
+        entry[version] = digest
+        frozen.append(f"{path.name} version {version}: {digest}")
+    _write_lock(directory, lock)
+    return frozen
+
+
+def _write_lock(directory: Path, lock: Mapping[str, Mapping[str, str]]) -> None:
     tmp = directory / (LOCK_NAME + ".tmp")
     with open(tmp, "w") as f:
         json.dump(lock, f, indent=2, sort_keys=True)
         f.write("\n")
     os.replace(tmp, directory / LOCK_NAME)
-    return frozen
 
 
 def parse_condition(condition: str, protocol: Protocol) -> Tuple[Optional[str], Optional[str]]:
@@ -377,3 +404,78 @@ def load_stage_spec(backend: str, task: str, directory: Path | str | None = None
         path=str(path),
         content_hash=canonical_hash(content),
     )
+
+
+# --------------------------------------------------------------------------- intervention specs
+
+GRIPPER_COMMANDS = ("hold", "open", "close")
+PHASE_CONDITIONS = ("always", "closing")
+
+
+@dataclass(frozen=True)
+class ManoeuvrePhase:
+    """One phase of a scripted manoeuvre: ``steps`` control steps of one arm velocity and gripper command.
+
+    ``gripper`` is ``hold`` (the trunk's command before the checkpoint), ``open`` or ``close``;
+    ``when`` is ``always`` or ``closing`` (only when the trunk's command before the checkpoint closed).
+    """
+
+    name: str
+    steps: int
+    arm_velocity: Tuple[float, ...]
+    gripper: str
+    when: str = "always"
+
+
+@dataclass(frozen=True)
+class InterventionSpec:
+    """The frozen magnitudes of a scripted intervention (``interventions/<name>.yaml``)."""
+
+    name: str
+    version: int
+    description: str
+    phases: Tuple[ManoeuvrePhase, ...]
+    path: str
+    content_hash: str
+
+
+def load_intervention_spec(name: str, directory: Path | str | None = None, verify: bool = True) -> InterventionSpec:
+    """Load (and by default verify against ``interventions/spec.lock``) the spec of intervention ``name``.
+
+    Raises:
+        SpecError: the file is missing or malformed (the message names the file and field).
+        FrozenSpecError: its content differs from the hash frozen for its version.
+    """
+    directory = Path(directory or INTERVENTIONS_DIR)
+    path = directory / f"{name}.yaml"
+    if not path.exists():
+        available = sorted(p.stem for p in directory.glob("*.yaml"))
+        raise SpecError(path, "(document)", f"no intervention spec '{name}'; available: {available}")
+    content = _read_yaml(path)
+    version = _require(content, path, "version", int)
+    if _require(content, path, "name", str) != name:
+        raise SpecError(path, "name", f"expected '{name}' (the file name), got {content['name']!r}")
+    phases = []
+    for i, item in enumerate(_require(content, path, "phases", list)):
+        prefix = f"phases[{i}]."
+        if not isinstance(item, dict):
+            raise SpecError(path, f"phases[{i}]", f"expected a mapping, got {item!r}")
+        velocity = _require(item, path, "arm_velocity", list, prefix)
+        if len(velocity) != 3 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in velocity):
+            raise SpecError(path, prefix + "arm_velocity", f"expected three numbers (x, y, z), got {velocity!r}")
+        steps = _require(item, path, "steps", int, prefix)
+        if steps < 0:
+            raise SpecError(path, prefix + "steps", f"must be >= 0, got {steps}")
+        gripper = _require(item, path, "gripper", str, prefix)
+        if gripper not in GRIPPER_COMMANDS:
+            raise SpecError(path, prefix + "gripper", f"expected one of {list(GRIPPER_COMMANDS)}, got {gripper!r}")
+        when = item.get("when", "always")
+        if when not in PHASE_CONDITIONS:
+            raise SpecError(path, prefix + "when", f"expected one of {list(PHASE_CONDITIONS)}, got {when!r}")
+        phases.append(ManoeuvrePhase(_require(item, path, "name", str, prefix), steps,
+                                     tuple(float(v) for v in velocity), gripper, when))
+    spec = InterventionSpec(name, version, _require(content, path, "description", str), tuple(phases), str(path),
+                            canonical_hash(content))
+    if verify:
+        _check_frozen(read_lock(directory), directory, path.name, version, spec.content_hash)
+    return spec

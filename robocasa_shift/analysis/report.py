@@ -20,6 +20,7 @@ from urllib.parse import quote
 import numpy as np
 import pandas as pd
 
+from robocasa_shift.analysis.branching import condition_display
 from robocasa_shift.analysis.export import records_frame
 from robocasa_shift.analysis.measures import write_analysis
 from robocasa_shift.checks.audit import LABELS, ZERO_CHECKS, read_audit
@@ -629,6 +630,7 @@ def build_report(run_dir: Path | str, videos_per_kind: int = 2, bootstrap_seed: 
     else:
         parts.append("<p>No formal-phase records yet.</p>")
 
+    parts += branching_sections(run_dir)
     parts += ["<h2>Integrity audit</h2>"]
     if audit_note:
         parts.append(f"<p class='note'>{_esc(audit_note)}</p>")
@@ -646,6 +648,61 @@ def build_report(run_dir: Path | str, videos_per_kind: int = 2, bootstrap_seed: 
     (out / "index.html").write_text(page)
     (out / "videos.json").write_text(json.dumps(videos, indent=1))
     return out / "index.html"
+
+
+_BRANCH_FIGURE = re.compile(r"figures/[A-Za-z0-9_.\-]+\.png")
+
+
+def _branch_condition_rows(summary: Mapping[str, Any]) -> Tuple[List[str], List[List[Any]]]:
+    """The per-condition table of a branch summary: recoverable counts, median horizons, the sign test."""
+    frame = condition_display(pd.DataFrame(summary["conditions"]), summary["interventions"])
+    return list(frame.columns), frame.astype(object).values.tolist()
+
+
+def _branch_study_html(study_dir: Path) -> str:
+    """One branch study from its ``summary.json`` (written by ``robocasa-shift branch``; nothing is re-run)."""
+    try:
+        summary = json.loads((study_dir / "summary.json").read_text())
+        header, rows = _branch_condition_rows(summary)
+        tally = summary["fidelity"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return (f"<h3>{_esc(study_dir.name)}</h3><p class='bad'>branching/{_esc(study_dir.name)}/summary.json cannot "
+                f"be read ({_esc(type(exc).__name__)}: {_esc(exc)}); write it again with the branch command.</p>")
+    good = tally["ok"] == tally["checked"] and tally["checked"] > 0
+    parts = [
+        f"<h3>{_esc(study_dir.name)}</h3>",
+        "<table class='meta'>" + "".join(f"<tr><th>{_esc(k)}</th><td>{_identity_html(v)}</td></tr>"
+                                         for k, v in (summary.get("settings") or {}).items()) + "</table>",
+        f"<p class='{'good' if good else 'bad'}'>Replay fidelity: {_esc(tally['ok'])}/{_esc(tally['checked'])} restored "
+        f"checkpoints reproduced their trunk (largest qpos deviation {_num(tally.get('max_qpos_dev'), '.3g')}, largest "
+        f"state deviation {_num(tally.get('max_state_dev'), '.3g')}); {_esc(tally.get('invalid', 0))} invalid. "
+        f"{_esc(tally.get('trunks_reproduced'))} of {_esc(tally.get('trunks'))} trunks are valid and re-ran to their "
+        f"stored record.</p>",
+        _html_table(header, rows),
+        f"<p class='small'>tau = {_num(summary.get('tau'), 'g')}; estimate: lower {_num(summary.get('q'), 'g')} quantile "
+        "of the Jeffreys posterior of each checkpoint's branches. Horizon: the latest checkpoint whose estimate reaches "
+        "tau (not assumed monotone); combined: the best intervention at each checkpoint. Median and IQR over the trunks "
+        "with a defined horizon; the sign test over trunks defined under both interventions, zeros dropped. Only "
+        "checkpoints whose replay reproduced the trunk are used.</p>",
+    ]
+    closing = [c["text"] for c in summary.get("closing") or []]
+    if closing:
+        parts.append("<ul>" + "".join(f"<li>{_esc(text)}</li>" for text in closing) + "</ul>")
+    for figure in summary.get("figures") or []:
+        name = str(figure.get("file", ""))
+        if _BRANCH_FIGURE.fullmatch(name) and (study_dir / name).is_file():
+            src = f"../branching/{study_dir.name}/{name}"
+            parts.append(f"<figure><img src='{_src(src)}' alt='{_esc(figure.get('task'))} {_esc(figure.get('condition'))}'>"
+                         f"<figcaption>{_esc(figure.get('task'))}, {_esc(figure.get('condition'))}</figcaption></figure>")
+    return "".join(parts)
+
+
+def branching_sections(run_dir: Path) -> List[str]:
+    """The "Counterfactual branching" section: one part per ``RUN_DIR/branching/*/summary.json`` (none: nothing)."""
+    studies = sorted(p.parent for p in (Path(run_dir) / "branching").glob("*/summary.json"))
+    if not studies:
+        return []
+    return ["<h2>Counterfactual branching</h2>", *(_branch_study_html(d) for d in studies)]
 
 
 def _headline(summary: Dict[str, Any]) -> str:

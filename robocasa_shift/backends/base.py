@@ -21,6 +21,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Protocol, Seque
 
 import numpy as np
 
+from robocasa_shift.embodiments import ActionLayout
 from robocasa_shift.errors import BackendUnavailable, UnknownNameError
 
 # Camera roles a policy may ask for; each backend maps a role to camera names.
@@ -60,6 +61,7 @@ class Env(Protocol):
     third_person_cameras: Sequence[str]
     wrist_cameras: Sequence[str]
     action_dim: int
+    action_layout: ActionLayout  # where the arm, gripper and fixed entries of an action are
 
     def reset(self, seed: int) -> None:
         """Restore the nominal model, then reset to the initial state of ``seed``."""
@@ -82,14 +84,22 @@ class Env(Protocol):
     def fingerprint(self) -> str:
         """SHA-256 over the physics state, the controllers' carried state and every perturbable value."""
 
-    def get_state(self) -> Dict[str, Any]:
-        """A bit-exact snapshot of everything a continuation depends on (arrays and scalars only)."""
+    def get_state(self, observations: bool = False) -> Dict[str, Any]:
+        """A bit-exact snapshot of the physics, the controllers and the clocks (arrays and scalars only).
+
+        With ``observations``, also the observation pipeline's own state (sensor sampling clocks,
+        the last observation), so that a continuation restored from it observes exactly what the
+        original did (branching's snapshots).
+        """
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Restore a snapshot taken by :meth:`get_state` on the same task."""
 
     def set_physics_state(self, integration: np.ndarray) -> None:
         """Restore only the physics (replaying recorded states through predicates)."""
+
+    def joint_positions(self) -> np.ndarray:
+        """Every joint position (MuJoCo's ``qpos``), a copy: replay fidelity compares it step by step."""
 
     def restore_nominal(self) -> None:
         """Undo every perturbation edit exactly (values copied back from the nominal table)."""

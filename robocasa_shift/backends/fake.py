@@ -41,13 +41,17 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from robocasa_shift.backends.base import PerturbableModel, PerturbableTable, TaskInfo, TaskTable
+from robocasa_shift.embodiments import ActionLayout
 from robocasa_shift.engine.stages import predicate
 from robocasa_shift.errors import PolicyServerError, UnknownNameError
 from robocasa_shift.geometry import axis_angle_quat, quat_mul, quat_to_mat
-from robocasa_shift.policies.base import NumpySeededPolicy, Observation, Policy
+from robocasa_shift.policies.base import NumpySeededPolicy, Observation, Policy, pack_arrays, unpack_arrays
 
 HORIZON = 40
 ACTION_DIM = 3
+# The planar arm: velocity x, y (execution noise goes there), gripper at 2; a manoeuvre's z is dropped.
+LAYOUT = ActionLayout(name="fake-planar", dim=ACTION_DIM, arm_continuous=(0, 1), arm_translation=(0, 1), gripper=2,
+                      open=-1.0, close=1.0)
 MAX_STEP_M = 0.04  # gripper travel per control step at action 1.0
 GRASP_RADIUS_M = 0.025  # closing the gripper this close to the object grasps it
 TOUCH_M = 0.025  # Reach succeeds with the gripper this close to the object
@@ -167,6 +171,7 @@ class FakeEnv(PerturbableModel):
     third_person_cameras = THIRD_PERSON_CAMERAS
     wrist_cameras = WRIST_CAMERAS
     action_dim = ACTION_DIM
+    action_layout = LAYOUT
 
     def __init__(self, task: FakeTask, render_profile: str = "fast"):
         if render_profile not in RENDER_PROFILES:
@@ -307,8 +312,9 @@ class FakeEnv(PerturbableModel):
 
     # ------------------------------------------------------------------ state: snapshot, restore, fingerprint
 
-    def get_state(self) -> Dict[str, Any]:
-        """A bit-exact snapshot: the state vector (layout STATE_LAYOUT) and the step counter."""
+    def get_state(self, observations: bool = False) -> Dict[str, Any]:
+        """A bit-exact snapshot: the state vector (layout STATE_LAYOUT) and the step counter (observations
+        are computed from it when asked, so there is no observation state to add)."""
         return {"integration": self.x.copy(), "steps": np.array(self.steps)}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -320,6 +326,10 @@ class FakeEnv(PerturbableModel):
         if integration.shape != self.x.shape:
             raise ValueError(f"the fake backend's state has shape {self.x.shape}, got {integration.shape}")
         self.x = integration.copy()
+
+    def joint_positions(self) -> np.ndarray:
+        """The base pose and the gripper position (the fake robot's joints), a copy."""
+        return np.concatenate([self.x[BASE], self.x[EEF]])
 
     def fingerprint(self) -> str:
         """Hash of the state and of every perturbable model value (the PERTURBABLE table)."""
@@ -510,6 +520,14 @@ class FakePolicy(NumpySeededPolicy):
         super().reset(seed)
         self._memory = {}
 
+    def get_state(self) -> Dict[str, np.ndarray]:
+        """The generator and the remembered object and target positions."""
+        return {**super().get_state(), **pack_arrays("memory", self._memory)}
+
+    def set_state(self, state: Mapping[str, np.ndarray]) -> None:
+        super().set_state(state)
+        self._memory = unpack_arrays("memory", state)
+
     def _locate(self, obs: Observation, name: str, channel: int) -> Optional[np.ndarray]:
         image = next(im for cam, im in obs.images.items() if obs.camera_roles[cam] == "third_person")
         pixel = find_colour(image, channel)
@@ -557,6 +575,13 @@ class FakeExpertPolicy(Policy):
 
     name = "fake-expert"
     privileged = True
+
+    def get_state(self) -> Dict[str, np.ndarray]:
+        """Nothing: each action is a function of the observation alone."""
+        return {}
+
+    def set_state(self, state: Mapping[str, np.ndarray]) -> None:
+        pass
 
     def act(self, obs: Observation) -> np.ndarray:
         s = obs.privileged

@@ -10,13 +10,16 @@ base-offset hooks, which differ between the embedded scenes and kitchens.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Mapping, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
 from robocasa_shift.backends.base import PerturbableModel, PerturbableTable
+from robocasa_shift.embodiments.panda_omron import LAYOUT
 from robocasa_shift.errors import UnknownNameError
 
+# Key prefix of a snapshot entry naming the attribute another one shares its array with.
+ALIAS = "alias:"
 # Controller attributes that carry state from one control step to the next.
 CONTROLLER_STATE_ATTRS = ("goal_pos", "goal_ori", "goal_qpos", "goal_qvel", "init_pos", "init_ori")
 RENDER_PROFILES = {
@@ -55,6 +58,7 @@ class MujocoEnv(PerturbableModel):
     third_person_cameras: Sequence[str] = ()
     wrist_cameras: Sequence[str] = ()
     render_profile = "fast"
+    action_layout = LAYOUT  # PandaOmron's 12-D action, in both backends
 
     def bind(self) -> None:
         """Read the handles of the current MuJoCo model (after construction, or after a model rebuild)."""
@@ -68,6 +72,48 @@ class MujocoEnv(PerturbableModel):
         self.gripper = self.robot.gripper["right"]
         self._cam_ids = {c: self.sim.model.camera_name2id(c) for c in tuple(self.third_person_cameras) + tuple(self.wrist_cameras)}
         self._base_qpos_adr = [self.model.jnt_qposadr[self.sim.model.joint_name2id(j)] for j in BASE_JOINTS]
+        self._watch_last_substep()
+
+    # ------------------------------------------------------------------ stepping
+
+    def _watch_last_substep(self) -> None:
+        """Keep the physics state from just before the last substep of each control step.
+
+        robosuite ends a control step with MuJoCo's integration, so the derived quantities the
+        step leaves (body poses that renders read, contacts that predicates read) belong to the
+        state before it. Restoring a snapshot with ``mj_forward`` would recompute them on the
+        final state instead; re-running that last integration from this state gives them back
+        bit for bit. robosuite 1.5's loop (``step1``/``forward``, controller, ``step2``/``step``
+        per substep, ``lite_physics``) is what this relies on; fidelity checks fail loudly if it changes.
+        """
+        self._substep: Optional[int] = None
+        self._before_last: Optional[tuple] = None  # (control step, integration state)
+        self._substeps = int(self.raw.control_timestep / self.raw.model_timestep)  # robosuite's own count
+        for name in ("step", "step2"):
+            original = getattr(type(self.sim), name).__get__(self.sim)
+
+            def integrate(*args, _original=original, **kwargs):
+                if self._substep is not None:
+                    self._substep += 1
+                    if self._substep == self._substeps:
+                        self._before_last = (self.steps + 1, self._integration())
+                return _original(*args, **kwargs)
+
+            setattr(self.sim, name, integrate)
+
+    def _raw_step(self, action: np.ndarray):
+        """robosuite's ``env.step``, watching its substeps (see :meth:`_watch_last_substep`)."""
+        self._substep = 0
+        try:
+            return self.raw.step(action)
+        finally:
+            self._substep = None
+
+    def _integration(self) -> np.ndarray:
+        mj = self._mujoco
+        integration = np.empty(mj.mj_stateSize(self.model, mj.mjtState.mjSTATE_INTEGRATION), dtype=np.float64)
+        mj.mj_getState(self.model, self.data, integration, mj.mjtState.mjSTATE_INTEGRATION)
+        return integration
 
     # ------------------------------------------------------------------ rendering
 
@@ -119,48 +165,111 @@ class MujocoEnv(PerturbableModel):
         ones that carry over from one control step to the next (fingerprints)."""
         out = {"gripper.current_action": np.array(self.gripper.current_action, dtype=float)}
         for part, ctrl in self._controllers():
+            owners: Dict[int, str] = {}
             for attr, value in vars(ctrl).items():
                 if full and isinstance(value, (np.ndarray, np.generic, float, int, bool)):
                     out[f"{part}.{attr}"] = np.array(value)
+                    # robosuite aliases some attributes (goal_qvel = joint_vel) until one is rebound:
+                    # which attribute shares its array with which is state too
+                    first = owners.setdefault(id(value), attr) if isinstance(value, np.ndarray) else attr
+                    if first != attr:
+                        out[f"{ALIAS}{part}.{attr}"] = np.array(first)
                 elif attr in CONTROLLER_STATE_ATTRS and value is not None:
                     out[f"{part}.{attr}"] = np.array(value, dtype=float)
         return out
 
-    def get_state(self, full: bool = True) -> Dict[str, Any]:
-        """A bit-exact snapshot: MuJoCo integration state, controller state and the env's clocks."""
-        mj = self._mujoco
-        size = mj.mj_stateSize(self.model, mj.mjtState.mjSTATE_INTEGRATION)
-        integration = np.empty(size, dtype=np.float64)
-        mj.mj_getState(self.model, self.data, integration, mj.mjtState.mjSTATE_INTEGRATION)
+    def get_state(self, full: bool = True, observations: bool = False) -> Dict[str, Any]:
+        """A bit-exact snapshot: MuJoCo integration state, controller state and the env's clocks; with
+        ``observations``, also the observation pipeline's state (see :meth:`_observation_state`)."""
         clocks = {"env.timestep": np.array(self.raw.timestep), "env.cur_time": np.array(self.raw.cur_time)}
-        return {"integration": integration, **self._controller_state(full), **clocks, "steps": np.array(self.steps)}
+        state = {"integration": self._integration(), **self._controller_state(full), **clocks,
+                 "steps": np.array(self.steps)}
+        if not observations:
+            return state
+        if self._before_last is not None and self._before_last[0] == self.steps:
+            state["before_last_substep"] = self._before_last[1].copy()
+        return {**state, **self._observation_state()}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restore a snapshot of :meth:`get_state` (physics, controllers, clocks)."""
+        """Restore a snapshot of :meth:`get_state` (physics, controllers, clocks).
+
+        A snapshot with the observation pipeline's state gets it back as it was; one without it
+        re-samples every observable on the restored state (what the records of perturbation
+        checks were made with; keep it).
+        """
         mj = self._mujoco
-        mj.mj_setState(self.model, self.data, np.asarray(state["integration"]), mj.mjtState.mjSTATE_INTEGRATION)
-        mj.mj_forward(self.model, self.data)
+        if "before_last_substep" in state:  # the last integration again: derived quantities as the step left them
+            mj.mj_setState(self.model, self.data, np.asarray(state["before_last_substep"]), mj.mjtState.mjSTATE_INTEGRATION)
+            mj.mj_step(self.model, self.data)
+            if not np.array_equal(self._integration(), np.asarray(state["integration"])):
+                raise RuntimeError("re-running the last substep did not give the snapshot's physics state")
+        else:
+            mj.mj_setState(self.model, self.data, np.asarray(state["integration"]), mj.mjtState.mjSTATE_INTEGRATION)
+            mj.mj_forward(self.model, self.data)
         self.gripper.current_action = np.array(state["gripper.current_action"], dtype=float)
         for part, ctrl in self._controllers():
-            for attr, value in vars(ctrl).items():
-                key = f"{part}.{attr}"
-                if key not in state:
-                    continue
-                saved = np.asarray(state[key])
+            aliases = {k[len(ALIAS) + len(part) + 1:]: str(v) for k, v in state.items() if k.startswith(f"{ALIAS}{part}.")}
+            # unshare live arrays the snapshot holds apart, so writing one does not write the other
+            owners: Dict[int, str] = {}
+            for attr, value in list(vars(ctrl).items()):
+                if isinstance(value, np.ndarray):
+                    first = owners.setdefault(id(value), attr)
+                    if first != attr and aliases.get(attr) != first:
+                        setattr(ctrl, attr, value.copy())
+            # every attribute of the snapshot, also those a controller creates on its first step
+            for attr in [k[len(part) + 1:] for k in state if k.startswith(f"{part}.")]:
+                value = getattr(ctrl, attr, None)
+                saved = np.asarray(state[f"{part}.{attr}"])
                 if isinstance(value, np.ndarray) and value.shape == saved.shape:
-                    value[...] = saved  # in place: keeps arrays robosuite shares between attributes shared
+                    value[...] = saved  # in place: arrays shared beyond the controller stay shared
                 else:
                     setattr(ctrl, attr, saved.item() if saved.ndim == 0 and not isinstance(value, np.ndarray) else saved.copy())
+            for attr, first in aliases.items():
+                setattr(ctrl, attr, getattr(ctrl, first))
         self.raw.timestep = int(state["env.timestep"])
         self.raw.cur_time = float(state["env.cur_time"])
         self.steps = int(state["steps"])
-        self._obs = self.raw._get_observations(force_update=True)
+        if any(k.startswith("observation.") for k in state):
+            self._set_observation_state(state)
+        else:
+            self._obs = self.raw._get_observations(force_update=True)
+
+    def _observation_state(self) -> Dict[str, np.ndarray]:
+        """robosuite's observation pipeline: each observable's sampling clock, sampled flag, delay and last
+        value, and the observation the environment holds (what ``proprio`` returns).
+
+        robosuite samples an observable when its own clock says so (seconds accumulated per
+        substep, modulo the sampling period), and its sensors refresh controller attributes as
+        they sample; a continuation from a snapshot needs this state, not a fresh sample.
+        """
+        out: Dict[str, np.ndarray] = {}
+        for name, observable in self.raw._observables.items():
+            out[f"observation.{name}.time_since_last_sample"] = np.array(observable._time_since_last_sample, dtype=np.float64)
+            out[f"observation.{name}.sampled"] = np.array(observable._sampled)
+            out[f"observation.{name}.current_delay"] = np.array(observable._current_delay, dtype=np.float64)
+            out[f"observation.{name}.value"] = np.array(observable._current_observed_value)
+        out.update({f"observation.obs.{k}": np.array(v) for k, v in self._obs.items()})
+        return out
+
+    def _set_observation_state(self, state: Mapping[str, Any]) -> None:
+        for name, observable in self.raw._observables.items():
+            observable._time_since_last_sample = float(state[f"observation.{name}.time_since_last_sample"])
+            observable._sampled = bool(state[f"observation.{name}.sampled"])
+            observable._current_delay = float(state[f"observation.{name}.current_delay"])
+            value = np.array(state[f"observation.{name}.value"])
+            observable._current_observed_value = value[()] if value.ndim == 0 else value
+        prefix = "observation.obs."
+        self._obs = {k[len(prefix):]: np.array(v) for k, v in state.items() if k.startswith(prefix)}
 
     def set_physics_state(self, integration: np.ndarray) -> None:
         """Restore only the physics (for replaying recorded states through predicates)."""
         mj = self._mujoco
         mj.mj_setState(self.model, self.data, np.asarray(integration), mj.mjtState.mjSTATE_INTEGRATION)
         mj.mj_forward(self.model, self.data)
+
+    def joint_positions(self) -> np.ndarray:
+        """Every joint position of the model (``qpos``), a copy: what replay fidelity compares."""
+        return self.data.qpos.copy()
 
     def physics_fingerprint(self) -> str:
         """Hash of the integration state, controller state and every perturbable model value."""

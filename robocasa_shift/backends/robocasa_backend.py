@@ -457,7 +457,7 @@ class RobocasaEnv(MujocoEnv):
         action = np.asarray(action, dtype=np.float64).reshape(-1)
         if action.shape != (self.action_dim,):
             raise ValueError(f"expected a {self.action_dim}-D action, got shape {action.shape}")
-        self._obs, reward, _, _ = self.raw.step(action[self._action_index])
+        self._obs, reward, _, _ = self._raw_step(action[self._action_index])
         self._success = bool(reward > 0)
         self.steps += 1
 
@@ -530,9 +530,9 @@ class RobocasaEnv(MujocoEnv):
                 if current[f"fixture.{fname}"].get(k) != v:  # static attributes stay untouched
                     setattr(fixture, k, v)
 
-    def get_state(self, full: bool = True) -> Dict[str, Any]:
+    def get_state(self, full: bool = True, observations: bool = False) -> Dict[str, Any]:
         """Bit-exact snapshot: physics, controllers, clocks, the step's success and the Python-side state."""
-        state = super().get_state(full)
+        state = super().get_state(full, observations)
         state["success"] = np.array(self._success)
         state["python_state"] = json.dumps(self._python_state(), sort_keys=True)
         return state

@@ -106,7 +106,7 @@ class RobosuiteEnv(MujocoEnv):
 
     def step(self, action: np.ndarray) -> None:
         """One control step of robosuite's ``env.step`` (12-D PandaOmron action)."""
-        self._obs, _, _, _ = self.raw.step(np.asarray(action, dtype=np.float64))
+        self._obs, _, _, _ = self._raw_step(np.asarray(action, dtype=np.float64))
         self.steps += 1
 
     def is_success(self) -> bool:

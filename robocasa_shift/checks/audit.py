@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from robocasa_shift import seeding, specs
+from robocasa_shift.checks.branch_audit import audit_branch_studies
 from robocasa_shift.checks.results import CheckResult, write_result
 from robocasa_shift.engine.perturbations import READBACK_ATOL, BaseOffset, factor_kind, max_abs_difference
 from robocasa_shift.engine.records import RolloutKey
@@ -248,6 +249,10 @@ def audit_run(run_dir: Path | str, phase: str = "formal") -> CheckResult:
             "checks": checks,
             "passed": all(c["count"] == 0 for c in checks.values()) and valid == len(task_expected) and bool(task_expected),
         }
+    # Branch studies (counterfactual continuations) of this run: seeds, snapshot hashes, fidelity, estimates.
+    report["branching"] = audit_branch_studies(run_dir)
+    report["run_problems"] += [f"branch study {name}: {problem}" for name, study in report["branching"].items()
+                               for problem in study["problems"]]
     report["passed"] = bool(report["tasks"]) and not report["run_problems"] and all(t["passed"] for t in report["tasks"].values())
     report["records_sha256"] = records_digest(run_dir)
     result = CheckResult("audit", report.pop("passed"), report, "", audit_stem(phase))
@@ -321,6 +326,11 @@ def audit_markdown(report: Mapping[str, Any]) -> str:
         cells = [task, t["expected_rollouts"], t["valid_rollouts"], t["distinct_base_episodes"]]
         cells += [t["checks"][c]["count"] for c in ZERO_CHECKS] + ["yes" if t["passed"] else "**NO**"]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    for name, study in (report.get("branching") or {}).items():
+        fidelity = study.get("fidelity") or {}
+        lines += ["", f"Branch study `{name}`: {study.get('branches', 0)} branches; replay fidelity "
+                      f"{fidelity.get('ok', 0)}/{fidelity.get('checked', 0)} checkpoints bit-identical; "
+                      f"{'passed' if study['passed'] else '**FAILED**'}."]
     for problem in report["run_problems"]:
         lines += ["", f"- run: {problem}"]
     for task, t in report["tasks"].items():

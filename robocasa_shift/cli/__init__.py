@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import click
 
-from robocasa_shift.cli import analysis, checks, info, run, statistics, tools
+from robocasa_shift.cli import analysis, branch, checks, info, run, statistics, tools
 from robocasa_shift.cli.common import handle_errors
 
 
@@ -39,7 +39,7 @@ def main():
     """
 
 
-for _module in (info, run, checks, analysis, tools, statistics):
+for _module in (info, run, checks, analysis, branch, tools, statistics):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 

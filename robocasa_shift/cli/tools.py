@@ -22,12 +22,13 @@ from robocasa_shift.policies.reference.weights import WEIGHTS_DIR
 @click.command(name="freeze")
 @handle_errors
 def freeze_command() -> None:
-    """Freeze new versions of the perturbation specs (record their content hashes in spec.lock).
+    """Freeze new versions of the perturbation and intervention specs (record their content hashes in
+    each folder's spec.lock).
 
     A frozen version is never rewritten: to change a number, bump the file's
     version first.
     """
-    done = specs.freeze()
+    done = specs.freeze() + specs.freeze_interventions()
     click.echo("\n".join(done) if done else "every spec version is already frozen")
 
 

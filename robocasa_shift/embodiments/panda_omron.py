@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Dict, Tuple, Union
 
+from robocasa_shift.embodiments import ActionLayout
+
 ACTION_DIM = 12
 ARM_POS = slice(0, 3)
 ARM_ROT = slice(3, 6)
@@ -50,3 +52,7 @@ def indices(*parts: Union[slice, int]) -> Tuple[int, ...]:
 # RoboCasa's datasets and its GR00T/LeRobot action keys carry the base and the torso together as one
 # 4-D "base_motion": base x, y, yaw, then torso.
 BASE_MOTION = indices(BASE, TORSO)
+
+# What branching's execution noise and scripted manoeuvres need (see ``ActionLayout``).
+LAYOUT = ActionLayout(name="PandaOmron", dim=ACTION_DIM, arm_continuous=indices(ARM_POS, ARM_ROT),
+                      arm_translation=indices(ARM_POS), gripper=GRIPPER, open=OPEN, close=CLOSE, fixed={MODE: ARM_MODE})

@@ -31,6 +31,11 @@ class RolloutKey:
         phase, task, episode, condition, replicate = text.split("/")
         return cls(phase, task, int(episode), condition, int(replicate.lstrip("r")))
 
+    def to_json(self) -> Dict[str, Any]:
+        """The five fields, as records carry them."""
+        return {"phase": self.phase, "task": self.task, "episode": self.episode, "condition": self.condition,
+                "replicate": self.replicate}
+
     @classmethod
     def from_record(cls, rec: Dict[str, Any]) -> "RolloutKey":
         return cls(rec["phase"], rec["task"], int(rec["episode"]), rec["condition"], int(rec.get("replicate", 0)))

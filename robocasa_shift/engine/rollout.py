@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -33,12 +33,16 @@ from robocasa_shift.specs import Protocol, StageSpec, parse_condition
 class Observer:
     """Watches a rollout (demonstration recording, video frames); the default does nothing.
 
-    ``on_start`` runs after the perturbation is injected, ``on_observation``
-    with the images the policy receives, ``on_step`` after every control step
-    with the action taken and the subgoals that latched on its post-step state.
+    ``on_start`` runs after the perturbation is injected, ``on_boundary`` at every
+    action-chunk boundary before the policy observes (branching snapshots there),
+    ``on_observation`` with the images the policy receives, ``on_step`` after every
+    control step with the action taken and the subgoals that latched on its post-step state.
     """
 
     def on_start(self, env) -> None:
+        pass
+
+    def on_boundary(self, rollout: "Rollout") -> None:
         pass
 
     def on_observation(self, step: int, images: Dict[str, np.ndarray]) -> None:
@@ -249,14 +253,27 @@ def run_rollout(
     """
     rollout = Rollout(env, policy, key, protocol, stage_spec, backend, observer, horizon)
     rollout.begin()
+    return drive(rollout)
+
+
+def drive(rollout: Rollout, edit_chunk: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> Record:
+    """Run a begun (or restored) rollout to its end, one policy call per chunk boundary; its record.
+
+    ``edit_chunk`` changes each chunk the policy returns before it is executed (branching's
+    execution noise); actions already in the cursor (a scripted manoeuvre) are not edited.
+    """
+    policy = rollout.policy
     while not rollout.done:
         if rollout.wants_observation():
+            rollout.observer.on_boundary(rollout)
             obs = rollout.observe()
             if obs is None:
                 break
             t0 = time.perf_counter()
             try:
                 chunk = policy.act(obs)
+                if edit_chunk is not None:
+                    chunk = edit_chunk(chunk)
             except Exception as exc:
                 rollout.fail(exc)
                 break

@@ -20,7 +20,7 @@ deserves a yes/no answer.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -80,6 +80,30 @@ class StageTracker:
         self.stage_steps: List[Optional[int]] = [None] * len(self.functions)
         self.error: Optional[str] = None
         self._next = 0
+
+    def get_state(self) -> Dict[str, np.ndarray]:
+        """The latches as numpy arrays, for a branching snapshot saved to ``.npz`` without pickle.
+
+        ``stage_steps``: int64 per subgoal, -1 where not latched; ``next``: 0-d int64, the subgoal
+        evaluated next; ``error``: the error's UTF-8 bytes as uint8 (empty when there is none).
+        """
+        return {"stage_steps": np.array([-1 if s is None else s for s in self.stage_steps], dtype=np.int64),
+                "next": np.asarray(self._next, dtype=np.int64),
+                "error": np.frombuffer((self.error or "").encode("utf-8"), dtype=np.uint8).copy()}
+
+    def set_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restore a :meth:`get_state` snapshot exactly (for the same stage spec).
+
+        Raises:
+            ValueError: the snapshot has another number of subgoals than this spec.
+        """
+        steps = [int(s) for s in np.asarray(state["stage_steps"]).reshape(-1)]
+        if len(steps) != len(self.functions):
+            raise ValueError(f"a stage snapshot of {len(steps)} subgoals for a spec of {len(self.functions)}")
+        self.stage_steps = [None if s < 0 else s for s in steps]
+        self._next = int(state["next"])
+        error = np.asarray(state["error"], dtype=np.uint8).tobytes().decode("utf-8")
+        self.error = error or None
 
     def _evaluate(self, index: int, env, step: Optional[int]) -> Tuple[Optional[bool], Optional[str]]:
         """``(holds, None)``, or ``(None, error)`` when the predicate raised or returned something not a bool."""

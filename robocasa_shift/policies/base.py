@@ -1,12 +1,15 @@
-"""The policy protocol: ``reset(seed)``, ``act(observation) -> action chunk``, an RNG fingerprint."""
+"""The policy protocol: ``reset(seed)``, ``act(observation) -> action chunk``, an RNG fingerprint,
+and ``get_state`` / ``set_state`` for branching."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from robocasa_shift.errors import StateUnsupported
 from robocasa_shift.seeding import rng_state_hash
 
 DETERMINISTIC = "deterministic"
@@ -46,7 +49,8 @@ class Policy:
 
     Class attributes declare what the harness must render: ``camera_roles``
     (subset of "third_person", "wrist"), ``image_size`` (square, pixels) and
-    whether the policy reads privileged simulator state.
+    whether the policy reads privileged simulator state. ``state_refusal``, when
+    set, says why the class cannot snapshot its state (see :func:`state_support`).
     """
 
     name = "policy"
@@ -54,9 +58,38 @@ class Policy:
     image_size: int = 128
     privileged = False
     deterministic = True
+    state_refusal: Optional[str] = None
 
     def reset(self, seed: int) -> None:
         """Seed every generator of the policy; called at the start of each rollout."""
+
+    def get_state(self) -> Dict[str, np.ndarray]:
+        """Everything a continuation depends on beyond what ``reset(seed)`` sets up, for branching.
+
+        That is every generator's state and all internal state carried between ``act`` calls
+        (phase counters, memo dicts, estimates, action queues, observation history). The snapshot
+        is written to an ``.npz`` file and read back in another process without pickle, so:
+        keys are plain strings (dotted names: ``"rng"``, ``"memo.grasp_at"``, ``"estimates.third.cube"``,
+        one key per entry of a dict, see :func:`pack_arrays`); values are numpy arrays of a numeric
+        or uint8 dtype, never object; an int counter is a 0-d int64 array; a numpy Generator's state
+        is :func:`numpy_rng_state`; a torch Generator's is ``generator.get_state().numpy().copy()``.
+
+        Raises:
+            StateUnsupported: the policy does not implement it (the base class); it cannot be branched.
+        """
+        raise StateUnsupported(_refusal(self))
+
+    def set_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restore a :meth:`get_state` snapshot; called after ``reset(seed)`` with the snapshotted rollout's seed.
+
+        Afterwards every ``act`` returns, bit for bit, what the snapshotted instance returned from
+        that point on. Arrays are copied (no reference into ``state`` is kept), and dict-like state
+        is rebuilt exactly: an entry absent from ``state`` is absent after the restore.
+
+        Raises:
+            StateUnsupported: the policy does not implement it (the base class); it cannot be branched.
+        """
+        raise StateUnsupported(_refusal(self))
 
     def act(self, obs: Observation) -> np.ndarray:
         """Return an action chunk of shape (k, action_dim), executed open loop before the next observation."""
@@ -97,6 +130,53 @@ class NumpySeededPolicy(Policy):
 
     def rng_fingerprint(self) -> str:
         return rng_state_hash(self.rng.bit_generator.state)
+
+    def get_state(self) -> Dict[str, np.ndarray]:
+        return {"rng": numpy_rng_state(self.rng)}
+
+    def set_state(self, state: Mapping[str, np.ndarray]) -> None:
+        set_numpy_rng_state(self.rng, state["rng"])
+
+
+def _refusal(policy: Union[Policy, type]) -> str:
+    cls = policy if isinstance(policy, type) else type(policy)
+    why = cls.state_refusal or "it does not implement get_state/set_state, so it cannot be branched"
+    return f"policy '{policy.name}': {why}"
+
+
+def state_support(policy: Union[Policy, type]) -> Optional[str]:
+    """None when ``policy`` (an instance or a class) can be snapshotted for branching, else why not.
+
+    It can when its class overrides both ``get_state`` and ``set_state`` and sets no
+    ``state_refusal`` (a class attribute that names a precise reason, e.g. the generators
+    live on a policy server; it wins over any override). The reason is the text
+    :class:`StateUnsupported` carries, so branching can refuse before a rollout starts.
+    """
+    cls = policy if isinstance(policy, type) else type(policy)
+    if cls.state_refusal is None and cls.get_state is not Policy.get_state and cls.set_state is not Policy.set_state:
+        return None
+    return _refusal(policy)
+
+
+def numpy_rng_state(gen: np.random.Generator) -> np.ndarray:
+    """A numpy Generator's state as UTF-8 JSON in a uint8 array: fits an ``.npz`` and loads without pickle."""
+    return np.frombuffer(json.dumps(gen.bit_generator.state).encode("utf-8"), dtype=np.uint8).copy()
+
+
+def set_numpy_rng_state(gen: np.random.Generator, array: np.ndarray) -> None:
+    """Restore a state written by :func:`numpy_rng_state` into ``gen`` (same bit generator kind)."""
+    gen.bit_generator.state = json.loads(np.asarray(array, dtype=np.uint8).tobytes().decode("utf-8"))
+
+
+def pack_arrays(prefix: str, arrays: Mapping[str, Any]) -> Dict[str, np.ndarray]:
+    """A dict of arrays as snapshot entries ``"<prefix>.<key>"`` (copies, dtypes kept)."""
+    return {f"{prefix}.{k}": np.array(v) for k, v in arrays.items()}
+
+
+def unpack_arrays(prefix: str, state: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """The dict :func:`pack_arrays` wrote under ``prefix``, rebuilt with copies (only the keys present)."""
+    head = prefix + "."
+    return {k[len(head):]: np.array(v) for k, v in state.items() if k.startswith(head)}
 
 
 def act_batch(policies: Sequence[Policy], observations: Sequence[Observation]) -> List[np.ndarray]:

@@ -147,6 +147,9 @@ class RemotePolicy(Policy):
     """
 
     deterministic = False
+    # get_state / set_state refuse with this reason (see policies.base.state_support)
+    state_refusal = ("the policy server holds its generators and the protocol has no call to read or restore them, "
+                     "so remote policies cannot be branched")
     _fingerprint = NOT_RESET
     _warned_unseeded = False
 

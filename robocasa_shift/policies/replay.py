@@ -8,7 +8,7 @@ reproduces each recorded episode exactly.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Mapping, Optional
 
 import numpy as np
 
@@ -32,6 +32,13 @@ class ReplayPolicy(Policy):
         if seed not in self._demos:
             raise KeyError(f"no demonstration in {self.demo_dir} for policy seed {seed} ({len(self._demos)} demos loaded)")
         self._actions, self._next = self._demos[seed], 0
+
+    def get_state(self) -> Dict[str, np.ndarray]:
+        """Where in the demonstration it is; ``reset(seed)`` picks the demonstration."""
+        return {"next": np.asarray(self._next, dtype=np.int64)}
+
+    def set_state(self, state: Mapping[str, np.ndarray]) -> None:
+        self._next = int(state["next"])
 
     def act(self, obs) -> np.ndarray:
         if self._next >= len(self._actions):

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Mapping, Optional
 
 import numpy as np
 
 from robocasa_shift.embodiments.panda_omron import ACTION_DIM, ARM_MODE, ARM_POS, ARM_ROT, CLOSE, GRIPPER, MODE, OPEN
 from robocasa_shift.geometry import quat_xyzw_to_mat, wrap
-from robocasa_shift.policies.base import NumpySeededPolicy, Observation, Policy
+from robocasa_shift.policies.base import NumpySeededPolicy, Observation, Policy, pack_arrays, unpack_arrays
 
 POS_GAIN = 10.0  # action 1.0 asks 5 cm per step; this saturates at 10 cm of error
 YAW_GAIN = 3.0
@@ -87,6 +87,15 @@ class ExpertPolicy(Policy):
         self._phase = 0
         self._steps_in_phase = 0
         self._memo: dict = {}
+
+    def get_state(self) -> Dict[str, np.ndarray]:
+        """The phase, its step count and the memo (its values are arrays); the plans hold no state."""
+        return {"phase": np.asarray(self._phase, dtype=np.int64),
+                "steps_in_phase": np.asarray(self._steps_in_phase, dtype=np.int64), **pack_arrays("memo", self._memo)}
+
+    def set_state(self, state: Mapping[str, np.ndarray]) -> None:
+        self._phase, self._steps_in_phase = int(state["phase"]), int(state["steps_in_phase"])
+        self._memo = unpack_arrays("memo", state)
 
     # -------------------------------------------------------------- plans
 

@@ -36,7 +36,7 @@ from robocasa_shift.config import ExecutionConfig, StudyConfig
 from robocasa_shift.engine.records import Record, RolloutKey
 from robocasa_shift.errors import Error
 from robocasa_shift.registry import Registry
-from robocasa_shift.study.worker import Worker, serve, unrun_records
+from robocasa_shift.study.worker import RolloutGroup, Worker, serve
 
 EXECUTORS: Registry[type] = Registry("executor", "robocasa_shift.executors")
 # A worker gets at least this long to start (imports, simulator), however short the rollout timeout:
@@ -91,27 +91,27 @@ class _Slot:
         child.close()  # only the worker holds its end: a dead worker reads as end-of-file here
         self.started = time.monotonic()
         self.ready = False
-        self.group: Optional[List[RolloutKey]] = None
+        self.job = None  # the job it holds
         self.deadline = float("inf")
 
-    def give(self, group: List[RolloutKey], seconds_per_key: float) -> bool:
-        """Hand ``group`` to the worker; False when it died before it could take it (the group was not run)."""
+    def give(self, job, seconds_per_rollout: float) -> bool:
+        """Hand ``job`` to the worker; False when it died before it could take it (the job was not run)."""
         try:
-            self.conn.send(group)
+            self.conn.send(job)
         except OSError:
             return False
-        self.group = group
-        self.deadline = time.monotonic() + seconds_per_key * len(group)
+        self.job = job
+        self.deadline = time.monotonic() + seconds_per_rollout * job.size
         return True
 
-    def take(self) -> List[RolloutKey]:
-        """The group this worker held, which it no longer holds."""
-        group, self.group, self.deadline = self.group, None, float("inf")
+    def take(self):
+        """The job this worker held, which it no longer holds."""
+        group, self.job, self.deadline = self.job, None, float("inf")
         return group
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Ask the worker to finish (it closes its environments); kill it if it does not within ``grace_s``."""
-        if self.process.is_alive() and self.group is None:
+        if self.process.is_alive() and self.job is None:
             try:
                 self.conn.send(None)
             except OSError:
@@ -140,6 +140,8 @@ class LocalExecutor:
     def __init__(self, study: StudyConfig, execution: ExecutionConfig):
         self.study, self.execution = study, execution.resolved()
         self.workers = self.execution.workers
+        # one worker runs in this process unless a caller asks for isolation (branching's restores)
+        self.inline = self.workers == 1
         self._ctx = mp.get_context("spawn")
         self._slots: List[_Slot] = []
         self._inline: Optional[Worker] = None
@@ -152,25 +154,28 @@ class LocalExecutor:
             Error: a worker could not be built, or a group raised an error of the harness (no
                 record could be made for it), re-raised here with its message and exit status.
         """
-        if not keys:
+        yield from self.run_jobs([RolloutGroup(g) for g in lockstep_groups(keys, self.execution.batch)])
+
+    def run_jobs(self, jobs: Sequence[Any]) -> Iterator[Dict[str, Any]]:
+        """Run jobs (see ``worker.RolloutGroup``), yielding their results as they complete."""
+        if not jobs:
             return
-        groups = lockstep_groups(keys, self.execution.batch)
-        if self.workers == 1:
+        if self.inline:
             if self._inline is None:
                 self._inline = Worker(self.study, self.execution.threads)
-            for group in groups:
-                yield from self._inline.run(group)
+            for job in jobs:
+                yield from self._inline.run(job)
             return
-        yield from self._supervise(deque(groups))
+        yield from self._supervise(deque(jobs))
 
     def _supervise(self, queue: deque) -> Iterator[Dict[str, Any]]:
         """Deal ``queue``'s groups to the worker processes; record and replace dead or hung ones."""
         limit, start_limit = self.execution.rollout_timeout_s, start_limit_s(self.execution)
         while len(self._slots) < self.workers:
             self._slots.append(self._spawn())
-        while queue or any(slot.group for slot in self._slots):
+        while queue or any(slot.job is not None for slot in self._slots):
             for slot in self._slots:
-                if slot.ready and slot.group is None and queue:
+                if slot.ready and slot.job is None and queue:
                     group = queue.popleft()
                     if not slot.give(group, limit):
                         queue.appendleft(group)  # the worker just died: its replacement takes the group
@@ -186,17 +191,17 @@ class LocalExecutor:
                     if not slot.ready:
                         raise WorkerStartError(f"a worker process died before it was ready "
                                                f"({describe_exit(slot.process.exitcode)}); see its output above")
-                    if slot.group is not None:
+                    if slot.job is not None:
                         message = (f"the worker process (pid {slot.process.pid}) running this rollout died: "
                                    f"{describe_exit(slot.process.exitcode)}")
                         yield from self._unrun(slot.take(), "worker_crash", message)
                     slot.stop()
                     self._slots[i] = self._spawn()
-                elif slot.group is not None and time.monotonic() > slot.deadline:
+                elif slot.job is not None and time.monotonic() > slot.deadline:
                     group = slot.take()
                     slot.process.kill()
                     message = (f"the worker process (pid {slot.process.pid}) made no progress on its "
-                               f"{len(group)} rollout(s) within {limit:g} s per rollout (rollout_timeout_s): killed")
+                               f"{group.size} rollout(s) within {limit:g} s per rollout (rollout_timeout_s): killed")
                     slot.stop()
                     self._slots[i] = self._spawn()
                     yield from self._unrun(group, "worker_timeout", message)
@@ -226,11 +231,11 @@ class LocalExecutor:
         """A fresh worker process (it answers "ready" once built)."""
         return _Slot(self._ctx, self.study, self.execution.threads)
 
-    def _unrun(self, keys: Sequence[RolloutKey], kind: str, message: str) -> List[Dict[str, Any]]:
-        """Invalid records of ``kind`` for keys a worker took and never recorded."""
+    def _unrun(self, job, kind: str, message: str) -> List[Dict[str, Any]]:
+        """The results of ``kind`` that stand for a job a worker took and never finished."""
         if self._protocol is None:
             self._protocol = specs.load_protocol(verify=True)
-        return unrun_records(self.study, keys, kind, message, self._protocol)
+        return job.unrun(self.study, kind, message, self._protocol)
 
     def describe(self) -> Dict[str, Any]:
         """The executor's settings, for logs."""

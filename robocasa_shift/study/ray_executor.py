@@ -40,7 +40,7 @@ from robocasa_shift.engine.records import RolloutKey
 from robocasa_shift.errors import BackendUnavailable, Error
 from robocasa_shift.policies import resolve_secret_options
 from robocasa_shift.study.executors import WorkerStartError, lockstep_groups, start_limit_s
-from robocasa_shift.study.worker import Worker, WorkerError, unrun_records
+from robocasa_shift.study.worker import RolloutGroup, Worker, WorkerError
 
 
 def _first_words(text: str, limit: int = 300) -> str:
@@ -126,11 +126,11 @@ class RayExecutor:
         self._kill([self._actors[index]])
         self._actors[index] = self._start(1)[0]
 
-    def _unrun(self, keys: Sequence[RolloutKey], kind: str, message: str) -> List[Dict[str, Any]]:
-        """Invalid records of ``kind`` for keys an actor took and never recorded."""
+    def _unrun(self, job, kind: str, message: str) -> List[Dict[str, Any]]:
+        """The results of ``kind`` that stand for a job an actor took and never finished."""
         if self._protocol is None:
             self._protocol = specs.load_protocol(verify=True)
-        return unrun_records(self.study, keys, kind, message, self._protocol)
+        return job.unrun(self.study, kind, message, self._protocol)
 
     def map(self, keys: Sequence[RolloutKey]) -> Iterator[Dict[str, Any]]:
         """Run ``keys`` (task-grouped), yielding one result per key as it completes.
@@ -138,19 +138,23 @@ class RayExecutor:
         Raises:
             Error: an actor could not be built, or a group raised an error of the harness.
         """
-        if not keys:
+        yield from self.run_jobs([RolloutGroup(g) for g in lockstep_groups(keys, self.execution.batch)])
+
+    def run_jobs(self, jobs: Sequence[Any]) -> Iterator[Dict[str, Any]]:
+        """Run jobs (see ``worker.RolloutGroup``) on the actors, yielding their results as they complete."""
+        if not jobs:
             return
         self._ensure()
         ray = self.ray
         limit = self.execution.rollout_timeout_s
         pending: Dict[Any, tuple] = {}  # ref -> (actor index, group, deadline)
-        queue = deque(lockstep_groups(keys, self.execution.batch))
+        queue = deque(jobs)
         idle = list(range(len(self._actors)))
         while queue or pending:
             while idle and queue:
                 index, group = idle.pop(0), queue.popleft()
                 ref = self._actors[index].run.remote(group)
-                pending[ref] = (index, group, time.monotonic() + limit * len(group))
+                pending[ref] = (index, group, time.monotonic() + limit * group.size)
             timeout = max(0.0, min(d for _, _, d in pending.values()) - time.monotonic())
             done, _ = ray.wait(list(pending), num_returns=1, timeout=timeout)
             for ref in done:
@@ -179,7 +183,7 @@ class RayExecutor:
                     self._replace(index)
                     idle.append(index)
                     yield from self._unrun(group, "worker_timeout",
-                                           f"the Ray worker made no progress on its {len(group)} rollout(s) within "
+                                           f"the Ray worker made no progress on its {group.size} rollout(s) within "
                                            f"{limit:g} s per rollout (rollout_timeout_s): killed")
 
     def describe(self) -> Dict[str, Any]:

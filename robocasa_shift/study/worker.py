@@ -189,15 +189,40 @@ class Worker:
         """This worker's process id, once it is built (the Ray executor waits on it before dealing keys)."""
         return os.getpid()
 
-    def run(self, keys: Sequence[RolloutKey]) -> List[Dict[str, Any]]:
-        """Run one lockstep group (see ``executors.lockstep_groups``); one result per key."""
-        records = self.cache.run_keys(keys)
-        info, rss = self.cache.renderer_info, peak_rss_mb()
-        return [{"record": r.to_json(), "renderer_info": info, "pid": os.getpid(), "rss_mb": rss} for r in records]
+    def run(self, job) -> List[Dict[str, Any]]:
+        """Run one job (a :class:`RolloutGroup`, or a branching unit); its results, with this process's id and peak memory."""
+        results = job.run(self.cache)
+        rss = peak_rss_mb()
+        return [{**r, "pid": os.getpid(), "rss_mb": rss} for r in results]
 
     def close(self) -> None:
         """Close the worker's environments and policies."""
         self.cache.close()
+
+
+class RolloutGroup:
+    """A job for the executors: rollout keys run side by side (see ``executors.lockstep_groups``).
+
+    A job is what an executor hands to a worker: ``size`` (rollouts it holds, which sets its
+    timeout), ``run(cache)`` (its results, computed in the worker) and ``unrun(...)`` (the results
+    that stand for it when its worker died or hung). Branching units are jobs too.
+    """
+
+    def __init__(self, keys: Sequence[RolloutKey]):
+        self.keys = list(keys)
+
+    @property
+    def size(self) -> int:
+        return len(self.keys)
+
+    def run(self, cache: StudyCache) -> List[Dict[str, Any]]:
+        """One result per key: the record and the renderer in use."""
+        return [{"record": r.to_json(), "renderer_info": cache.renderer_info} for r in cache.run_keys(self.keys)]
+
+    def unrun(self, study: StudyConfig, kind: str, message: str,
+              protocol: Optional[specs.Protocol] = None) -> List[Dict[str, Any]]:
+        """Invalid records of ``kind`` for every key (see :func:`unrun_records`)."""
+        return unrun_records(study, self.keys, kind, message, protocol)
 
 
 _WORKER: Optional[Worker] = None
@@ -213,7 +238,7 @@ def run_in_worker(keys: Sequence[RolloutKey]) -> List[Dict[str, Any]]:
     """Process-pool task: run ``keys`` on this process's worker (see :func:`init_worker`)."""
     if os.getppid() != _WORKER.parent:  # the writer died: stop instead of computing for nobody
         os._exit(0)
-    return _WORKER.run(keys)
+    return _WORKER.run(RolloutGroup(keys))
 
 
 class WorkerError(Error):
@@ -262,13 +287,13 @@ def serve(conn, study: StudyConfig, threads: int = 1) -> None:
     try:
         while True:
             try:
-                keys = conn.recv()
+                job = conn.recv()
             except (EOFError, OSError):  # the supervisor died: stop instead of computing for nobody
                 return
-            if keys is None:
+            if job is None:
                 return
             try:
-                reply = ("results", worker.run(keys))
+                reply = ("results", worker.run(job))
             except Exception as exc:
                 reply = ("error", portable_error(exc))
             conn.send(reply)
@@ -309,5 +334,5 @@ def unrun_records(study: StudyConfig, keys: Sequence[RolloutKey], kind: str, mes
     return results
 
 
-__all__ = ["StudyCache", "THREAD_VARIABLES", "Worker", "WorkerError", "apply_threads", "init_worker", "peak_rss_mb",
+__all__ = ["RolloutGroup", "StudyCache", "THREAD_VARIABLES", "Worker", "WorkerError", "apply_threads", "init_worker", "peak_rss_mb",
            "policy_name", "portable_error", "run_in_worker", "serve", "unrun_records"]

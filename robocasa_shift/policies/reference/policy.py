@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
 from robocasa_shift.embodiments.panda_omron import ACTION_DIM, ARM_MODE, ARM_POS, ARM_YAW, CLOSE, GRIPPER, MODE, OPEN
 from robocasa_shift.errors import WeightsMissing
 from robocasa_shift.geometry import quat_xyzw_to_mat, wrap
-from robocasa_shift.policies.base import Observation, Policy
+from robocasa_shift.policies.base import Observation, Policy, pack_arrays, unpack_arrays
 from robocasa_shift.policies.reference.perception import PERCEPTION, resize
 from robocasa_shift.policies.reference.weights import MANIFEST, WEIGHTS_DIR
 from robocasa_shift.policies.scripted import YAW_GAIN, closing_axis_yaw
@@ -82,6 +82,22 @@ class ReferencePolicy(Policy):
 
     def rng_fingerprint(self) -> str:
         return rng_state_hash(self.generator.get_state().numpy())
+
+    def get_state(self) -> Dict[str, np.ndarray]:
+        """The generator, the phase, the memo and the (possibly stale) estimates.
+
+        ``_eef``, ``_closing_yaw`` and ``_yaw_rate`` are set at the start of every decision
+        before they are read, so they carry nothing between calls.
+        """
+        return {"generator": self.generator.get_state().numpy().copy(),
+                "phase": np.asarray(self._phase, dtype=np.int64),
+                "steps_in_phase": np.asarray(self._steps_in_phase, dtype=np.int64),
+                **pack_arrays("memo", self._memo), **pack_arrays("estimates", self._estimates)}
+
+    def set_state(self, state: Mapping[str, np.ndarray]) -> None:
+        self.generator.set_state(self._torch.from_numpy(np.array(state["generator"], dtype=np.uint8)))
+        self._phase, self._steps_in_phase = int(state["phase"]), int(state["steps_in_phase"])
+        self._memo, self._estimates = unpack_arrays("memo", state), unpack_arrays("estimates", state)
 
     def identity(self) -> Dict:
         return {

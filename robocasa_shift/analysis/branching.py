@@ -1,0 +1,772 @@
+"""The counterfactual-branching study, read from its files: horizons, contrasts, fidelity, figures.
+
+A branch study (``RUN_DIR/branching/<name>/``, layout in :mod:`robocasa_shift.branching`) holds a
+manifest, one verdict per trunk and one file per checkpoint with the branch counts of every
+intervention. Everything here is pure over those files: nothing is re-run and no simulator is
+imported, so it works on a laptop with a copied study.
+
+What it reports follows RESCUE (Sec. IV-B, Fig. 2 and 3):
+
+- per trunk and intervention (and for the repertoire, ``combined``: the best intervention at each
+  checkpoint), the recoverability horizon: the latest branched checkpoint whose estimate reaches
+  ``tau``, with no assumption that recoverability falls with time; undefined when none does;
+- per (task, condition): how many trunks have a recoverable checkpoint, the median horizon and its
+  IQR, and the two-sided exact sign test of the recover-minus-continue horizon shift;
+- where the combined horizon sits relative to the trunk's subgoals (``closes_after_steps``);
+- the replay-fidelity tally (restored checkpoints that reproduced their trunk / checked) and the
+  sensitivity of the counts to ``tau``.
+
+Only checkpoints that are valid, branched and whose fidelity check passed enter an estimate; only
+trunks that are valid and reproduced their stored record get a row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import pandas as pd
+
+from robocasa_shift.analysis.measures import order_conditions
+from robocasa_shift.branching import estimator
+from robocasa_shift.branching.estimator import combined_estimate, jeffreys_lower, recoverability_horizon
+from robocasa_shift.errors import AnalysisError
+
+KEY_FIELDS = ("phase", "task", "episode", "condition", "replicate")
+COMBINED = "combined"
+ALL_TASKS = "all"
+CONTINUE, RECOVER = "continue", "recover"
+# The written estimate must equal the lower Jeffreys quantile of its own k, n; hand-written
+# studies round to three decimals, so the tolerance is a little above half of 0.001.
+ESTIMATE_TOLERANCE = 1e-3
+MAX_TRUNKS_PLOTTED = 8
+INTERVENTION_COLORS = {CONTINUE: "#1f77b4", RECOVER: "#e07000"}
+_CONDITION_RE = re.compile(r"^(clean|[A-Za-z0-9_.\-]+:L[0-9]+)$")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+@dataclass
+class BranchStudy:
+    """One branch study as written on disk: the manifest, the trunk verdicts and the checkpoint files."""
+
+    manifest: Dict[str, Any]
+    trunks: List[Dict[str, Any]]
+    checkpoints: List[Dict[str, Any]]
+    path: Optional[Path] = None
+
+    @property
+    def settings(self) -> Dict[str, Any]:
+        """The manifest's branch settings (``BranchSettings.record()``)."""
+        return dict(self.manifest.get("settings") or {})
+
+    @property
+    def tau(self) -> float:
+        """The primary criterion of the study (the settings' ``tau``, else the estimator's)."""
+        return float(self.settings.get("tau", estimator.TAU))
+
+    @property
+    def q(self) -> float:
+        return float(self.settings.get("q", estimator.Q))
+
+    @property
+    def taus(self) -> List[float]:
+        """The criteria of the sensitivity table: the manifest's ``taus`` (else the reported ones) and ``tau``."""
+        return sorted({float(t) for t in (self.settings.get("taus") or estimator.TAUS_REPORTED)} | {self.tau})
+
+    @property
+    def interventions(self) -> List[str]:
+        """The manifest's interventions in its order, then any other name a checkpoint carries (sorted)."""
+        declared = _intervention_names(self.settings.get("interventions"))
+        seen = {name for c in self.checkpoints for name in (c.get("interventions") or {})}
+        return declared + sorted(seen - set(declared))
+
+
+def _intervention_names(value: Any) -> List[str]:
+    """Names from the manifest's ``interventions``: a mapping name -> spec, a list of names, or of {name: ...}."""
+    if value is None:
+        return []
+    if isinstance(value, Mapping):
+        return [str(k) for k in value]
+    names = []
+    for item in value:
+        names.append(str(item["name"]) if isinstance(item, Mapping) else str(item))
+    return names
+
+
+def _read_json(path: Path) -> Dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise AnalysisError(f"{path}: cannot be read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise AnalysisError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise AnalysisError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
+                            f"a unit that was cut off is re-run by `robocasa-shift branch` (it resumes)") from None
+    if not isinstance(data, dict):
+        raise AnalysisError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_key(path: Path, data: Mapping[str, Any]) -> None:
+    missing = [f for f in KEY_FIELDS if f not in data]
+    if missing:
+        raise AnalysisError(f"{path}: missing key field(s) {', '.join(missing)}")
+    for name in ("episode", "replicate"):
+        if not _is_int(data[name]):
+            raise AnalysisError(f"{path}: field '{name}' must be an integer, found {data[name]!r}")
+    if not isinstance(data["condition"], str) or not _CONDITION_RE.match(data["condition"]):
+        raise AnalysisError(f"{path}: field 'condition' must be 'clean' or 'factor:Lk', found {data['condition']!r}")
+    for name in ("phase", "task"):
+        if not isinstance(data[name], str) or not data[name]:
+            raise AnalysisError(f"{path}: field '{name}' must be a non-empty string, found {data[name]!r}")
+    if not isinstance(data.get("valid"), bool):
+        raise AnalysisError(f"{path}: field 'valid' must be true or false, found {data.get('valid')!r}")
+
+
+def _check_trunk(path: Path, trunk: Mapping[str, Any]) -> None:
+    _check_key(path, trunk)
+    names, steps = trunk.get("stage_names"), trunk.get("stage_steps")
+    if trunk["valid"]:
+        if not isinstance(names, list) or not isinstance(steps, list) or len(names) != len(steps):
+            raise AnalysisError(f"{path}: 'stage_names' and 'stage_steps' must be lists of one length")
+        if any(s is not None and not _is_int(s) for s in steps):
+            raise AnalysisError(f"{path}: 'stage_steps' must hold integers or null, found {steps!r}")
+        first = trunk.get("first_incomplete")
+        if first is not None and (not _is_int(first) or not 1 <= first <= len(names)):
+            raise AnalysisError(f"{path}: 'first_incomplete' must be null or 1..{len(names)}, found {first!r}")
+
+
+def _check_checkpoint(path: Path, checkpoint: Mapping[str, Any], q: float) -> None:
+    _check_key(path, checkpoint)
+    if not _is_int(checkpoint.get("step")) or checkpoint["step"] < 0:
+        raise AnalysisError(f"{path}: field 'step' must be a non-negative integer, found {checkpoint.get('step')!r}")
+    fidelity = checkpoint.get("fidelity")
+    if fidelity is not None and not isinstance(fidelity, Mapping):
+        raise AnalysisError(f"{path}: 'fidelity' must be an object or null")
+    interventions = checkpoint.get("interventions") or {}
+    if not isinstance(interventions, Mapping):
+        raise AnalysisError(f"{path}: 'interventions' must be an object name -> counts")
+    for name, entry in interventions.items():
+        if not isinstance(entry, Mapping):
+            raise AnalysisError(f"{path}: intervention '{name}' must be an object with k, n, estimate")
+        k, n, estimate = entry.get("k"), entry.get("n"), entry.get("estimate")
+        if not (_is_int(k) and _is_int(n) and 0 <= k <= n):
+            raise AnalysisError(f"{path}: intervention '{name}': need integers 0 <= k <= n, found k={k!r}, n={n!r}")
+        if n == 0:
+            if estimate is not None:
+                raise AnalysisError(f"{path}: intervention '{name}': an estimate without branches (n=0)")
+            continue
+        if estimate is None:
+            continue  # computed from k, n when read
+        if not isinstance(estimate, (int, float)) or isinstance(estimate, bool):
+            raise AnalysisError(f"{path}: intervention '{name}': 'estimate' must be a number, found {estimate!r}")
+        expected = jeffreys_lower(k, n, q)
+        if abs(float(estimate) - expected) > ESTIMATE_TOLERANCE:
+            raise AnalysisError(f"{path}: intervention '{name}': estimate {estimate} is not the lower {q} Jeffreys "
+                                f"quantile of k={k}, n={n} ({expected:.4f})")
+
+
+def load_branch_study(branch_dir: Path | str) -> BranchStudy:
+    """Read ``manifest.json``, ``trunks/**/*.json`` and ``checkpoints/**/*.json`` of one branch study.
+
+    Raises:
+        AnalysisError: the directory has no manifest, or a file is not a JSON object of its schema
+            (the message names the file and the field).
+    """
+    branch_dir = Path(branch_dir)
+    manifest_path = branch_dir / "manifest.json"
+    if not manifest_path.is_file():
+        raise AnalysisError(f"{branch_dir}: not a branch study (no manifest.json); "
+                            f"`robocasa-shift branch` writes one under RUN_DIR/branching/<name>/")
+    manifest = _read_json(manifest_path)
+    study = BranchStudy(manifest=manifest, trunks=[], checkpoints=[], path=branch_dir)
+    for path in sorted((branch_dir / "trunks").glob("**/*.json")):
+        trunk = _read_json(path)
+        _check_trunk(path, trunk)
+        study.trunks.append(trunk)
+    for path in sorted((branch_dir / "checkpoints").glob("**/*.json")):
+        checkpoint = _read_json(path)
+        _check_checkpoint(path, checkpoint, study.q)
+        study.checkpoints.append(checkpoint)
+    return study
+
+
+# --------------------------------------------------------------------------- frames
+
+
+def _key(record: Mapping[str, Any]) -> Tuple[Any, ...]:
+    return tuple(record[f] for f in KEY_FIELDS)
+
+
+def _slug(text: str) -> str:
+    """A condition or task as a file-name part: ':' as '-' (as the run store names records), nothing else odd."""
+    return re.sub(r"[^A-Za-z0-9_.\-]", "-", str(text).replace(":", "-"))
+
+
+def trunk_label(record: Mapping[str, Any]) -> str:
+    """The trunk's path-like name: ``phase/task/episode__condition__r<replicate>`` (as its files are named)."""
+    return (f"{record['phase']}/{record['task']}/{int(record['episode']):04d}__{_slug(record['condition'])}"
+            f"__r{record['replicate']}")
+
+
+def _fidelity_ok(checkpoint: Mapping[str, Any]) -> bool:
+    return (checkpoint.get("fidelity") or {}).get("ok") is True
+
+
+def _usable(checkpoint: Mapping[str, Any]) -> bool:
+    """Valid, branched and its replay reproduced the trunk: the only checkpoints an estimate may use."""
+    return bool(checkpoint.get("valid")) and bool(checkpoint.get("branched")) and _fidelity_ok(checkpoint)
+
+
+def _estimate(entry: Mapping[str, Any], q: float) -> Optional[float]:
+    if not entry.get("n"):
+        return None
+    if entry.get("estimate") is not None:
+        return float(entry["estimate"])
+    return jeffreys_lower(int(entry["k"]), int(entry["n"]), q)
+
+
+def checkpoint_frame(study: BranchStudy) -> pd.DataFrame:
+    """One row per (trunk key, step, intervention) of the usable checkpoints: k, n, expanded, estimate.
+
+    Usable: valid, branched, and its fidelity check passed (``fidelity_tally`` counts the others).
+    ``invalid_branches`` counts branches that ended in an error (they are not in k or n as the
+    engine counts them; shown so that a reader can see them).
+    """
+    rows = []
+    for c in study.checkpoints:
+        if not _usable(c):
+            continue
+        for name, entry in (c.get("interventions") or {}).items():
+            branches = entry.get("branches") or []
+            rows.append({**{f: c[f] for f in KEY_FIELDS}, "step": int(c["step"]), "intervention": name,
+                         "k": int(entry["k"]), "n": int(entry["n"]), "expanded": bool(entry.get("expanded", False)),
+                         "estimate": _estimate(entry, study.q),
+                         "invalid_branches": sum(1 for b in branches if b.get("valid") is False)})
+    columns = [*KEY_FIELDS, "step", "intervention", "k", "n", "expanded", "estimate", "invalid_branches"]
+    frame = pd.DataFrame(rows, columns=columns)
+    return frame.sort_values([*KEY_FIELDS, "step", "intervention"], kind="stable").reset_index(drop=True)
+
+
+def _checkpoints_by_trunk(study: BranchStudy) -> Dict[Tuple[Any, ...], List[Dict[str, Any]]]:
+    out: Dict[Tuple[Any, ...], List[Dict[str, Any]]] = {}
+    for c in study.checkpoints:
+        out.setdefault(_key(c), []).append(c)
+    for checkpoints in out.values():
+        checkpoints.sort(key=lambda c: c["step"])
+    return out
+
+
+def trunk_series(study: BranchStudy, trunk: Mapping[str, Any],
+                 by_trunk: Optional[Mapping[Tuple[Any, ...], List[Dict[str, Any]]]] = None,
+                 ) -> Tuple[List[int], Dict[str, List[Optional[float]]]]:
+    """The trunk's usable checkpoint steps and, per intervention and ``combined``, the estimate at each.
+
+    ``by_trunk`` (from one pass over the checkpoints) saves regrouping them for every trunk.
+    """
+    by_trunk = _checkpoints_by_trunk(study) if by_trunk is None else by_trunk
+    usable = [c for c in by_trunk.get(_key(trunk), []) if _usable(c)]
+    names = study.interventions
+    steps = [int(c["step"]) for c in usable]
+    series: Dict[str, List[Optional[float]]] = {name: [] for name in names}
+    series[COMBINED] = []
+    for c in usable:
+        entries = c.get("interventions") or {}
+        values = {name: _estimate(entries[name], study.q) if name in entries else None for name in names}
+        for name in names:
+            series[name].append(values[name])
+        series[COMBINED].append(combined_estimate(values))
+    return steps, series
+
+
+def _last_latched(trunk: Mapping[str, Any], step: int) -> Tuple[Optional[str], Optional[int]]:
+    """The subgoal latched last at or before ``step`` (a subgoal latched at s holds in the checkpoint at s)."""
+    best: Tuple[Optional[str], Optional[int]] = (None, None)
+    for name, latched in zip(trunk.get("stage_names") or [], trunk.get("stage_steps") or []):
+        if latched is not None and latched <= step and (best[1] is None or latched >= best[1]):
+            best = (name, int(latched))
+    return best
+
+
+def _included(trunk: Mapping[str, Any]) -> bool:
+    return bool(trunk.get("valid")) and trunk.get("reproduced") is True
+
+
+def excluded_trunks(study: BranchStudy) -> List[Dict[str, Any]]:
+    """The trunks without a row: invalid, or a re-run that did not reproduce the stored record, and why."""
+    out = []
+    for t in study.trunks:
+        if not t.get("valid"):
+            out.append({"trunk": trunk_label(t), "reason": "invalid", "detail": t.get("error_kind") or t.get("error")})
+        elif t.get("reproduced") is not True:
+            out.append({"trunk": trunk_label(t), "reason": "not reproduced", "detail": t.get("mismatch")})
+    return out
+
+
+def trunk_frame(study: BranchStudy, tau: Optional[float] = None) -> pd.DataFrame:
+    """One row per valid, reproduced trunk: its horizons per intervention and combined at ``tau``.
+
+    Columns: the key fields and ``trunk`` (its name); ``selection``, ``success``, ``steps``;
+    ``first_incomplete`` and ``failed_subgoal`` (None when every subgoal latched); for each
+    intervention and ``combined``: ``<name>_horizon`` (the latest recoverable usable checkpoint,
+    <NA> when none) and ``<name>_recoverable``; for the combined horizon, ``last_subgoal`` and
+    ``last_subgoal_step`` (the subgoal latched last at or before it) and ``closes_after_steps``
+    (horizon minus that latch step; <NA> when no subgoal had latched by then); ``fidelity_ok`` and
+    ``fidelity_checked`` (this trunk's checkpoints) and ``n_branched`` (checkpoints in the estimate).
+    """
+    tau = study.tau if tau is None else float(tau)
+    names = [*study.interventions, COMBINED]
+    by_trunk = _checkpoints_by_trunk(study)
+    rows = []
+    for t in study.trunks:
+        if not _included(t):
+            continue
+        own = by_trunk.get(_key(t), [])
+        steps, series = trunk_series(study, t, by_trunk)
+        stage_names = t.get("stage_names") or []
+        first = t.get("first_incomplete")
+        row: Dict[str, Any] = {**{f: t[f] for f in KEY_FIELDS}, "trunk": trunk_label(t),
+                               "selection": t.get("selection"), "success": t.get("success"), "steps": t.get("steps"),
+                               "first_incomplete": first,
+                               "failed_subgoal": stage_names[first - 1] if first is not None else None}
+        for name in names:
+            horizon = recoverability_horizon(steps, series[name], tau)
+            row[f"{name}_horizon"] = horizon
+            row[f"{name}_recoverable"] = horizon is not None
+        horizon = row[f"{COMBINED}_horizon"]
+        subgoal, latched = _last_latched(t, horizon) if horizon is not None else (None, None)
+        row.update(last_subgoal=subgoal, last_subgoal_step=latched,
+                   closes_after_steps=horizon - latched if latched is not None else None,
+                   fidelity_ok=sum(_fidelity_ok(c) for c in own),
+                   fidelity_checked=sum(isinstance(c.get("fidelity"), Mapping) and c["fidelity"].get("ok") is not None
+                                        for c in own),
+                   n_branched=len(steps))
+        rows.append(row)
+    columns = [*KEY_FIELDS, "trunk", "selection", "success", "steps", "first_incomplete", "failed_subgoal",
+               *[f"{n}_{part}" for n in names for part in ("horizon", "recoverable")],
+               "last_subgoal", "last_subgoal_step", "closes_after_steps",
+               "fidelity_ok", "fidelity_checked", "n_branched"]
+    frame = pd.DataFrame(rows, columns=columns)
+    for column in ("first_incomplete", "last_subgoal_step", "closes_after_steps", "steps",
+                   *[f"{n}_horizon" for n in names]):
+        frame[column] = frame[column].astype("Int64")
+    for column in [f"{n}_recoverable" for n in names]:
+        frame[column] = frame[column].astype(bool)
+    return frame.sort_values(list(KEY_FIELDS), kind="stable").reset_index(drop=True)
+
+
+def _quartiles(values: Sequence[float]) -> Tuple[float, float, float]:
+    if not len(values):
+        return (math.nan, math.nan, math.nan)
+    q1, median, q3 = np.percentile(np.asarray(values, dtype=float), [25, 50, 75])
+    return float(median), float(q1), float(q3)
+
+
+def sign_test(shifts: Iterable[float]) -> Dict[str, Any]:
+    """The two-sided exact sign test of paired shifts: zeros dropped, positives vs negatives ~ Binomial(m, 1/2).
+
+    Returns n (pairs), median (over all pairs, zeros included), n_pos, n_neg, n_zero and p (None
+    when every shift is zero or there is none).
+    """
+    from scipy.stats import binomtest
+
+    values = np.asarray(list(shifts), dtype=float)
+    n_pos, n_neg = int((values > 0).sum()), int((values < 0).sum())
+    p = float(binomtest(n_pos, n_pos + n_neg, 0.5, alternative="two-sided").pvalue) if n_pos + n_neg else None
+    return {"n": int(values.size), "median": float(np.median(values)) if values.size else None, "n_pos": n_pos,
+            "n_neg": n_neg, "n_zero": int(values.size - n_pos - n_neg), "p": p}
+
+
+def _condition_row(task: str, condition: str, rows: pd.DataFrame, names: Sequence[str]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {"task": task, "condition": condition, "n_trunks": len(rows)}
+    for name in names:
+        horizons = rows[f"{name}_horizon"].dropna().astype(float).tolist()
+        median, q1, q3 = _quartiles(horizons)
+        out.update({f"{name}_recoverable": int(rows[f"{name}_recoverable"].sum()), f"{name}_median_horizon": median,
+                    f"{name}_horizon_q1": q1, f"{name}_horizon_q3": q3})
+    if CONTINUE in names and RECOVER in names:
+        both = rows[rows[f"{CONTINUE}_horizon"].notna() & rows[f"{RECOVER}_horizon"].notna()]
+        shifts = both[f"{RECOVER}_horizon"].astype(float) - both[f"{CONTINUE}_horizon"].astype(float)
+        test = sign_test(shifts.tolist())
+        out.update({"shift_n_both": test["n"], "shift_median": test["median"], "shift_n_pos": test["n_pos"],
+                    "shift_n_neg": test["n_neg"], "shift_n_zero": test["n_zero"], "shift_p": test["p"]})
+    return out
+
+
+def condition_frame(trunks_df: pd.DataFrame, interventions: Sequence[str]) -> pd.DataFrame:
+    """Per (task, condition), then an ``all`` row per condition across tasks, from :func:`trunk_frame`.
+
+    Columns: ``n_trunks``; per intervention and ``combined``: ``<name>_recoverable`` (trunks with
+    a recoverable checkpoint), ``<name>_median_horizon``, ``<name>_horizon_q1``/``_q3`` (over the
+    trunks with a defined horizon; NaN when none). When both ``continue`` and ``recover`` are
+    among ``interventions``: the recover-minus-continue horizon shift on trunks defined under both,
+    ``shift_n_both``, ``shift_median``, ``shift_n_pos``, ``shift_n_neg``, ``shift_n_zero`` and
+    ``shift_p`` (two-sided exact sign test, zeros dropped; None when no shift is non-zero).
+    """
+    names = [n for n in interventions if n != COMBINED] + [COMBINED]
+    rows = []
+    if not trunks_df.empty:
+        conditions = order_conditions(trunks_df["condition"])
+        for task in sorted(trunks_df["task"].unique()):
+            for condition in conditions:
+                part = trunks_df[(trunks_df["task"] == task) & (trunks_df["condition"] == condition)]
+                if len(part):
+                    rows.append(_condition_row(task, condition, part, names))
+        for condition in conditions:
+            rows.append(_condition_row(ALL_TASKS, condition, trunks_df[trunks_df["condition"] == condition], names))
+    columns = ["task", "condition", "n_trunks",
+               *[f"{n}_{part}" for n in names
+                 for part in ("recoverable", "median_horizon", "horizon_q1", "horizon_q3")]]
+    if CONTINUE in names and RECOVER in names:
+        columns += ["shift_n_both", "shift_median", "shift_n_pos", "shift_n_neg", "shift_n_zero", "shift_p"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def sensitivity_frame(study: BranchStudy) -> pd.DataFrame:
+    """Recoverable counts and median horizons per (tau, task, condition) at each of ``study.taus``.
+
+    The branch counts were expanded around the study's primary ``tau``; at another criterion an
+    estimate near it may rest on the initial K branches only.
+    """
+    frames = []
+    names = [*study.interventions, COMBINED]
+    for tau in study.taus:
+        frame = condition_frame(trunk_frame(study, tau), study.interventions)
+        keep = ["task", "condition", "n_trunks",
+                *[f"{n}_{part}" for n in names for part in ("recoverable", "median_horizon")]]
+        frames.append(frame[keep].assign(tau=tau))
+    if not frames:
+        return pd.DataFrame()
+    out = pd.concat(frames, ignore_index=True)
+    return out[["tau", *[c for c in out.columns if c != "tau"]]]
+
+
+def fidelity_tally(study: BranchStudy) -> Dict[str, Any]:
+    """Restored checkpoints that reproduced their trunk, out of those checked, across the study.
+
+    Also: checkpoints that are invalid (an error before or during the check), the largest qpos and
+    state deviations seen over the checked ones, the failed checks (trunk and step), and how many
+    trunks re-ran to their stored record.
+    """
+    checked = [c for c in study.checkpoints
+               if isinstance(c.get("fidelity"), Mapping) and c["fidelity"].get("ok") is not None]
+    failed = [c for c in checked if c["fidelity"]["ok"] is not True]
+
+    def largest(name: str) -> Optional[float]:
+        values = [float(c["fidelity"][name]) for c in checked if c["fidelity"].get(name) is not None]
+        return max(values) if values else None
+
+    return {
+        "checked": len(checked), "ok": len(checked) - len(failed),
+        "invalid": sum(1 for c in study.checkpoints if not c.get("valid")),
+        "checkpoints": len(study.checkpoints),
+        "max_qpos_dev": largest("max_qpos_dev"), "max_state_dev": largest("max_state_dev"),
+        "failed": [{"trunk": trunk_label(c), "step": int(c["step"]),
+                    "same_stages": c["fidelity"].get("same_stages"), "same_outcome": c["fidelity"].get("same_outcome")}
+                   for c in failed],
+        "trunks": len(study.trunks), "trunks_valid": sum(1 for t in study.trunks if t.get("valid")),
+        "trunks_reproduced": sum(1 for t in study.trunks if _included(t)),
+    }
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _color(name: str, index: int) -> str:
+    if name in INTERVENTION_COLORS:
+        return INTERVENTION_COLORS[name]
+    palette = ["#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
+    return palette[index % len(palette)]
+
+
+def plot_condition(study: BranchStudy, task: str, condition: str, out_path: Path | str, tau: Optional[float] = None,
+                   max_trunks: int = MAX_TRUNKS_PLOTTED) -> Path:
+    """Fig. 2 of RESCUE for one (task, condition): estimate per checkpoint, per intervention, per trunk.
+
+    One small axis per trunk (the first ``max_trunks`` by episode): a line with markers per
+    intervention, the criterion ``tau`` dashed, the subgoal latch steps as labelled grey lines, the
+    combined horizon as a green line, each intervention's horizon as a ringed marker, and
+    checkpoints left out by the fidelity check as red crosses at the bottom.
+    """
+    plt = _plt()
+    tau = study.tau if tau is None else float(tau)
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    frame = trunk_frame(study, tau)
+    frame = frame[(frame["task"] == task) & (frame["condition"] == condition)]
+    trunks = {trunk_label(t): t for t in study.trunks if _included(t)}
+    by_trunk = _checkpoints_by_trunk(study)
+    shown = frame.head(max_trunks)
+    names = study.interventions
+    n = max(len(shown), 1)
+    ncols = min(4, n)
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.7 * nrows + 0.6), squeeze=False, sharey=True)
+    for ax in axes.flat[len(shown):]:
+        ax.axis("off")
+    if shown.empty:
+        axes[0][0].text(0.5, 0.5, "no valid, reproduced trunk", ha="center", va="center",
+                        transform=axes[0][0].transAxes)
+    for ax, (_, row) in zip(axes.flat, shown.iterrows()):
+        trunk = trunks[row["trunk"]]
+        steps, series = trunk_series(study, trunk, by_trunk)
+        for i, name in enumerate(names):
+            points = [(s, e) for s, e in zip(steps, series[name]) if e is not None]
+            if not points:
+                continue
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, marker="o", ms=3.5, lw=1.2, color=_color(name, i), label=name)
+            horizon = row[f"{name}_horizon"]
+            if not pd.isna(horizon):
+                ax.plot([horizon], [series[name][steps.index(int(horizon))]], marker="o", ms=9, mfc="none",
+                        mec=_color(name, i), mew=1.5)
+        dropped = [int(c["step"]) for c in by_trunk.get(_key(trunk), [])
+                   if (c.get("fidelity") or {}).get("ok") is False]
+        if dropped:
+            ax.plot(dropped, [0.02] * len(dropped), "x", color="#c00000", ms=6, label="fidelity failed")
+        ax.axhline(tau, color="black", ls="--", lw=0.9, label=f"tau = {tau:g}")
+        for goal, latched in zip(trunk.get("stage_names") or [], trunk.get("stage_steps") or []):
+            if latched is not None:
+                ax.axvline(latched, color="grey", ls=":", lw=0.9)
+                ax.text(latched, 0.98, f" {goal}", rotation=90, va="top", ha="right", fontsize=6.5, color="#555")
+        combined = row[f"{COMBINED}_horizon"]
+        if not pd.isna(combined):
+            ax.axvline(int(combined), color="#2a9d2a", lw=1.6, alpha=0.8, label="horizon (combined)")
+        end = max([*steps, int(row["steps"]) if not pd.isna(row["steps"]) else 0, 1])
+        ax.set_xlim(-0.03 * end, end * 1.03)
+        ax.set_ylim(-0.03, 1.03)
+        failed = "all subgoals latched" if pd.isna(row["failed_subgoal"]) else f"failed at {row['failed_subgoal']}"
+        horizon_text = "none" if pd.isna(combined) else f"step {int(combined)}"
+        ax.set_title(f"ep {row['episode']} r{row['replicate']}: {failed}\ncombined horizon {horizon_text}", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in axes[-1]:
+        ax.set_xlabel("control step", fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel(f"estimate (q={study.q:g})", fontsize=8)
+    handles, labels = {}, []
+    for ax in axes.flat:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if label not in handles:
+                handles[label] = h
+                labels.append(label)
+    if handles:
+        from matplotlib.lines import Line2D
+
+        handles["horizon (per intervention)"] = Line2D([], [], ls="none", marker="o", ms=9, mfc="none", mec="grey")
+        labels.append("horizon (per intervention)")
+        fig.legend([handles[label] for label in labels], labels, loc="upper center", fontsize=8, frameon=False,
+                   ncol=min(len(labels), 2 * ncols + 1), bbox_to_anchor=(0.5, 0.0))
+    more = f" (first {len(shown)} of {len(frame)} trunks)" if len(frame) > len(shown) else ""
+    fig.suptitle(f"{task}, {condition}: recoverability per checkpoint{more}", fontsize=10)
+    fig.tight_layout()
+    # the legend sits below the axes; bbox_inches="tight" keeps it inside the image (as report._save)
+    fig.savefig(out_path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return out_path
+
+
+def figure_name(task: str, condition: str) -> str:
+    """``<task>__<condition>.png`` with ':' as '-' (as the run store names records)."""
+    return f"{_slug(task)}__{_slug(condition)}.png"
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def _json_value(value: Any) -> Any:
+    """A frame cell as JSON: NaN, NA and None as null, numpy scalars as Python numbers."""
+    if value is None or value is pd.NA:
+        return None
+    if isinstance(value, (float, np.floating)):
+        return None if math.isnan(value) else float(value)
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, dict):
+        return {k: _json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    return value
+
+
+def _records(frame: pd.DataFrame) -> List[Dict[str, Any]]:
+    return [{k: _json_value(v) for k, v in row.items()} for row in frame.astype(object).to_dict("records")]
+
+
+def closing_sentences(trunks_df: pd.DataFrame) -> List[Dict[str, Any]]:
+    """Per (task, condition) and subgoal: the median of ``closes_after_steps`` over its trunks, and a sentence."""
+    out = []
+    if trunks_df.empty:
+        return out
+    for (task, condition), part in trunks_df.groupby(["task", "condition"], sort=True):
+        defined = part[part[f"{COMBINED}_horizon"].notna()]
+        for subgoal, group in defined[defined["last_subgoal"].notna()].groupby("last_subgoal", sort=True):
+            values = group["closes_after_steps"].astype(float)
+            median = float(values.median())
+            out.append({"task": task, "condition": condition, "subgoal": subgoal, "n": len(group), "median": median,
+                        "text": f"{task}, {condition}: recovery closes {median:g} steps after {subgoal} latched "
+                                f"(median over {len(group)} trunk{'s' if len(group) != 1 else ''})"})
+        before = int(defined["last_subgoal"].isna().sum())
+        if before:
+            out.append({"task": task, "condition": condition, "subgoal": None, "n": before, "median": None,
+                        "text": f"{task}, {condition}: on {before} trunk{'s' if before != 1 else ''} the horizon "
+                                f"comes before any subgoal latched"})
+        never = int((~part[f"{COMBINED}_recoverable"]).sum())
+        if never:
+            out.append({"task": task, "condition": condition, "subgoal": None, "n": never, "median": None,
+                        "text": f"{task}, {condition}: {never} of {len(part)} trunks have no recoverable checkpoint "
+                                f"under any intervention"})
+    return out
+
+
+def _md_cell(value: Any) -> str:
+    value = _json_value(value)
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1 and value != 0 else f"{value:g}"
+    return str(value).replace("|", "\\|")
+
+
+def markdown_table(frame: pd.DataFrame, columns: Optional[Sequence[str]] = None) -> str:
+    """A frame as a Markdown table (no extra dependency); missing values as '-'."""
+    columns = list(frame.columns if columns is None else columns)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in frame[columns].astype(object).itertuples(index=False):
+        lines.append("| " + " | ".join(_md_cell(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def condition_display(conditions: pd.DataFrame, interventions: Sequence[str]) -> pd.DataFrame:
+    """The per-condition frame as short display strings: ``k/N`` recoverable, ``median (q1-q3)``, the sign test."""
+    names = [*[n for n in interventions if n != COMBINED], COMBINED]
+    rows = []
+    for row in conditions.astype(object).to_dict("records"):
+        out = {"task": row["task"], "condition": row["condition"], "trunks": row["n_trunks"]}
+        for name in names:
+            median = _json_value(row[f"{name}_median_horizon"])
+            out[f"{name}: recoverable"] = f"{row[f'{name}_recoverable']}/{row['n_trunks']}"
+            out[f"{name}: median horizon (IQR)"] = "-" if median is None else \
+                f"{median:g} ({row[f'{name}_horizon_q1']:g}-{row[f'{name}_horizon_q3']:g})"
+        if "shift_p" in row:
+            shift, p = _json_value(row["shift_median"]), _json_value(row["shift_p"])
+            out["recover - continue: median shift"] = "-" if shift is None else f"{shift:+g}"
+            out["shifts + / - / 0"] = f"{row['shift_n_pos']} / {row['shift_n_neg']} / {row['shift_n_zero']}"
+            out["sign test p"] = "-" if p is None else f"{p:.3g}"
+        rows.append(out)
+    return pd.DataFrame(rows)
+
+
+def _settings_text(manifest: Mapping[str, Any]) -> List[str]:
+    lines = []
+    for key, value in manifest.items():
+        if key == "interventions":
+            value = ", ".join(_intervention_names(value))
+        elif isinstance(value, (dict, list)):
+            value = json.dumps(value, sort_keys=True)
+        lines.append(f"- **{key}**: {value}")
+    return lines
+
+
+def summary_markdown(summary: Mapping[str, Any]) -> str:
+    """``summary.md``: settings, the fidelity tally, per-condition and per-trunk tables, tau sensitivity."""
+    tally = summary["fidelity"]
+    names = [*summary["interventions"], COMBINED]
+    conditions = pd.DataFrame(summary["conditions"])
+    trunks = pd.DataFrame(summary["trunks"])
+    lines = [f"# Counterfactual branching: {summary['name']}", "", *_settings_text(summary["settings"]), "",
+             "## Replay fidelity", "",
+             f"{tally['ok']}/{tally['checked']} restored checkpoints reproduced their trunk "
+             f"(largest qpos deviation {_md_cell(tally['max_qpos_dev'])}, largest state deviation "
+             f"{_md_cell(tally['max_state_dev'])}); {tally['invalid']} checkpoint(s) invalid. "
+             f"{tally['trunks_reproduced']} of {tally['trunks']} trunks are valid and re-ran to their stored "
+             f"record.", ""]
+    lines += ["## Per condition", "",
+              f"At tau = {summary['tau']:g} (estimate: lower {summary['q']:g} Jeffreys quantile). Recoverable: trunks "
+              f"with at least one recoverable checkpoint; horizons over those trunks (median, IQR q1-q3).", ""]
+    if not conditions.empty:
+        lines += [markdown_table(condition_display(conditions, summary["interventions"])), ""]
+    if summary["closing"]:
+        lines += [f"- {s['text']}" for s in summary["closing"]] + [""]
+    lines += ["## Per trunk", ""]
+    if not trunks.empty:
+        columns = ["trunk", "selection", "failed_subgoal", *[f"{n}_horizon" for n in names], "last_subgoal",
+                   "closes_after_steps", "fidelity_ok", "fidelity_checked"]
+        lines += [markdown_table(trunks, columns), ""]
+    if summary["excluded_trunks"]:
+        lines += ["Trunks left out:", ""]
+        lines += [f"- {e['trunk']}: {e['reason']}" + (f" ({e['detail']})" if e["detail"] else "")
+                  for e in summary["excluded_trunks"]] + [""]
+    lines += ["## Sensitivity to tau", "",
+              "Checkpoints were expanded to more branches around the primary tau only.", ""]
+    sensitivity = pd.DataFrame(summary["sensitivity"])
+    if not sensitivity.empty:
+        lines += [markdown_table(sensitivity), ""]
+    if summary["figures"]:
+        lines += ["## Figures", ""] + [f"- `{f['file']}`: {f['task']}, {f['condition']}" for f in summary["figures"]]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(branch_dir: Path | str, tau: Optional[float] = None) -> Dict[str, Any]:
+    """Write ``summary.json``, ``summary.md`` and ``figures/<task>__<condition>.png`` into ``branch_dir``.
+
+    Returns:
+        The summary written to ``summary.json`` (settings, fidelity tally, per-trunk, per-condition
+        and sensitivity rows, closing sentences, figure files; missing values as null).
+    """
+    branch_dir = Path(branch_dir)
+    study = load_branch_study(branch_dir)
+    tau = study.tau if tau is None else float(tau)
+    trunks = trunk_frame(study, tau)
+    conditions = condition_frame(trunks, study.interventions)
+    figures = []
+    for (task, condition), _ in trunks.groupby(["task", "condition"], sort=True):
+        name = figure_name(task, condition)
+        plot_condition(study, task, condition, branch_dir / "figures" / name, tau)
+        figures.append({"task": task, "condition": condition, "file": f"figures/{name}"})
+    summary = {
+        "name": branch_dir.name,
+        "settings": _json_value({**study.settings, "selection": study.manifest.get("selection")}),
+        "interventions": study.interventions,
+        "tau": tau, "q": study.q, "taus": study.taus,
+        "fidelity": fidelity_tally(study),
+        "excluded_trunks": excluded_trunks(study),
+        "trunks": _records(trunks),
+        "conditions": _records(conditions),
+        "closing": closing_sentences(trunks),
+        "sensitivity": _records(sensitivity_frame(study)),
+        "figures": figures,
+    }
+    # allow_nan=False: a NaN that slipped through is a bug, not a number to publish.
+    (branch_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    (branch_dir / "summary.md").write_text(summary_markdown(summary))
+    return summary
+
+
+__all__ = ["ALL_TASKS", "COMBINED", "BranchStudy", "checkpoint_frame", "closing_sentences", "condition_display",
+           "condition_frame",
+           "excluded_trunks", "figure_name", "fidelity_tally", "load_branch_study", "markdown_table",
+           "plot_condition", "sensitivity_frame", "sign_test", "summary_markdown", "trunk_frame", "trunk_label",
+           "trunk_series", "write_outputs"]

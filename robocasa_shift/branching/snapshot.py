@@ -1,0 +1,162 @@
+"""Trunk snapshots on disk: one compressed ``.npz`` per trunk, read with ``allow_pickle=False``.
+
+A :class:`TrunkTape` is what recording a trunk leaves: the state at every
+action-chunk boundary, and the trunk's trajectory that replay fidelity is
+checked against. Every entry is a plain numpy array (numbers or bytes with their
+dtype); nothing is pickled, so a snapshot from a shared run directory can be
+read safely on any machine. Entries:
+
+- ``meta``: UTF-8 JSON (as uint8): ``format``, ``version``, the trunk ``key``,
+  ``chunk_steps`` (the boundaries snapshotted), ``env_fingerprint`` and
+  ``policy_rng_fingerprint`` of the trunk, ``horizon``.
+- ``trunk/joint_positions`` (T + 1, nq), ``trunk/states`` (T + 1, S): joint
+  positions and the physics state (``Env.get_state()["integration"]``) after the
+  perturbation and after every step; ``trunk/actions`` (T, action_dim): the
+  actions taken; ``trunk/stage_steps``: latch step per subgoal, -1 when never.
+- ``model/<name>``: every perturbable model value after the perturbation was
+  injected (a restore re-injects it and checks these).
+- ``c<step>/env/<name>``, ``c<step>/policy/<name>``, ``c<step>/tracker/<name>``: the
+  checkpoint at ``step`` (control steps taken), from ``Env.get_state(observations=True)``,
+  ``Policy.get_state()`` and ``StageTracker.get_state()``; ``step`` has four digits or more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping
+
+import numpy as np
+
+from robocasa_shift.errors import RunDirError
+
+FORMAT = "robocasa-shift trunk snapshots"
+VERSION = 1
+PARTS = ("env", "policy", "tracker")
+
+
+class SnapshotError(RunDirError):
+    """A snapshot file that is not one (truncated, another format, a checkpoint it lacks)."""
+
+
+def text_array(text: str) -> np.ndarray:
+    """``text`` as a uint8 array of its UTF-8 bytes (how strings travel in a snapshot)."""
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).copy()
+
+
+def array_text(array: np.ndarray) -> str:
+    """The inverse of :func:`text_array`."""
+    return np.asarray(array, dtype=np.uint8).tobytes().decode("utf-8")
+
+
+def arrays_hash(arrays: Mapping[str, np.ndarray]) -> str:
+    """SHA-256 over named arrays with their dtype and shape, in sorted name order."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        value = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}|{value.dtype.str}|{value.shape}|".encode())
+        h.update(value.tobytes())
+    return h.hexdigest()
+
+
+def _plain(name: str, value: Any) -> np.ndarray:
+    array = np.array(value, copy=True)
+    if array.dtype == object:
+        raise TypeError(f"snapshot entry {name!r} is not a plain array (dtype object); states hold numbers and bytes")
+    return array
+
+
+@dataclass
+class TrunkTape:
+    """A recorded trunk: its snapshots by step and its trajectory (see the module docstring)."""
+
+    meta: Dict[str, Any]
+    joint_positions: List[np.ndarray] = field(default_factory=list)
+    states: List[np.ndarray] = field(default_factory=list)
+    actions: List[np.ndarray] = field(default_factory=list)
+    stage_steps: List[int] = field(default_factory=list)
+    model: Dict[str, np.ndarray] = field(default_factory=dict)
+    checkpoints: Dict[int, Dict[str, Dict[str, np.ndarray]]] = field(default_factory=dict)
+
+    @property
+    def chunk_steps(self) -> List[int]:
+        """Every snapshotted boundary, in order."""
+        return sorted(self.checkpoints)
+
+    def checkpoint(self, step: int) -> Dict[str, Dict[str, np.ndarray]]:
+        """The snapshot at ``step``: ``{"env": ..., "policy": ..., "tracker": ...}``.
+
+        Raises:
+            SnapshotError: no boundary was snapshotted at ``step`` (the message lists those that were).
+        """
+        if step not in self.checkpoints:
+            raise SnapshotError(f"no checkpoint at step {step}; this trunk has checkpoints at {self.chunk_steps}")
+        return self.checkpoints[step]
+
+    def checkpoint_hash(self, step: int) -> str:
+        """SHA-256 of one checkpoint's arrays (recorded with every branch result, checked by the audit)."""
+        cp = self.checkpoint(step)
+        return arrays_hash({f"{part}/{name}": v for part in PARTS for name, v in cp[part].items()})
+
+    def previous_action(self, step: int):
+        """The trunk's action at ``step - 1`` (None at step 0)."""
+        return None if step == 0 else np.asarray(self.actions[step - 1])
+
+    def to_bytes(self) -> bytes:
+        """The ``.npz`` file's content (compressed)."""
+        entries: Dict[str, np.ndarray] = {
+            "meta": text_array(json.dumps({**self.meta, "format": FORMAT, "version": VERSION,
+                                           "chunk_steps": self.chunk_steps}, sort_keys=True)),
+            "trunk/joint_positions": np.array(self.joint_positions, dtype=np.float64),
+            "trunk/states": np.array(self.states, dtype=np.float64),
+            "trunk/actions": np.array(self.actions, dtype=np.float64).reshape(len(self.actions), -1),
+            "trunk/stage_steps": np.array(self.stage_steps, dtype=np.int64),
+        }
+        entries.update({f"model/{k}": _plain(k, v) for k, v in self.model.items()})
+        for step, cp in self.checkpoints.items():
+            for part in PARTS:
+                entries.update({f"c{step:04d}/{part}/{k}": _plain(k, v) for k, v in cp[part].items()})
+        buffer = io.BytesIO()
+        np.savez_compressed(buffer, **entries)
+        return buffer.getvalue()
+
+    @classmethod
+    def read(cls, path: Path | str) -> "TrunkTape":
+        """Read a snapshot file (never unpickling anything).
+
+        Raises:
+            SnapshotError: the file is not a snapshot file of this format (the message names it).
+        """
+        path = Path(path)
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                entries = {name: npz[name] for name in npz.files}
+            meta = json.loads(array_text(entries.pop("meta")))
+        except Exception as exc:
+            raise SnapshotError(f"{path}: not a readable snapshot file ({type(exc).__name__}: {exc})") from None
+        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+            raise SnapshotError(f"{path}: format {meta.get('format')!r} version {meta.get('version')!r}; "
+                                f"expected {FORMAT!r} version {VERSION}")
+        tape = cls(meta=meta,
+                   joint_positions=list(entries.pop("trunk/joint_positions")),
+                   states=list(entries.pop("trunk/states")),
+                   actions=list(entries.pop("trunk/actions")),
+                   stage_steps=[int(s) for s in entries.pop("trunk/stage_steps")])
+        for name, value in entries.items():
+            head, _, rest = name.partition("/")
+            if head == "model":
+                tape.model[rest] = value
+            elif head.startswith("c") and head[1:].isdigit():
+                part, _, key = rest.partition("/")
+                tape.checkpoints.setdefault(int(head[1:]), {p: {} for p in PARTS})[part][key] = value
+            else:
+                raise SnapshotError(f"{path}: unexpected entry {name!r}")
+        if tape.chunk_steps != meta.get("chunk_steps"):
+            raise SnapshotError(f"{path}: checkpoints {tape.chunk_steps} differ from those listed {meta.get('chunk_steps')}")
+        return tape
+
+
+__all__ = ["SnapshotError", "TrunkTape", "array_text", "arrays_hash", "text_array"]

@@ -1,0 +1,457 @@
+"""Branch studies: which trunks and checkpoints, run as jobs on the executors, stored, resumed.
+
+``branch(run_dir, ...)`` selects trunks among a run's records (by default the
+failures the shift caused, S->F pairs, and clean failures), then runs two kinds
+of job on the study's executor:
+
+1. a :class:`TrunkJob` per trunk: re-run the key with snapshots; the caller checks
+   that the re-run reproduces the stored record (fingerprints, stage steps,
+   outcome) and writes the snapshots and the trunk's verdict;
+2. a :class:`CheckpointJob` per branched checkpoint of each reproduced trunk:
+   replay fidelity, then the branches (``engine.run_checkpoint``). These run on
+   a fresh set of worker processes (also with one worker), so every restore
+   happens in a process that never recorded a snapshot.
+
+The caller is the one writer of ``RUN_DIR/branching/<name>/`` (it holds the run
+directory's lock); every file is written atomically, so a killed command resumes
+where it stopped, with nothing lost and nothing run twice. ``--retry-errors``
+re-runs invalid units (the old result moves to ``history/``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from tqdm import tqdm
+
+from robocasa_shift import specs
+from robocasa_shift.branching.engine import BranchSettings, check_branchable, record_trunk, run_checkpoint
+from robocasa_shift.branching.snapshot import TrunkTape
+from robocasa_shift.config import ExecutionConfig, StudyConfig
+from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.errors import BadInput, RunDirError
+from robocasa_shift.study.executors import make_executor
+from robocasa_shift.study.store import RunStore, atomic_write_bytes, atomic_write_json
+from robocasa_shift.study.worker import StudyCache
+
+BRANCHING = "branching"
+SELECTION_KINDS = ("shift_failure", "clean_failure")
+# Record fields a trunk's re-run must reproduce before any of its checkpoints is branched.
+TRUNK_FIELDS = ("env_fingerprint", "policy_rng_fingerprint", "success", "steps", "stage_steps")
+# Settings of a branch study that must agree between the commands writing to it.
+IDENTITY = ("settings", "run_spec_hash", "policy", "backend", "threads")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which trunks, and which of their checkpoints, to branch.
+
+    Attributes:
+        kinds: ``shift_failure`` (perturbed failures whose clean twin succeeded) and/or ``clean_failure``.
+        tasks, conditions: keep only these (None: all).
+        keys: explicit rollout key ids (``formal/Lift/0003/base:L2/r0``), instead of ``kinds``.
+        steps: explicit checkpoint steps (chunk boundaries), instead of the stride.
+        max_trunks: at most this many, taken round-robin over (condition, task) in sorted order, so a
+            small selection spans conditions and tasks.
+        phase: the phase whose records are searched.
+    """
+
+    kinds: Tuple[str, ...] = SELECTION_KINDS
+    tasks: Optional[Tuple[str, ...]] = None
+    conditions: Optional[Tuple[str, ...]] = None
+    keys: Tuple[str, ...] = ()
+    steps: Tuple[int, ...] = ()
+    max_trunks: Optional[int] = None
+    phase: str = "formal"
+
+    def __post_init__(self):
+        unknown = [k for k in self.kinds if k not in SELECTION_KINDS]
+        if unknown:
+            from robocasa_shift.errors import UnknownNameError
+
+            raise UnknownNameError("selection kind", unknown[0], list(SELECTION_KINDS))
+        if self.max_trunks is not None and self.max_trunks < 1:
+            raise BadInput(f"max_trunks must be >= 1, got {self.max_trunks}")
+
+    def record(self) -> Dict[str, Any]:
+        return {"kinds": list(self.kinds), "tasks": self.tasks and list(self.tasks),
+                "conditions": self.conditions and list(self.conditions), "keys": list(self.keys),
+                "steps": list(self.steps), "max_trunks": self.max_trunks, "phase": self.phase}
+
+
+@dataclass(frozen=True)
+class Trunk:
+    """A selected trunk: its key, why it was selected, its clean twin's outcome and its stored record."""
+
+    key: RolloutKey
+    selection: str
+    clean_success: Optional[bool]
+    stored: Dict[str, Any]
+
+
+def select_trunks(records: Sequence[Dict[str, Any]], selection: Selection) -> List[Trunk]:
+    """The trunks ``selection`` picks from a run's records (valid records only).
+
+    Raises:
+        BadInput: an explicit key that has no valid record (the message names it).
+    """
+    valid = {RolloutKey.from_record(r): r for r in records if r.get("valid") is True}
+    clean = {k.pair_id: r.get("success") for k, r in valid.items() if k.condition == specs.CLEAN}
+    if selection.keys:
+        chosen = []
+        for text in selection.keys:
+            try:
+                key = RolloutKey.from_id(text)
+            except ValueError:
+                raise BadInput(f"key {text!r}: expected phase/task/episode/condition/r<replicate>, "
+                               f"e.g. formal/Lift/0003/base:L2/r0") from None
+            if key not in valid:
+                raise BadInput(f"key {text}: no valid record of it in this run directory")
+            chosen.append(Trunk(key, "requested", clean.get(key.pair_id), valid[key]))
+        return chosen
+    groups: Dict[Tuple[str, str], List[Trunk]] = {}
+    for key in sorted(valid, key=lambda k: (k.condition, k.task, k.episode, k.replicate)):
+        record = valid[key]
+        if key.phase != selection.phase or record.get("success") is not False:
+            continue
+        if selection.tasks and key.task not in selection.tasks:
+            continue
+        if selection.conditions and key.condition not in selection.conditions:
+            continue
+        twin = clean.get(key.pair_id)
+        kind = "clean_failure" if key.condition == specs.CLEAN else "shift_failure" if twin is True else None
+        if kind in selection.kinds:
+            groups.setdefault((key.condition, key.task), []).append(Trunk(key, kind, twin, record))
+    chosen, queues = [], [list(g) for _, g in sorted(groups.items())]
+    while any(queues) and (selection.max_trunks is None or len(chosen) < selection.max_trunks):
+        for queue in queues:
+            if queue and (selection.max_trunks is None or len(chosen) < selection.max_trunks):
+                chosen.append(queue.pop(0))
+    return chosen
+
+
+def branch_steps(chunk_steps: Sequence[int], selection: Selection, stride: int) -> Tuple[List[int], List[int]]:
+    """(steps to branch, requested steps that are not chunk boundaries)."""
+    if selection.steps:
+        boundaries = set(chunk_steps)
+        return ([s for s in selection.steps if s in boundaries], [s for s in selection.steps if s not in boundaries])
+    return list(chunk_steps)[::stride], []
+
+
+# --------------------------------------------------------------------------- jobs (run in worker processes)
+
+
+def _unrun(kind: str, payload: Dict[str, Any], error_kind: str, message: str) -> List[Dict[str, Any]]:
+    return [{kind: {**payload, "valid": False, "error": message, "error_kind": error_kind}}]
+
+
+class TrunkJob:
+    """Re-run one trunk with snapshots; the result carries the new record and the snapshot file's bytes."""
+
+    size = 1
+
+    def __init__(self, key: RolloutKey):
+        self.key = key
+
+    def run(self, cache: StudyCache) -> List[Dict[str, Any]]:
+        record, tape = record_trunk(cache.env(self.key.task), cache.policy, self.key, cache.protocol,
+                                    cache.stage_spec(self.key.task), cache.config.backend)
+        return [{"trunk": {**self.key.to_json(), "record": record.to_json(), "tape": tape.to_bytes(),
+                           "chunk_steps": tape.chunk_steps}}]
+
+    def unrun(self, study, kind: str, message: str, protocol=None) -> List[Dict[str, Any]]:
+        return _unrun("trunk", self.key.to_json(), kind, message)
+
+
+_TAPE: Dict[str, Any] = {}  # the last snapshot file read in this process: consecutive jobs share a trunk
+
+
+def _read_tape(path: str, sha256: str) -> TrunkTape:
+    """The snapshot file at ``path``, refused unless its SHA-256 is the one recorded when it was written."""
+    if _TAPE.get("path") != path or _TAPE.get("sha256") != sha256:
+        data = Path(path).read_bytes()
+        found = hashlib.sha256(data).hexdigest()
+        if found != sha256:
+            raise RunDirError(f"{path}: snapshot file changed since it was written (sha256 {found}, recorded {sha256})")
+        _TAPE.update(path=path, sha256=sha256, tape=TrunkTape.read(path))
+    return _TAPE["tape"]
+
+
+class CheckpointJob:
+    """Fidelity and branches at one checkpoint of a recorded trunk."""
+
+    def __init__(self, key: RolloutKey, step: int, snapshot: str, sha256: str, settings: BranchSettings):
+        self.key, self.step, self.snapshot, self.sha256, self.settings = key, step, snapshot, sha256, settings
+        self.size = 1 + len(settings.interventions) * settings.k_expanded  # rollouts it may run
+
+    def run(self, cache: StudyCache) -> List[Dict[str, Any]]:
+        tape = _read_tape(self.snapshot, self.sha256)
+        result = run_checkpoint(cache.env(self.key.task), cache.policy, self.key, cache.protocol,
+                                cache.stage_spec(self.key.task), cache.config.backend, tape, self.step, self.settings)
+        return [{"checkpoint": result}]
+
+    def unrun(self, study, kind: str, message: str, protocol=None) -> List[Dict[str, Any]]:
+        return _unrun("checkpoint", {**self.key.to_json(), "step": self.step}, kind, message)
+
+
+# --------------------------------------------------------------------------- the branch store
+
+
+def _slug(key: RolloutKey) -> str:
+    return f"{key.episode:04d}__{key.condition.replace(':', '-')}__r{key.replicate}"
+
+
+class BranchStore:
+    """``RUN_DIR/branching/<name>/`` (layout in ``robocasa_shift.branching``)."""
+
+    def __init__(self, run_dir: Path | str, name: str = "default"):
+        if not name or "/" in name or name.startswith("."):
+            raise BadInput(f"branch study name {name!r}: use a plain folder name")
+        self.run_dir = Path(run_dir)
+        self.root = self.run_dir / BRANCHING / name
+
+    def trunk_path(self, key: RolloutKey, suffix: str = ".json") -> Path:
+        return self.root / "trunks" / key.phase / key.task / f"{_slug(key)}{suffix}"
+
+    def checkpoint_path(self, key: RolloutKey, step: int, base: str = "checkpoints") -> Path:
+        return self.root / base / key.phase / key.task / _slug(key) / f"s{step:04d}.json"
+
+    def manifest(self) -> Optional[Dict[str, Any]]:
+        return _read(self.root / "manifest.json")
+
+    def ensure_manifest(self, manifest: Dict[str, Any]) -> None:
+        """Write the manifest of a new branch study, or refuse settings that differ from its own."""
+        existing = self.manifest()
+        if existing is None:
+            atomic_write_json(self.root / "manifest.json",
+                              {**manifest, "created": _dt.datetime.now().isoformat(timespec="seconds")})
+            return
+        for field in IDENTITY:
+            if existing.get(field) != manifest.get(field):
+                raise RunDirError(f"{self.root}: this branch study was made with {field} = "
+                                  f"{json.dumps(existing.get(field), sort_keys=True)}, this command asks for "
+                                  f"{json.dumps(manifest.get(field), sort_keys=True)}; give another --name")
+
+    def trunk(self, key: RolloutKey) -> Optional[Dict[str, Any]]:
+        return _read(self.trunk_path(key))
+
+    def checkpoint(self, key: RolloutKey, step: int) -> Optional[Dict[str, Any]]:
+        return _read(self.checkpoint_path(key, step))
+
+    def write_trunk(self, info: Dict[str, Any], tape: Optional[bytes]) -> None:
+        """Write the snapshots first and the verdict after, so a verdict always has its snapshots."""
+        key = RolloutKey.from_record(info)
+        if tape is not None:
+            atomic_write_bytes(self.trunk_path(key, ".npz"), tape)
+            info = {**info, "snapshot_file": str(self.trunk_path(key, ".npz").relative_to(self.root)),
+                    "snapshot_sha256": hashlib.sha256(tape).hexdigest()}
+        self._supersede(self.trunk_path(key), "trunks")
+        atomic_write_json(self.trunk_path(key), info)
+
+    def write_checkpoint(self, result: Dict[str, Any]) -> None:
+        key = RolloutKey.from_record(result)
+        self._supersede(self.checkpoint_path(key, result["step"]), "checkpoints")
+        atomic_write_json(self.checkpoint_path(key, result["step"]), result)
+
+    def _supersede(self, path: Path, base: str) -> None:
+        """Move an existing file into ``history/`` before it is replaced (a retried unit)."""
+        if path.exists():
+            stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S%f")
+            dest = self.root / "history" / path.relative_to(self.root / base).with_suffix(f".{stamp}.json")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, dest)
+
+
+def _read(path: Path) -> Optional[Dict[str, Any]]:
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise RunDirError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise RunDirError(f"{path}: expected a JSON object")
+    return data
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def study_from_manifest(manifest: Dict[str, Any], policy_options: Optional[Dict[str, Any]] = None,
+                        trust_run_dir: bool = False) -> StudyConfig:
+    """The study a run directory's manifest describes (connection options only from the caller, see replay)."""
+    from robocasa_shift.engine.replay import replay_policy_options
+
+    options = replay_policy_options(manifest, policy_options, trust_run_dir)
+    return StudyConfig(backend=manifest["backend"], policy=manifest["policy"]["name"],
+                       policy_options=tuple(options.items()), render_profile=manifest.get("render_profile", "fast"))
+
+
+def _trunk_verdict(trunk: Trunk, result: Dict[str, Any]) -> Dict[str, Any]:
+    """The trunk's JSON from its job's result: reproduced or not, and its stage/outcome facts."""
+    info = {**trunk.key.to_json(), "selection": trunk.selection, "clean_success": trunk.clean_success}
+    if "record" not in result:
+        return {**info, "valid": False, "reproduced": False, "error": result.get("error"),
+                "error_kind": result.get("error_kind")}
+    record = result["record"]
+    mismatch = [f"{name}: stored {trunk.stored.get(name)!r}, re-run {record.get(name)!r}"
+                for name in TRUNK_FIELDS if trunk.stored.get(name) != record.get(name)]
+    if not record.get("valid"):
+        mismatch.insert(0, f"the re-run is invalid: {record.get('error')}")
+    return {**info, "valid": bool(record.get("valid")), "reproduced": not mismatch,
+            "mismatch": "; ".join(mismatch) or None, "error": record.get("error"),
+            "error_kind": record.get("error_kind"),
+            **{k: record.get(k) for k in ("success", "steps", "horizon", "stage_names", "stage_steps",
+                                          "first_incomplete", "wall_s")}}
+
+
+def branch(run_dir: Path | str, selection: Selection = Selection(), settings: BranchSettings = BranchSettings(),
+           execution: ExecutionConfig = ExecutionConfig(), name: str = "default",
+           policy_options: Optional[Dict[str, Any]] = None, trust_run_dir: bool = False,
+           retry_errors: bool = False, dry_run: bool = False) -> Dict[str, Any]:
+    """Branch the selected trunks of ``run_dir``; returns counts (and, with ``dry_run``, only the plan).
+
+    Raises:
+        RunDirError: not a run directory, or a branch study of this name made with other settings.
+        StateUnsupported: the run's policy cannot snapshot its state (the reason says why).
+        BadInput: an explicit key without a valid record; settings out of range.
+    """
+    store = RunStore(run_dir)
+    manifest = store.manifest()
+    if manifest is None:
+        raise RunDirError(f"{run_dir}: no manifest.json; not a run directory")
+    study = study_from_manifest(manifest, policy_options, trust_run_dir)
+    execution = execution.resolved()
+    trunks = select_trunks(store.records(), selection)
+    bstore = BranchStore(store.root, name)
+    cache = StudyCache(study)
+    try:
+        check_branchable(cache.policy)  # refused before anything runs
+        # settings.record() builds each intervention: unknown names and tampered specs are refused here
+        branch_manifest = {"settings": settings.record(), "selection": selection.record(),
+                           "run_spec_hash": manifest.get("spec_hash"), "study_seed": manifest.get("study_seed"),
+                           "policy": cache.policy.identity(), "backend": study.backend, "threads": execution.threads}
+    finally:
+        cache.close()
+    if dry_run:
+        return plan_summary(bstore, trunks, settings, selection, execution, retry_errors)
+    counts = {"trunks_selected": len(trunks), "trunks_run": 0, "trunks_reproduced": 0, "checkpoints_run": 0,
+              "checkpoints_invalid": 0, "fidelity_failed": 0}
+    with store:  # the run directory's lock: one writer
+        bstore.ensure_manifest(branch_manifest)
+        todo = [t for t in trunks if _pending(bstore.trunk(t.key), retry_errors)]
+        if todo:
+            executor = make_executor(study, execution)
+            try:
+                by_key = {t.key: t for t in todo}
+                for result in _progress(executor.run_jobs([TrunkJob(t.key) for t in todo]), len(todo), "trunks",
+                                            execution.progress):
+                    payload = result["trunk"]
+                    trunk = by_key[RolloutKey.from_record(payload)]
+                    verdict = _trunk_verdict(trunk, payload)
+                    tape = payload.get("tape")
+                    if tape is not None:
+                        steps = payload["chunk_steps"]
+                        branched, off = branch_steps(steps, selection, settings.stride)
+                        verdict.update(chunk_steps=steps, checkpoint_steps=branched, steps_not_at_boundaries=off)
+                    bstore.write_trunk(verdict, tape)
+                    counts["trunks_run"] += 1
+            finally:
+                executor.close()
+        jobs = checkpoint_jobs(bstore, trunks, settings, retry_errors)
+        counts["trunks_reproduced"] = sum(bool((bstore.trunk(t.key) or {}).get("reproduced")) for t in trunks)
+        if jobs:
+            executor = make_executor(study, execution)
+            if hasattr(executor, "inline"):
+                executor.inline = False  # restores run in processes that never recorded a snapshot
+            try:
+                for result in _progress(executor.run_jobs(jobs), len(jobs), "checkpoints", execution.progress):
+                    checkpoint = result["checkpoint"]
+                    bstore.write_checkpoint(checkpoint)
+                    counts["checkpoints_run"] += 1
+                    counts["checkpoints_invalid"] += int(not checkpoint.get("valid"))
+                    counts["fidelity_failed"] += int(bool(checkpoint.get("fidelity")) and not checkpoint["fidelity"]["ok"])
+            finally:
+                executor.close()
+    counts["branch_dir"] = str(bstore.root)
+    return counts
+
+
+def _pending(existing: Optional[Dict[str, Any]], retry_errors: bool) -> bool:
+    """A unit runs when it has no result yet, or an invalid one and ``retry_errors``."""
+    return existing is None or (retry_errors and not existing.get("valid"))
+
+
+def checkpoint_jobs(bstore: BranchStore, trunks: Iterable[Trunk], settings: BranchSettings,
+                    retry_errors: bool) -> List[CheckpointJob]:
+    """The checkpoint units still to run, trunk by trunk (consecutive units share a snapshot file)."""
+    jobs = []
+    for trunk in trunks:
+        info = bstore.trunk(trunk.key)
+        if not info or not info.get("reproduced"):
+            continue
+        snapshot = str(bstore.root / info["snapshot_file"])
+        for step in info["checkpoint_steps"]:
+            if _pending(bstore.checkpoint(trunk.key, step), retry_errors):
+                jobs.append(CheckpointJob(trunk.key, step, snapshot, info["snapshot_sha256"], settings))
+    return jobs
+
+
+def plan_summary(bstore: BranchStore, trunks: Sequence[Trunk], settings: BranchSettings, selection: Selection,
+                 execution: ExecutionConfig, retry_errors: bool) -> Dict[str, Any]:
+    """What a run would do: trunks, checkpoints and branch rollouts (at K and if every one expanded), and an ETA.
+
+    Trunks not yet recorded are estimated from their stored record: ``policy_calls`` chunk boundaries,
+    and the run's own measured seconds per control step for the task.
+    """
+    n_int = len(settings.interventions)
+    trunk_runs = checkpoints = low = high = 0
+    seconds = 0.0
+    for trunk in trunks:
+        info = bstore.trunk(trunk.key)
+        record = trunk.stored
+        per_step = (record.get("wall_s") or 0.0) / max(1, record.get("steps") or 1)
+        horizon = int(record.get("horizon") or 0)
+        if info is None or (retry_errors and not info.get("valid")):
+            trunk_runs += 1
+            seconds += per_step * (record.get("steps") or 0)
+            calls = int(record.get("policy_calls") or 0)
+            chunk = (record.get("steps") or 0) / max(1, calls)
+            steps = [round(i * chunk) for i in range(calls)]
+            steps = branch_steps(steps, selection, settings.stride)[0] if not selection.steps else list(selection.steps)
+        elif info.get("reproduced"):
+            steps = [s for s in info["checkpoint_steps"] if _pending(bstore.checkpoint(trunk.key, s), retry_errors)]
+        else:
+            steps = []
+        checkpoints += len(steps)
+        for step in steps:
+            remaining = max(0, horizon - step) if settings.budget == "inherited" else settings.fresh_budget
+            low += 1 + n_int * settings.k_initial
+            high += 1 + n_int * settings.k_expanded
+            # fidelity replays the trunk's own remainder; branches may run to the budget
+            seconds += per_step * ((record.get("steps", 0) - step) + n_int * settings.k_initial * remaining)
+    workers = max(1, execution.workers)
+    return {"dry_run": True, "trunks_selected": len(trunks), "trunks_to_record": trunk_runs,
+            "checkpoints": checkpoints, "branch_rollouts_at_k": low, "branch_rollouts_if_all_expanded": high,
+            "eta_s": round(seconds / workers, 1), "workers": workers,
+            "trunks": [{"key": t.key.id, "selection": t.selection} for t in trunks]}
+
+
+def _progress(results, total: int, desc: str, enabled: bool = True):
+    bar = tqdm(total=total, desc=desc, unit="unit", dynamic_ncols=True, disable=not enabled or total == 0)
+    try:
+        for result in results:
+            yield result
+            bar.update(1)
+    finally:
+        bar.close()
+
+
+__all__ = ["BRANCHING", "BranchStore", "CheckpointJob", "SELECTION_KINDS", "Selection", "Trunk", "TrunkJob",
+           "branch", "branch_steps", "checkpoint_jobs", "plan_summary", "select_trunks", "study_from_manifest"]
