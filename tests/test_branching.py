@@ -164,6 +164,30 @@ def test_a_corrupted_or_foreign_snapshot_file_is_refused_and_nothing_is_unpickle
         tape.checkpoint(3)
 
 
+def test_snapshot_files_round_trip_to_the_same_bytes_and_a_forged_packed_index_is_refused(fake_study, tmp_path):
+    from robocasa_shift.branching.snapshot import pack, text_array, unpack
+
+    _, tape = _trunk(fake_study, RolloutKey("formal", "Reach", 1, "base:L2"))
+    data = tape.to_bytes()
+    (tmp_path / "t.npz").write_bytes(data)
+    again = TrunkTape.read(tmp_path / "t.npz")
+    assert again.to_bytes() == data == tape.to_bytes()  # fixed zip timestamps: same tape, same bytes
+    assert all(again.checkpoint_hash(s) == tape.checkpoint_hash(s) for s in tape.chunk_steps)
+    # shapes survive packing, 0-d ones included (a controller's alias is a 0-d string array)
+    packed = {"a": np.arange(3.0), "b": np.array("text"), "c": np.zeros((2, 3))[:, ::2], "d": np.array(7)}
+    unpacked = unpack(*pack(packed), "here")
+    assert {k: (v.shape, v.dtype, v.tolist()) for k, v in unpacked.items()} == \
+        {k: (v.shape, v.dtype, v.tolist()) for k, v in packed.items()}
+    _, blob = pack({"a": np.arange(3.0), "b": np.array("text")})
+    step = f"c{tape.chunk_steps[0]:04d}/policy"
+    for forged in ([["a", "<f8", [3], 0, 10_000]], [["a", "|O", [1], 0, 8]], [["a", "<f8", [4], 0, 24]]):
+        entries = dict(np.load(tmp_path / "t.npz", allow_pickle=False))
+        entries[f"{step}.index"], entries[step] = text_array(json.dumps(forged)), blob
+        np.savez(tmp_path / "forged.npz", **entries)
+        with pytest.raises(SnapshotError, match=f"forged.npz: {step}: malformed packed state"):
+            TrunkTape.read(tmp_path / "forged.npz")
+
+
 def test_the_policy_is_idle_during_the_recover_script(fake_study):
     protocol, backend = fake_study
     key = RolloutKey("formal", "PickPlace", 3, "base:L3")
@@ -359,3 +383,18 @@ def test_explicit_keys_and_steps_branch_only_those_and_report_steps_off_the_boun
     assert trunk["steps_not_at_boundaries"] == [5]
     with pytest.raises(RunDirError, match="another --name"):
         branch(run, Selection(keys=(key.id,)), BranchSettings(interventions=("recover",)), name="alarms")
+
+
+def test_branches_on_ray_equal_those_of_the_local_executor(fake_run, tmp_path):
+    import shutil
+
+    results = {}
+    for executor in ("local", "ray"):
+        run = tmp_path / executor
+        shutil.copytree(fake_run, run)
+        cli("branch", str(run), "--max-trunks", "2", "--stride", "4", "--workers", "2", "--executor", executor,
+            "--no-progress", timeout=900)
+        bdir = run / "branching" / "default"
+        results[executor] = {p.relative_to(bdir): comparable(json.loads(p.read_text()))
+                             for p in bdir.rglob("*.json") if p.parent.name != "default"}
+    assert results["ray"] == results["local"] and len(results["local"]) > 4

@@ -236,7 +236,7 @@ class MujocoEnv(PerturbableModel):
 
     def _observation_state(self) -> Dict[str, np.ndarray]:
         """robosuite's observation pipeline: each observable's sampling clock, sampled flag, delay and last
-        value, and the observation the environment holds (what ``proprio`` returns).
+        value (the observation the environment holds is rebuilt from these values).
 
         robosuite samples an observable when its own clock says so (seconds accumulated per
         substep, modulo the sampling period), and its sensors refresh controller attributes as
@@ -248,7 +248,6 @@ class MujocoEnv(PerturbableModel):
             out[f"observation.{name}.sampled"] = np.array(observable._sampled)
             out[f"observation.{name}.current_delay"] = np.array(observable._current_delay, dtype=np.float64)
             out[f"observation.{name}.value"] = np.array(observable._current_observed_value)
-        out.update({f"observation.obs.{k}": np.array(v) for k, v in self._obs.items()})
         return out
 
     def _set_observation_state(self, state: Mapping[str, Any]) -> None:
@@ -258,8 +257,7 @@ class MujocoEnv(PerturbableModel):
             observable._current_delay = float(state[f"observation.{name}.current_delay"])
             value = np.array(state[f"observation.{name}.value"])
             observable._current_observed_value = value[()] if value.ndim == 0 else value
-        prefix = "observation.obs."
-        self._obs = {k[len(prefix):]: np.array(v) for k, v in state.items() if k.startswith(prefix)}
+        self._obs = self.raw._get_observations()  # collects the restored values, samples nothing
 
     def set_physics_state(self, integration: np.ndarray) -> None:
         """Restore only the physics (for replaying recorded states through predicates)."""

@@ -1,5 +1,8 @@
 """Trunk snapshots on disk: one compressed ``.npz`` per trunk, read with ``allow_pickle=False``.
 
+The file is numpy's ``.npz`` (a zip of ``.npy`` arrays) written with fixed
+timestamps, so the same trunk gives the same bytes and the same SHA-256.
+
 A :class:`TrunkTape` is what recording a trunk leaves: the state at every
 action-chunk boundary, and the trunk's trajectory that replay fidelity is
 checked against. Every entry is a plain numpy array (numbers or bytes with their
@@ -15,9 +18,12 @@ read safely on any machine. Entries:
   actions taken; ``trunk/stage_steps``: latch step per subgoal, -1 when never.
 - ``model/<name>``: every perturbable model value after the perturbation was
   injected (a restore re-injects it and checks these).
-- ``c<step>/env/<name>``, ``c<step>/policy/<name>``, ``c<step>/tracker/<name>``: the
-  checkpoint at ``step`` (control steps taken), from ``Env.get_state(observations=True)``,
-  ``Policy.get_state()`` and ``StageTracker.get_state()``; ``step`` has four digits or more.
+- ``c<step>/env``, ``c<step>/policy``, ``c<step>/tracker`` (uint8) with their
+  ``.index`` (UTF-8 JSON rows ``[name, dtype, shape, offset, nbytes]``): the checkpoint at
+  ``step`` (control steps taken), from ``Env.get_state(observations=True)``,
+  ``Policy.get_state()`` and ``StageTracker.get_state()``, each part's arrays packed into
+  one blob (a zip entry per array would cost more in headers than the state itself);
+  ``step`` has four digits or more.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping
@@ -34,7 +41,7 @@ import numpy as np
 from robocasa_shift.errors import RunDirError
 
 FORMAT = "robocasa-shift trunk snapshots"
-VERSION = 1
+VERSION = 2
 PARTS = ("env", "policy", "tracker")
 
 
@@ -60,6 +67,41 @@ def arrays_hash(arrays: Mapping[str, np.ndarray]) -> str:
         h.update(f"{name}|{value.dtype.str}|{value.shape}|".encode())
         h.update(value.tobytes())
     return h.hexdigest()
+
+
+def pack(arrays: Mapping[str, np.ndarray]) -> tuple:
+    """Named arrays as ``(index, blob)``: a JSON index (uint8) and their bytes back to back (uint8)."""
+    index, chunks, offset = [], [], 0
+    for name in sorted(arrays):
+        value = np.asarray(arrays[name])  # not ascontiguousarray: it turns a 0-d array into shape (1,)
+        data = value.tobytes()
+        index.append([name, value.dtype.str, list(value.shape), offset, len(data)])
+        chunks.append(data)
+        offset += len(data)
+    return text_array(json.dumps(index)), np.frombuffer(b"".join(chunks), dtype=np.uint8).copy()
+
+
+def unpack(index: np.ndarray, blob: np.ndarray, where: str) -> Dict[str, np.ndarray]:
+    """The inverse of :func:`pack`; ``where`` names the entry in errors.
+
+    Raises:
+        SnapshotError: a malformed index (an object dtype, a range outside the blob, a size that
+            does not match the shape).
+    """
+    out: Dict[str, np.ndarray] = {}
+    data = np.asarray(blob, dtype=np.uint8).tobytes()
+    try:
+        for name, dtype_str, shape, offset, nbytes in json.loads(array_text(index)):
+            dtype = np.dtype(dtype_str)
+            if dtype.hasobject or offset < 0 or offset + nbytes > len(data) \
+                    or nbytes != dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
+                raise ValueError(f"entry {name!r}: dtype {dtype_str}, shape {shape}, bytes {offset}+{nbytes} "
+                                 f"of {len(data)}")
+            out[name] = np.frombuffer(data, dtype=dtype, count=int(np.prod(shape, dtype=np.int64)),
+                                      offset=offset).reshape(tuple(shape)).copy()
+    except (TypeError, ValueError) as exc:
+        raise SnapshotError(f"{where}: malformed packed state ({exc})") from None
+    return out
 
 
 def _plain(name: str, value: Any) -> np.ndarray:
@@ -112,15 +154,22 @@ class TrunkTape:
                                            "chunk_steps": self.chunk_steps}, sort_keys=True)),
             "trunk/joint_positions": np.array(self.joint_positions, dtype=np.float64),
             "trunk/states": np.array(self.states, dtype=np.float64),
-            "trunk/actions": np.array(self.actions, dtype=np.float64).reshape(len(self.actions), -1),
+            "trunk/actions": np.array(self.actions, dtype=np.float64) if self.actions else np.zeros((0, 0)),
             "trunk/stage_steps": np.array(self.stage_steps, dtype=np.int64),
         }
         entries.update({f"model/{k}": _plain(k, v) for k, v in self.model.items()})
         for step, cp in self.checkpoints.items():
             for part in PARTS:
-                entries.update({f"c{step:04d}/{part}/{k}": _plain(k, v) for k, v in cp[part].items()})
+                name = f"c{step:04d}/{part}"
+                entries[f"{name}.index"], entries[name] = pack({k: _plain(k, v) for k, v in cp[part].items()})
+        # np.savez_compressed's layout with a fixed timestamp: the same tape gives the same bytes
         buffer = io.BytesIO()
-        np.savez_compressed(buffer, **entries)
+        with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+            for name in sorted(entries):
+                info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+                info.compress_type = zipfile.ZIP_DEFLATED
+                with archive.open(info, "w", force_zip64=True) as f:
+                    np.lib.format.write_array(f, np.asanyarray(entries[name]), allow_pickle=False)
         return buffer.getvalue()
 
     @classmethod
@@ -149,10 +198,10 @@ class TrunkTape:
             head, _, rest = name.partition("/")
             if head == "model":
                 tape.model[rest] = value
-            elif head.startswith("c") and head[1:].isdigit():
-                part, _, key = rest.partition("/")
-                tape.checkpoints.setdefault(int(head[1:]), {p: {} for p in PARTS})[part][key] = value
-            else:
+            elif head.startswith("c") and head[1:].isdigit() and rest in PARTS and f"{name}.index" in entries:
+                tape.checkpoints.setdefault(int(head[1:]), {p: {} for p in PARTS})[rest] = \
+                    unpack(entries[f"{name}.index"], value, f"{path}: {name}")
+            elif not (name.endswith(".index") and name[:-len(".index")] in entries):
                 raise SnapshotError(f"{path}: unexpected entry {name!r}")
         if tape.chunk_steps != meta.get("chunk_steps"):
             raise SnapshotError(f"{path}: checkpoints {tape.chunk_steps} differ from those listed {meta.get('chunk_steps')}")
