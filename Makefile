@@ -48,7 +48,7 @@ DEMO_EPISODES ?= 0-2
 demo: setup
 	$(CLI) screen --policy $(POLICY) --run-dir $(DEMO_RUN)
 	$(CLI) calibrate --task suite --episodes 0 --run-dir $(DEMO_RUN)
-	$(CLI) formal --policy $(POLICY) --episodes $(DEMO_EPISODES) --run-dir $(DEMO_RUN)
+	$(CLI) formal --policy $(POLICY) --episodes $(DEMO_EPISODES) --run-dir $(DEMO_RUN) --log-steps
 	$(CLI) audit $(DEMO_RUN)
 	$(CLI) report $(DEMO_RUN)
 	@echo "open $(DEMO_RUN)/report/index.html"

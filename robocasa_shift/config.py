@@ -159,7 +159,7 @@ def default_threads(workers: int) -> int:
 
 @dataclass(frozen=True)
 class StudyConfig:
-    """What is studied: the backend, the policy and its options, the render profile.
+    """What is studied: the backend, the policy and its options, the render profile; and whether steps are logged.
 
     Everything here is fixed for one run directory (the manifest records it);
     ``policy_options`` is kept as a tuple of ``(name, value)`` pairs so the
@@ -173,6 +173,9 @@ class StudyConfig:
         (), help="Option for the policy's constructor, repeatable; values are YAML "
                  "(e.g. --policy-option checkpoint=ckpt/ --policy-option port=8000). Recorded in the manifest.")
     render_profile: str = _option("fast", help="fast: no shadows, reflections or multisampling.", check=a_name)
+    log_steps: bool = _option(False, help="Write a per-step log beside each record (end effector, actions, latched "
+                                          "subgoals, policy samples at each boundary), for runtime monitors and "
+                                          "judges; records are unchanged.")
 
     def __post_init__(self):
         object.__setattr__(self, "policy_options", freeze_options(self.policy_options))

@@ -38,6 +38,12 @@ def policy_seed(study_seed: int, task: str, phase: str, episode: int, replicate:
     return derive_seed(study_seed, stream="policy", task=task, phase=phase, episode=episode, replicate=replicate)
 
 
+def samples_seed(study_seed: int, task: str, phase: str, episode: int, replicate: int = 0) -> int:
+    """The seed of a rollout's monitor samples (step logs): its own stream, so sampling never
+    touches the policy's generators; shared by the conditions of a pair, like the policy seed."""
+    return derive_seed(study_seed, stream="samples", task=task, phase=phase, episode=episode, replicate=replicate)
+
+
 def draw_rng(study_seed: int, factor: str, task: str, phase: str, episode: int) -> np.random.Generator:
     """The generator of a factor's draws for one base episode: one stream, reused by every level."""
     return np.random.default_rng(derive_seed(study_seed, stream=factor, task=task, phase=phase, episode=episode))

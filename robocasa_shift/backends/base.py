@@ -101,6 +101,9 @@ class Env(Protocol):
     def joint_positions(self) -> np.ndarray:
         """Every joint position (MuJoCo's ``qpos``), a copy: replay fidelity compares it step by step."""
 
+    def eef_pos(self) -> np.ndarray:
+        """The end effector's position in the world frame, (3,) metres (step logs and monitors read it)."""
+
     def restore_nominal(self) -> None:
         """Undo every perturbation edit exactly (values copied back from the nominal table)."""
 

@@ -230,6 +230,10 @@ class FakeEnv(PerturbableModel):
     def eef_world(self) -> np.ndarray:
         return self.x[BASE][:2] + self.base_rotation()[:2, :2] @ self.x[EEF]
 
+    def eef_pos(self) -> np.ndarray:
+        """The gripper in the world frame, (3,), on the table plane (z = 0)."""
+        return np.array([*self.eef_world(), 0.0])
+
     def eef_object_distance(self) -> float:
         return float(np.linalg.norm(self.eef_world() - self.x[OBJECT]))
 
@@ -540,6 +544,21 @@ class FakePolicy(NumpySeededPolicy):
             time.sleep(self.act_delay_s)
         if self.server_down_while and os.path.exists(self.server_down_while):
             raise PolicyServerError(f"the fake policy server is down while {self.server_down_while} exists")
+        return self._decide(obs, self.rng)
+
+    def sample_actions(self, obs: Observation, n: int, rng: np.random.Generator) -> np.ndarray:
+        """``n`` draws of this decision's first action with the noise drawn from ``rng``; state restored."""
+        saved = self.get_state()
+        try:
+            draws = []
+            for _ in range(n):
+                self.set_state(saved)
+                draws.append(self._decide(obs, rng)[0])
+        finally:
+            self.set_state(saved)
+        return np.array(draws)
+
+    def _decide(self, obs: Observation, rng: np.random.Generator) -> np.ndarray:
         eef = obs.proprio["eef_pos"]
         grasping = bool(obs.proprio["grasping"][0])
         obj = self._locate(obs, "object", 0)
@@ -549,7 +568,7 @@ class FakePolicy(NumpySeededPolicy):
             target = self._memory.get("target") if grasping else self._locate(obs, "target", 1)
         grip = OPEN
         if obj is None:
-            goal = eef + self.rng.uniform(-0.08, 0.08, 2)  # nothing seen: look around
+            goal = eef + rng.uniform(-0.08, 0.08, 2)  # nothing seen: look around
         elif target is None:
             goal = obj
         elif not grasping:
@@ -561,7 +580,7 @@ class FakePolicy(NumpySeededPolicy):
         chunk = np.zeros((self.chunk, ACTION_DIM))
         planned = np.array(eef, dtype=float)
         for a in chunk:  # each action moves toward the goal from where the previous one should have ended
-            a[:2] = np.clip(_velocity(goal - planned) + self.rng.normal(0.0, self.action_noise, 2), -1.0, 1.0)
+            a[:2] = np.clip(_velocity(goal - planned) + rng.normal(0.0, self.action_noise, 2), -1.0, 1.0)
             a[2] = grip
             planned = planned + MAX_STEP_M * _velocity(goal - planned)
         return chunk

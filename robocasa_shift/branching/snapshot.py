@@ -1,7 +1,8 @@
 """Trunk snapshots on disk: one compressed ``.npz`` per trunk, read with ``allow_pickle=False``.
 
 The file is numpy's ``.npz`` (a zip of ``.npy`` arrays) written with fixed
-timestamps, so the same trunk gives the same bytes and the same SHA-256.
+timestamps (:mod:`robocasa_shift.arrays`), so the same trunk gives the same bytes
+and the same SHA-256.
 
 A :class:`TrunkTape` is what recording a trunk leaves: the state at every
 action-chunk boundary, and the trunk's trajectory that replay fidelity is
@@ -29,15 +30,14 @@ read safely on any machine. Entries:
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping
 
 import numpy as np
 
+from robocasa_shift.arrays import array_text, npz_bytes, read_npz, text_array
 from robocasa_shift.errors import RunDirError
 
 FORMAT = "robocasa-shift trunk snapshots"
@@ -47,16 +47,6 @@ PARTS = ("env", "policy", "tracker")
 
 class SnapshotError(RunDirError):
     """A snapshot file that is not one (truncated, another format, a checkpoint it lacks)."""
-
-
-def text_array(text: str) -> np.ndarray:
-    """``text`` as a uint8 array of its UTF-8 bytes (how strings travel in a snapshot)."""
-    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).copy()
-
-
-def array_text(array: np.ndarray) -> str:
-    """The inverse of :func:`text_array`."""
-    return np.asarray(array, dtype=np.uint8).tobytes().decode("utf-8")
 
 
 def arrays_hash(arrays: Mapping[str, np.ndarray]) -> str:
@@ -162,15 +152,7 @@ class TrunkTape:
             for part in PARTS:
                 name = f"c{step:04d}/{part}"
                 entries[f"{name}.index"], entries[name] = pack({k: _plain(k, v) for k, v in cp[part].items()})
-        # np.savez_compressed's layout with a fixed timestamp: the same tape gives the same bytes
-        buffer = io.BytesIO()
-        with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-            for name in sorted(entries):
-                info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-                info.compress_type = zipfile.ZIP_DEFLATED
-                with archive.open(info, "w", force_zip64=True) as f:
-                    np.lib.format.write_array(f, np.asanyarray(entries[name]), allow_pickle=False)
-        return buffer.getvalue()
+        return npz_bytes(entries)
 
     @classmethod
     def read(cls, path: Path | str) -> "TrunkTape":
@@ -181,8 +163,7 @@ class TrunkTape:
         """
         path = Path(path)
         try:
-            with np.load(path, allow_pickle=False) as npz:
-                entries = {name: npz[name] for name in npz.files}
+            entries = read_npz(path)
             meta = json.loads(array_text(entries.pop("meta")))
         except Exception as exc:
             raise SnapshotError(f"{path}: not a readable snapshot file ({type(exc).__name__}: {exc})") from None

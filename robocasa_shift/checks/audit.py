@@ -33,6 +33,7 @@ from robocasa_shift.checks.branch_audit import audit_branch_studies
 from robocasa_shift.checks.results import CheckResult, write_result
 from robocasa_shift.engine.perturbations import READBACK_ATOL, BaseOffset, factor_kind, max_abs_difference
 from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.engine.steplog import StepLogError
 from robocasa_shift.errors import UnknownNameError
 from robocasa_shift.study.pairing import DETERMINISM
 from robocasa_shift.study.store import RunStore
@@ -47,6 +48,7 @@ ZERO_CHECKS = (
     "invalid_perturbation_records",
     "runtime_failures",
     "stage_tracker_errors",
+    "step_log_problems",
     "unexpected_truncations",
 )
 
@@ -230,6 +232,9 @@ def audit_run(run_dir: Path | str, phase: str = "formal") -> CheckResult:
                 failing["runtime_failures"].append(f"{key.id}: {(rec.get('error') or '').splitlines()[0][:160]}")
             if rec.get("stage_error"):
                 failing["stage_tracker_errors"].append(f"{key.id}: {rec['stage_error'][:160]}")
+            problem = step_log_problem(store, rec)
+            if problem:
+                failing["step_log_problems"].append(f"{key.id}: {problem}")
             official = horizons.get(task, rec.get("horizon"))
             ended_early = rec.get("valid") and not rec.get("success") and rec.get("steps", 0) < rec.get("horizon", 0)
             if rec.get("truncated") or ended_early or rec.get("horizon") != official:
@@ -259,6 +264,31 @@ def audit_run(run_dir: Path | str, phase: str = "formal") -> CheckResult:
     result = replace(result, markdown=audit_markdown(result))
     write_result(result, run_dir)
     return result
+
+
+def step_log_problem(store: RunStore, rec: Dict[str, Any]) -> Optional[str]:
+    """What is wrong with a record's step log (None when it has none, or a sound one).
+
+    The file must be there with the SHA-256 the record holds, and agree with the record: as many
+    steps, one boundary per policy call, the subgoals the record counts, and the key it belongs to.
+    """
+    try:
+        log = store.step_log(rec)
+    except StepLogError as exc:
+        return str(exc)
+    if log is None:
+        return None
+    info, problems = rec["step_log"], []
+    if log.steps != rec.get("steps") or info.get("steps") != log.steps:
+        problems.append(f"{log.steps} logged steps, the record has {rec.get('steps')}")
+    if len(log.boundary) != rec.get("policy_calls") or info.get("boundaries") != len(log.boundary):
+        problems.append(f"{len(log.boundary)} logged boundaries, the record has {rec.get('policy_calls')} policy calls")
+    latched = int(log.latched[-1]) if log.steps else 0
+    if rec.get("valid") and not rec.get("stage_error") and latched != rec.get("stages_completed"):
+        problems.append(f"{latched} subgoals latched in the log, {rec.get('stages_completed')} in the record")
+    if log.meta.get("key") != RolloutKey.from_record(rec).to_json():
+        problems.append(f"the log belongs to {log.meta.get('key')}")
+    return "; ".join(problems) or None
 
 
 def audit_stem(phase: str = "formal") -> str:
@@ -313,6 +343,7 @@ LABELS = {
     "invalid_perturbation_records": "invalid perturbation records",
     "runtime_failures": "runtime failures",
     "stage_tracker_errors": "StageTracker errors",
+    "step_log_problems": "step-log problems",
     "unexpected_truncations": "unexpected truncations",
 }
 

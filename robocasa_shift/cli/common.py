@@ -148,8 +148,8 @@ def config_options(cls: type, dest: str, options: Sequence[Tuple[str, Callable]]
     return decorate
 
 
-def study_options(policy_help: Optional[str] = None, render_profile: bool = False) -> Callable:
-    """--policy, --backend, --policy-option (and --render-profile): the command gets ``study: StudyConfig``."""
+def study_options(policy_help: Optional[str] = None, render_profile: bool = False, log_steps: bool = False) -> Callable:
+    """--policy, --backend, --policy-option (and --render-profile, --log-steps): the command gets ``study: StudyConfig``."""
 
     def policy_options(ctx: click.Context, param: click.Parameter, value: Tuple[str, ...]) -> Dict[str, Any]:
         return parse_policy_options(value)
@@ -164,6 +164,9 @@ def study_options(policy_help: Optional[str] = None, render_profile: bool = Fals
                                                         type=click.Choice(["fast", "default"]))))
     options.append(("policy_options", config_option(StudyConfig, "policy_options", "--policy-option", multiple=True,
                                                     metavar="KEY=VALUE", callback=policy_options)))
+    if log_steps:
+        options.append(("log_steps", config_option(StudyConfig, "log_steps", "--log-steps/--no-log-steps",
+                                                   show_default=True)))
     return config_options(StudyConfig, "study", options)
 
 

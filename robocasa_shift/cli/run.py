@@ -40,7 +40,7 @@ from robocasa_shift.study.runner import run as run_study
               show_default=True, help="Seed stream of the base episodes.")
 @click.option("--replicates", default="0", show_default=True,
               help="Policy-seed replicates, e.g. 0-1 for a clean-vs-clean noise floor.")
-@study_options(render_profile=True)
+@study_options(render_profile=True, log_steps=True)
 @execution_options
 @SHARD_OPTION
 @RETRY_OPTION
@@ -114,7 +114,7 @@ def screen_command(run_dir: Path, pool_path: Optional[Path], study: StudyConfig,
 @click.option("--replicates", default="0", show_default=True,
               help="Policy-seed replicates; 0-1 adds a clean-vs-clean noise floor (use with --condition clean).")
 @click.option("--dry-run", is_flag=True, help="Print the rollout count and an ETA from measured rollout times.")
-@study_options()
+@study_options(log_steps=True)
 @execution_options
 @SHARD_OPTION
 @RETRY_OPTION

@@ -78,6 +78,7 @@ class Record:
     timing: Dict[str, float] = field(default_factory=dict)
     policy_calls: int = 0
     frames_rendered: int = 0
+    step_log: Optional[Dict[str, Any]] = None  # {sha256, steps, boundaries, samples} of the log beside the record
 
     @property
     def key(self) -> RolloutKey:

@@ -35,8 +35,10 @@ class Observer:
 
     ``on_start`` runs after the perturbation is injected, ``on_boundary`` at every
     action-chunk boundary before the policy observes (branching snapshots there),
-    ``on_observation`` with the images the policy receives, ``on_step`` after every
-    control step with the action taken and the subgoals that latched on its post-step state.
+    ``on_observation`` with the images the policy receives, ``before_act`` with the
+    observation just before the policy is asked (step logs draw monitor samples there),
+    ``on_step`` after every control step with the action taken and the subgoals that
+    latched on its post-step state. An observer only reads: it never changes a rollout.
     """
 
     def on_start(self, env) -> None:
@@ -46,6 +48,9 @@ class Observer:
         pass
 
     def on_observation(self, step: int, images: Dict[str, np.ndarray]) -> None:
+        pass
+
+    def before_act(self, rollout: "Rollout", obs: Observation) -> None:
         pass
 
     def on_step(self, step: int, action: np.ndarray, env, latched: list) -> None:
@@ -256,6 +261,16 @@ def run_rollout(
     return drive(rollout)
 
 
+def _before_act(rollout: Rollout, obs: Observation) -> bool:
+    """The observer's ``before_act``; False (and the rollout failed) when it raises."""
+    try:
+        rollout.observer.before_act(rollout, obs)
+        return True
+    except Exception as exc:
+        rollout.fail(exc)
+        return False
+
+
 def drive(rollout: Rollout, edit_chunk: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> Record:
     """Run a begun (or restored) rollout to its end, one policy call per chunk boundary; its record.
 
@@ -268,6 +283,8 @@ def drive(rollout: Rollout, edit_chunk: Optional[Callable[[np.ndarray], np.ndarr
             rollout.observer.on_boundary(rollout)
             obs = rollout.observe()
             if obs is None:
+                break
+            if not _before_act(rollout, obs):
                 break
             t0 = time.perf_counter()
             try:
@@ -283,7 +300,8 @@ def drive(rollout: Rollout, edit_chunk: Optional[Callable[[np.ndarray], np.ndarr
 
 
 def run_lockstep(envs: Sequence, policies: Sequence[Policy], keys: Sequence[RolloutKey], protocol: Protocol,
-                 stage_spec: StageSpec, backend: str, horizon: Optional[int] = None) -> List[Record]:
+                 stage_spec: StageSpec, backend: str, horizon: Optional[int] = None,
+                 observers: Optional[Sequence[Optional[Observer]]] = None) -> List[Record]:
     """Run several rollouts of one task side by side, one environment and one policy instance each,
     querying the policies with one batched call (``act_batch``) per decision point.
 
@@ -291,12 +309,16 @@ def run_lockstep(envs: Sequence, policies: Sequence[Policy], keys: Sequence[Roll
     the batch's composition (the reference policy) the records equal those of ``run_rollout``.
     The call's time is shared equally among the rollouts it served.
     """
-    rollouts = [Rollout(e, p, k, protocol, stage_spec, backend, horizon=horizon) for e, p, k in zip(envs, policies, keys)]
+    observers = observers or [None] * len(keys)
+    rollouts = [Rollout(e, p, k, protocol, stage_spec, backend, observer=o, horizon=horizon)
+                for e, p, k, o in zip(envs, policies, keys, observers)]
     for r in rollouts:
         r.begin()
     while True:
         asking = [r for r in rollouts if r.wants_observation()]
-        observed = [(r, obs) for r in asking for obs in [r.observe()] if obs is not None]
+        for r in asking:
+            r.observer.on_boundary(r)
+        observed = [(r, obs) for r in asking for obs in [r.observe()] if obs is not None and _before_act(r, obs)]
         if observed:
             t0 = time.perf_counter()
             try:

@@ -99,6 +99,16 @@ class Policy:
         """Hash of the policy's generator states, read back from the generators."""
         return DETERMINISTIC
 
+    def sample_actions(self, obs: Observation, n: int, rng: np.random.Generator) -> Optional[np.ndarray]:
+        """``n`` extra draws of the decision the policy is about to take on ``obs``, (n, action_dim) actions.
+
+        What sampling-disagreement monitors read (step logs, at every boundary, before ``act``).
+        The draws' randomness comes from ``rng`` only, and the policy's state (generators
+        included) is left exactly as it was, so logging never changes a rollout. The default
+        offers none (None).
+        """
+        return None
+
     @classmethod
     def act_batch(cls, policies: Sequence["Policy"], observations: Sequence[Observation]) -> List[np.ndarray]:
         """One decision for several rollouts, each policy instance with its own generators.

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.engine.steplog import log_path
 from robocasa_shift.errors import RunDirError
 from robocasa_shift.study.plan import pending_keys
 from robocasa_shift.study.store import IDENTITY_FIELDS, RunStore, atomic_write_bytes, atomic_write_json, parse_record
@@ -86,6 +87,8 @@ def merge(out: Path | str, sources: Sequence[Path | str]) -> Dict[str, Any]:
                 else:
                     dest = _history_path(target, key, path.name, copies)
                 copies[dest] = raw
+                if rec.get("step_log") and log_path(path).exists():  # the audit checks its hash
+                    copies[log_path(dest)] = log_path(path).read_bytes()
     with target:
         if any(True for _ in target.record_files()):
             raise RunDirError(f"{out} already holds records; merge into a new directory")

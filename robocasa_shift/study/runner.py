@@ -150,7 +150,7 @@ class RunSession:
                 record = as_record(result)
                 if retry_errors:
                     self.store.supersede(record.key)
-                self.store.write(record)
+                self.store.write(record, result.get("step_log"))
                 if not renderer_written and result.get("renderer_info"):
                     self.store.ensure_manifest({"renderer": result["renderer_info"]})
                     renderer_written = True

@@ -6,6 +6,7 @@ Layout::
     D/commands.jsonl            every command run on D, appended
     D/plan.json                 every key planned on D: the rollouts the audit expects
     D/records/<phase>/<task>/<episode>__<condition>__r<replicate>.json
+    D/records/.../<episode>__<condition>__r<replicate>.steps.npz   its step log, with --log-steps
     D/history/...               records superseded by --retry-errors
     D/.lock                     held with flock while a process writes to D
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import fcntl
+import hashlib
 import json
 import os
 import shlex
@@ -39,6 +41,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from robocasa_shift.config import redact_argv, redact_options, redact_text
 from robocasa_shift.engine.records import Record, RolloutKey
+from robocasa_shift.engine.steplog import StepLog, StepLogError, log_path
 from robocasa_shift.errors import RunDirError, RunDirLocked
 from robocasa_shift.seeding import PHASES
 
@@ -107,7 +110,7 @@ RECORD_FIELD_TYPES: Dict[str, Tuple[Any, ...]] = {
     "steps": (int,), "truncated": (bool,), "stages_completed": (int,), "first_incomplete": (int, None),
     "stage_steps": (list,), "stage_error": (str, None), "perturbation": (dict, None), "valid": (bool,),
     "error": (str, None), "error_kind": (str, None), "renderer": (str, None), "wall_s": _NUMBER, "timing": (dict,),
-    "policy_calls": (int,), "frames_rendered": (int,),
+    "policy_calls": (int,), "frames_rendered": (int,), "step_log": (dict, None),
 }
 # Fields a record file must have: those without a default in ``Record``.
 REQUIRED_RECORD_FIELDS = tuple(f.name for f in fields(Record) if f.default is MISSING and f.default_factory is MISSING)
@@ -329,20 +332,51 @@ class RunStore:
         name = f"{key.episode:04d}__{_condition_slug(key.condition)}__r{key.replicate}.json"
         return self.root / base / key.phase / key.task / name
 
-    def write(self, record: Record) -> Path:
-        """Write ``record`` atomically at its key's path; return the path."""
+    def write(self, record: Record, step_log: Optional[bytes] = None) -> Path:
+        """Write ``record`` atomically at its key's path; return the path.
+
+        A step log is written first (beside the record, see ``engine/steplog.py``), so a record that
+        names a log always has it; a record written without one removes a stale log of its key.
+        """
         path = self.record_path(record.key)
+        log = log_path(path)
+        if step_log is not None:
+            atomic_write_bytes(log, step_log)
+        elif log.exists():
+            log.unlink()
         atomic_write_json(path, record.to_json())
         return path
 
+    def step_log(self, record: Dict[str, Any]) -> Optional[StepLog]:
+        """The step log of a record (None when it has none), checked against the hash the record holds.
+
+        Raises:
+            StepLogError: the file is missing, changed since it was written, or is not a step log.
+        """
+        info = record.get("step_log")
+        if not info:
+            return None
+        path = log_path(self.record_path(RolloutKey.from_record(record)))
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise StepLogError(f"{path}: the record names a step log that cannot be read ({exc.strerror})") from None
+        found = hashlib.sha256(data).hexdigest()
+        if found != info.get("sha256"):
+            raise StepLogError(f"{path}: step log changed since it was written (sha256 {found}, "
+                               f"the record holds {info.get('sha256')})")
+        return StepLog.read(data, str(path))
+
     def supersede(self, key: RolloutKey) -> None:
-        """Move the current record of ``key`` into the history (before re-running it)."""
+        """Move the current record of ``key`` (and its step log) into the history (before re-running it)."""
         path = self.record_path(key)
         if not path.exists():
             return
         stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S%f")
         dest = self.record_path(key, base="history").with_suffix(f".{stamp}.json")
         dest.parent.mkdir(parents=True, exist_ok=True)
+        if log_path(path).exists():
+            os.replace(log_path(path), log_path(dest))
         os.replace(path, dest)
 
     def record_files(self, base: str = "records") -> Iterator[Path]:

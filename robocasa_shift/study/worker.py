@@ -22,7 +22,7 @@ import pickle
 import resource
 import sys
 import traceback
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from robocasa_shift import seeding, specs
 from robocasa_shift.backends import get_backend
@@ -31,6 +31,7 @@ from robocasa_shift.config import StudyConfig, redact_options
 from robocasa_shift.engine.perturbations import required_hooks
 from robocasa_shift.engine.records import Record, RolloutKey
 from robocasa_shift.engine.rollout import run_lockstep, run_rollout
+from robocasa_shift.engine.steplog import StepLogger
 from robocasa_shift.errors import Error, PolicyOptionError
 from robocasa_shift.policies import POLICIES, check_policy_options, make_policy, resolve_secret_options
 
@@ -143,16 +144,33 @@ class StudyCache:
 
     def run_keys(self, keys: Sequence[RolloutKey]) -> List[Record]:
         """Run keys of one task: alone, or in lockstep with one batched policy call per decision point."""
+        return [record for record, _ in self.run_keys_logged(keys)]
+
+    def run_keys_logged(self, keys: Sequence[RolloutKey]) -> List[Tuple[Record, Optional[bytes]]]:
+        """:meth:`run_keys`, each record with its step log's bytes (None unless ``log_steps``).
+
+        A logged record's ``step_log`` holds the log's SHA-256 and counts; the log is written
+        beside the record by the store.
+        """
         task = keys[0].task
         envs, spec = self.envs(task, len(keys)), self.stage_spec(task)
         backend = self.config.backend
+        loggers = [StepLogger(k, self.protocol.study_seed) for k in keys] if self.config.log_steps else [None] * len(keys)
         if len(keys) == 1:
-            records = [run_rollout(envs[0], self.policy, keys[0], self.protocol, spec, backend)]
+            records = [run_rollout(envs[0], self.policy, keys[0], self.protocol, spec, backend, loggers[0])]
         else:
-            records = run_lockstep(envs, self.policies(len(keys)), keys, self.protocol, spec, backend)
-        for record in records:
+            records = run_lockstep(envs, self.policies(len(keys)), keys, self.protocol, spec, backend,
+                                   observers=loggers)
+        out = []
+        for record, logger in zip(records, loggers):
             record.renderer = self._renderer_summary(envs[0])
-        return records
+            data = None
+            if logger is not None and logger.started:
+                log = logger.log(spec.names)
+                data = log.to_bytes()
+                record.step_log = log.summary(data)
+            out.append((record, data))
+        return out
 
     def _renderer_summary(self, env) -> str:
         if self._renderer is None:
@@ -216,8 +234,9 @@ class RolloutGroup:
         return len(self.keys)
 
     def run(self, cache: StudyCache) -> List[Dict[str, Any]]:
-        """One result per key: the record and the renderer in use."""
-        return [{"record": r.to_json(), "renderer_info": cache.renderer_info} for r in cache.run_keys(self.keys)]
+        """One result per key: the record, its step log's bytes (or None) and the renderer in use."""
+        return [{"record": r.to_json(), "step_log": log, "renderer_info": cache.renderer_info}
+                for r, log in cache.run_keys_logged(self.keys)]
 
     def unrun(self, study: StudyConfig, kind: str, message: str,
               protocol: Optional[specs.Protocol] = None) -> List[Dict[str, Any]]:

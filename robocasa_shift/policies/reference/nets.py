@@ -60,11 +60,25 @@ class KeypointNet(nn.Module):
         the last bits; the native convolution works image by image, and the head's products
         are written as per-row sums. Batched policy calls therefore give the same actions.
         """
+        return self._predict(images)
+
+    @torch.no_grad()
+    def predict_with_dropout(self, image: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
+        """Outputs for one image (1, H, W, 3) under ``len(keep)`` dropout masks on its keypoint features.
+
+        ``keep`` (n, 3 * n_keypoints) holds 0/1; kept features are scaled by 1 / (1 - p), as
+        inverted dropout does. Monte Carlo samples of the estimate (monitors' sampling disagreement).
+        """
+        return self._predict(image, lambda h: h * keep / (1.0 - p))
+
+    def _predict(self, images: torch.Tensor, edit_features=None) -> torch.Tensor:
         mkldnn = torch.backends.mkldnn
         enabled, mkldnn.enabled = mkldnn.enabled, False  # restored: training in this process keeps oneDNN
         try:
             x = images.permute(0, 3, 1, 2).float() / 255.0 - 0.5
             h = self.keypoints(self.trunk(x))
+            if edit_features is not None:
+                h = edit_features(h)
             for layer in self.head:
                 h = _rowwise_linear(layer, h) if isinstance(layer, nn.Linear) else layer(h)
         finally:

@@ -35,6 +35,8 @@ from robocasa_shift.policies.reference.weights import MANIFEST, WEIGHTS_DIR
 from robocasa_shift.policies.scripted import YAW_GAIN, closing_axis_yaw
 from robocasa_shift.seeding import rng_state_hash
 
+# Monitor samples (sample_actions): each keypoint feature is dropped with this probability.
+SAMPLE_DROPOUT = 0.1
 # Approximate object sizes a VLA would know from experience (metres).
 CUBE_A_HALF, CUBE_B_HALF = 0.021, 0.025
 
@@ -164,6 +166,46 @@ class ReferencePolicy(Policy):
             for row, i in zip(out, items):
                 estimates[i].update({f"{camera}.{p}": row[3 * k : 3 * k + 3] for k, p in enumerate(points)})
         return [p._act(task, obs, est) for p, task, obs, est in zip(policies, tasks, observations, estimates)]
+
+    def sample_actions(self, obs: Observation, n: int, rng: np.random.Generator) -> np.ndarray:
+        """``n`` draws of this decision with Monte Carlo dropout through the networks (monitor samples).
+
+        Each draw drops every keypoint feature of every network with probability
+        :data:`SAMPLE_DROPOUT` (masks from ``rng``), plans from those estimates as ``act``
+        would, and returns the chunk's first action without action noise. The policy's state
+        (generator, phase, memo, estimates) is restored afterwards, so the rollout is unchanged.
+        """
+        task = self._task(obs)
+        perception = PERCEPTION[task]
+        saved = self.get_state()
+        draws: Dict[str, np.ndarray] = {}
+        try:
+            for role, camera, points in (("third_person", "third", perception.third_points),
+                                         ("wrist", "wrist", perception.wrist_points)):
+                if not points:
+                    continue
+                net = self._net(f"{task}_{camera}")
+                width = net.head[0].in_features
+                keep = self._torch.from_numpy((rng.random((n, width)) >= SAMPLE_DROPOUT).astype(np.float32))
+                image = self._torch.from_numpy(resize(self._image(obs, role))[None])
+                out = net.predict_with_dropout(image, keep, SAMPLE_DROPOUT).numpy().astype(float)
+                draws.update({f"{camera}.{p}": out[:, 3 * k: 3 * k + 3] for k, p in enumerate(points)})
+            actions = np.zeros((n, ACTION_DIM))
+            eef = np.asarray(obs.proprio["robot0_base_to_eef_pos"], dtype=float)
+            for i in range(n):
+                self.set_state(saved)
+                self._estimates.update({key: value[i] for key, value in draws.items()})
+                self._eef = eef
+                self._closing_yaw = closing_axis_yaw(obs.proprio["robot0_eef_quat"],
+                                                     quat_xyzw_to_mat(obs.proprio["robot0_base_quat"]))
+                self._yaw_rate = 0.0
+                target, grip = getattr(self, f"_plan_{task}")(eef)
+                actions[i, ARM_POS] = np.clip(self.gain * (target - eef), -1.0, 1.0)
+                actions[i, ARM_YAW] = np.clip(self._yaw_rate, -1.0, 1.0)
+                actions[i, GRIPPER], actions[i, MODE] = grip, ARM_MODE
+        finally:
+            self.set_state(saved)
+        return actions
 
     def _image(self, obs: Observation, role: str) -> np.ndarray:
         image = next(obs.images[name] for name, r in obs.camera_roles.items() if r == role)

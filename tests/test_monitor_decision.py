@@ -1,0 +1,392 @@
+"""Decision value of monitor alarms: RESCUE's stop-and-reset worksheet, its bootstrap, and recover routing.
+
+Known answers are RESCUE Table I (Sec. IV-C); every other value is worked out by hand in the test.
+"""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from robocasa_shift.errors import AnalysisError
+from robocasa_shift.monitoring.decision import (
+    CostModel,
+    bootstrap_excess,
+    closed_form_break_even,
+    excess_cost,
+    ideal_ceiling,
+    recover_routing_cost,
+    worksheet,
+)
+
+NAN = float("nan")
+
+# RESCUE Table I, steps-since-progress at its validation-selected nominal 5% operating point.
+OFT_LP = dict(p=0.1372, T_f=220.0, T_s_fa=116.00, median_T_s=97, kappa=0.1, C_never=0.2972, d=0.879,
+              t_d=133.0, t_fa=61.9, f_star_pct=1.01, f=0.0725, excess=0.0835)
+PI05_LP = dict(p=0.1143, T_f=220.0, T_s_fa=128.87, median_T_s=112, kappa=0.1, C_never=0.2551, d=0.519,
+               t_d=129.3, t_fa=62.7, f_star_pct=0.45)
+
+
+def table_c(column):
+    return CostModel(kappa=column["kappa"]).per_step_cost([column["median_T_s"] - 5, column["median_T_s"],
+                                                          column["median_T_s"] + 9])
+
+
+def table_f_star(column):
+    return closed_form_break_even(column["p"], column["d"], table_c(column), column["T_f"], column["t_d"],
+                                  column["t_fa"], column["T_s_fa"], column["C_never"])
+
+
+def hand_frame():
+    """Four successes (median 100, so c = 0.001) and two 200-step failures; S2 and F1 alarm.
+
+    Never: 0.08 + 0.1 + 0.12 + 0.1 + 1.2 + 1.2 = 2.8 over 4 completions = 0.7.
+    Stop: 0.08 + (0.04 + 1) + 0.12 + 0.1 + (0.05 + 1) + 1.2 = 3.59 over 3 completions.
+    """
+    return pd.DataFrame({
+        "rollout_id": ["S1", "S2", "S3", "S4", "F1", "F2"],
+        "success": [True, True, True, True, False, False],
+        "steps": [80, 100, 120, 100, 200, 200],
+        "alarm_step": [NAN, 40.0, NAN, NAN, 50.0, NAN],
+    })
+
+
+def random_episodes(seed, n, false_alarms=True):
+    rng = np.random.default_rng(seed)
+    success = rng.random(n) < 0.75
+    steps = np.where(success, rng.integers(40, 200, n), np.where(rng.random(n) < 0.7, 220, rng.integers(60, 220, n)))
+    alarmed = rng.random(n) < np.where(success, 0.2 if false_alarms else 0.0, 0.6)
+    alarm = np.where(alarmed, np.floor(rng.random(n) * (steps + 1)), NAN)
+    return pd.DataFrame({"success": success, "steps": steps, "alarm_step": alarm})
+
+
+# --------------------------------------------------------------------------- Table I known answers
+
+
+def test_the_closed_form_reproduces_the_openvla_oft_libero_plus_break_even_rate_of_table_one():
+    assert table_c(OFT_LP) == pytest.approx(0.1 / 97, abs=1e-15)
+    assert round(100 * table_f_star(OFT_LP), 2) == OFT_LP["f_star_pct"]
+
+
+def test_the_closed_form_reproduces_the_pi05_libero_plus_break_even_rate_of_table_one():
+    assert round(100 * table_f_star(PI05_LP), 2) == PI05_LP["f_star_pct"]
+
+
+def test_the_closed_form_excess_cost_at_the_realised_openvla_oft_false_alarm_rate_is_the_papers():
+    column = OFT_LP
+    value = excess_cost(column["f"], table_f_star(column), column["C_never"], table_c(column), column["t_fa"],
+                        column["T_s_fa"])
+    assert round(value, 4) == column["excess"]
+
+
+def test_the_ideal_detector_low_end_reproduces_the_papers_ceilings_for_both_cells():
+    # Sec. IV-C: 2.78-3.32% (OFT) and 2.02-2.39% (pi0.5); the low end (t_fa = T_s) needs no T_s.
+    for column, low_pct in ((OFT_LP, 2.78), (PI05_LP, 2.02)):
+        lo, hi = ideal_ceiling(column["p"], table_c(column), column["T_f"], column["C_never"], column["T_s_fa"])
+        assert round(100 * lo, 2) == low_pct
+        assert hi > lo
+
+
+# --------------------------------------------------------------------------- worksheet by hand
+
+
+def test_the_worksheet_of_a_hand_made_frame_has_every_quantity_worked_out_by_hand():
+    ws = worksheet(hand_frame())
+    assert (ws["n_episodes"], ws["n_failures"], ws["n_successes"]) == (6, 2, 4)
+    assert (ws["n_alarmed_failures"], ws["n_false_alarms"], ws["n_completions_rule"]) == (1, 1, 3)
+    assert ws["c"] == pytest.approx(0.001, abs=1e-15)
+    assert ws["c_source"] == "median of these successes"
+    assert ws["kappa_effective"] == pytest.approx(0.1, abs=1e-15)
+    assert ws["p"] == pytest.approx(1 / 3, abs=1e-15)
+    assert (ws["d"], ws["t_d"], ws["T_f"], ws["T_f_all"]) == (0.5, 50.0, 200.0, 200.0)
+    assert (ws["f"], ws["t_fa"], ws["T_s_fa"], ws["T_s_median"], ws["T_s_mean"]) == (0.25, 40.0, 100.0, 100.0, 100.0)
+    assert ws["C_never"] == pytest.approx(0.7, abs=1e-12)
+    assert ws["C_rule_direct"] == pytest.approx(3.59 / 3, abs=1e-12)
+    assert ws["excess_direct"] == pytest.approx(3.59 / 3 - 0.7, abs=1e-12)
+    # f* = (1/3)(0.5)(0.001)(150) / ((2/3)(1 + 0.7 - 0.06)) = 0.075 / 3.28
+    assert ws["f_star"] == pytest.approx(0.075 / 3.28, abs=1e-12)
+    assert ws["excess_closed"] == pytest.approx(1.64 * (0.25 - 0.075 / 3.28) / 0.75, abs=1e-12)
+    assert ws["C_rule_closed"] == pytest.approx(ws["C_rule_direct"], abs=1e-12)
+
+
+def test_the_ideal_ceiling_range_ends_are_f_star_at_a_false_alarm_at_the_natural_end_and_at_step_zero():
+    ws = worksheet(hand_frame())
+    # d = 1, t_d = 0, T_f = 200 (all failures): numerator (1/3)(0.001)(200) = 1/15.
+    # t_fa = T_s_fa = 100: 1/15 / ((2/3) 1.7) = 1/17; t_fa = 0: 1/15 / ((2/3)(1.7 - 0.1)) = 1/16.
+    lo, hi = ws["f_star_ideal"]
+    assert lo == pytest.approx(1 / 17, abs=1e-12)
+    assert hi == pytest.approx(1 / 16, abs=1e-12)
+    # over any success: the longest (120 steps) at step 0 gives 1/15 / ((2/3)(1.58)) = 0.1 / 1.58
+    lo_any, hi_any = ws["f_star_ideal_any_success"]
+    assert lo_any == pytest.approx(1 / 17, abs=1e-12)
+    assert hi_any == pytest.approx(0.1 / 1.58, abs=1e-12)
+    assert closed_form_break_even(ws["p"], 1.0, ws["c"], 200.0, 0.0, 0.0, 100.0, ws["C_never"]) == pytest.approx(hi)
+
+
+def test_a_given_per_step_cost_replaces_the_tables_own_median():
+    ws = worksheet(hand_frame(), c=0.002)
+    assert (ws["c"], ws["c_source"], ws["kappa"]) == (0.002, "given", 0.1)
+    assert ws["kappa_effective"] == pytest.approx(0.2, abs=1e-15)
+    # never: 0.002 * 800 + 2 = 3.6 over 4 completions
+    assert ws["C_never"] == pytest.approx(0.9, abs=1e-12)
+
+
+def test_without_false_alarms_f_is_zero_and_f_star_takes_the_timing_term_as_zero():
+    frame = hand_frame().assign(alarm_step=[NAN, NAN, NAN, NAN, 50.0, NAN])
+    ws = worksheet(frame)
+    assert (ws["f"], ws["t_fa"], ws["T_s_fa"], ws["f_star_ideal"]) == (0.0, None, None, None)
+    # f* = (1/3)(0.5)(0.001)(150) / ((2/3)(1.7)) = 0.025 / (3.4 / 3)
+    assert ws["f_star"] == pytest.approx(0.075 / 3.4, abs=1e-12)
+    # stop saves 0.15 over 4 completions: (2.8 - 0.15) / 4 - 0.7
+    assert ws["excess_direct"] == pytest.approx(-0.0375, abs=1e-12)
+    assert ws["excess_closed"] == pytest.approx(-0.0375, abs=1e-12)
+
+
+def test_without_alarmed_failures_or_without_failures_the_break_even_rate_is_zero():
+    no_detection = worksheet(hand_frame().assign(alarm_step=[NAN, 40.0, NAN, NAN, NAN, NAN]))
+    assert (no_detection["d"], no_detection["t_d"], no_detection["T_f"]) == (0.0, None, None)
+    assert no_detection["f_star"] == 0.0
+    no_failures = worksheet(hand_frame().iloc[:4])
+    assert (no_failures["p"], no_failures["d"], no_failures["f_star"]) == (0.0, None, 0.0)
+    assert no_failures["f_star_ideal"] == (0.0, 0.0)
+    for ws in (no_detection, no_failures):
+        assert ws["excess_closed"] == pytest.approx(ws["excess_direct"], abs=1e-12)
+
+
+# --------------------------------------------------------------------------- closed form == direct accounting
+
+
+@pytest.mark.parametrize("false_alarms", [True, False])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4, 5, 6, 7])
+def test_the_closed_form_equals_direct_episode_accounting_on_random_episode_sets(seed, false_alarms):
+    episodes = random_episodes(seed, n=40 + 23 * seed, false_alarms=false_alarms)
+    for cost_model, c in ((CostModel(), None), (CostModel(kappa=0.3, reset_cost=2.0), None), (CostModel(), 0.004)):
+        ws = worksheet(episodes, cost_model, c=c)
+        assert (ws["n_false_alarms"] > 0) is false_alarms
+        assert ws["f_star"] is not None
+        assert ws["excess_closed"] == pytest.approx(ws["excess_direct"], rel=1e-12, abs=1e-12)
+        assert ws["C_rule_closed"] == pytest.approx(ws["C_rule_direct"], rel=1e-12, abs=1e-12)
+        # the break-even rate is the break-even: a rule at f = f* costs what never intervening costs
+        at_break_even = excess_cost(ws["f_star"], ws["f_star"], ws["C_never"], ws["c"], ws["t_fa"], ws["T_s_fa"],
+                                    reset_cost=cost_model.reset_cost)
+        assert at_break_even == 0.0
+
+
+def test_a_row_present_twice_counts_as_two_attempts():
+    frame = hand_frame()
+    doubled = pd.concat([frame, frame.iloc[[4]]], ignore_index=True)  # F1 (alarmed failure) twice
+    ws = worksheet(doubled)
+    assert (ws["n_failures"], ws["n_alarmed_failures"]) == (3, 2)
+    assert ws["C_rule_direct"] == pytest.approx((3.59 + 1.05) / 3, abs=1e-12)
+
+
+# --------------------------------------------------------------------------- zero completions and bad input
+
+
+def test_a_set_without_successes_raises_unless_the_per_step_cost_is_given_and_then_reports_none():
+    failures = hand_frame().iloc[4:]
+    with pytest.raises(AnalysisError, match="no successful rollouts"):
+        worksheet(failures)
+    ws = worksheet(failures, c=0.001)
+    assert ws["p"] == 1.0
+    assert (ws["d"], ws["t_d"]) == (0.5, 50.0)
+    for key in ("f", "C_never", "f_star", "C_rule_direct", "C_rule_closed", "excess_direct", "excess_closed",
+                "f_star_ideal", "f_star_ideal_any_success", "T_s_median"):
+        assert ws[key] is None, key
+
+
+def test_a_rule_that_false_alarms_every_success_completes_nothing_and_its_costs_are_none():
+    frame = hand_frame().assign(alarm_step=[10.0, 40.0, 30.0, 20.0, 50.0, NAN])
+    ws = worksheet(frame)
+    assert (ws["f"], ws["n_completions_rule"]) == (1.0, 0)
+    assert ws["f_star"] is not None
+    assert (ws["C_rule_direct"], ws["C_rule_closed"], ws["excess_direct"], ws["excess_closed"]) == (None,) * 4
+    with pytest.raises(AnalysisError, match="f = 1"):
+        excess_cost(1.0, ws["f_star"], ws["C_never"], ws["c"], ws["t_fa"], ws["T_s_fa"])
+
+
+def test_an_alarm_after_the_natural_end_a_missing_column_or_a_non_boolean_success_is_refused():
+    with pytest.raises(AnalysisError, match="alarm_step"):
+        worksheet(hand_frame().assign(alarm_step=[NAN, 101.0, NAN, NAN, NAN, NAN]))
+    with pytest.raises(AnalysisError, match="lacks column"):
+        worksheet(hand_frame().drop(columns="alarm_step"))
+    with pytest.raises(AnalysisError, match="boolean"):
+        worksheet(hand_frame().assign(success=["yes", True, True, True, False, False]))
+    with pytest.raises(AnalysisError, match="empty"):
+        worksheet(hand_frame().iloc[:0])
+    with pytest.raises(AnalysisError, match="t_fa and T_s_fa"):
+        closed_form_break_even(0.1, 0.5, 0.001, 200.0, 50.0, 40.0, None, 0.5)
+    with pytest.raises(AnalysisError, match="kappa"):
+        CostModel(kappa=0.0)
+
+
+def test_a_false_alarm_cheaper_than_finishing_its_success_has_no_break_even_rate():
+    with pytest.raises(AnalysisError, match="no break-even"):
+        closed_form_break_even(0.1, 0.5, 0.01, 200.0, 50.0, 0.0, 150.0, 0.2)
+
+
+# --------------------------------------------------------------------------- bootstrap
+
+
+def scored(seed, prefix):
+    """Two tasks x (12 successes, 4 failures) with a max monitor score and the step it is first reached."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for task in ("A", "B"):
+        for i in range(16):
+            ok = i < 12
+            steps = int(rng.integers(60, 160)) if ok else 220
+            rows.append({"rollout_id": f"{prefix}-{task}{i}", "task": task, "success": ok, "steps": steps,
+                         "score": float(rng.random() * (1.0 if ok else 1.6)),
+                         "score_step": float(rng.integers(0, steps + 1))})
+    return pd.DataFrame(rows)
+
+
+def select_at_80th_success_score(validation):
+    return float(np.quantile(validation.loc[validation["success"], "score"], 0.8))
+
+
+def alarms_above(test, threshold):
+    return pd.Series(np.where(test["score"] > threshold, test["score_step"], NAN), index=test.index)
+
+
+def test_the_bootstrap_is_reproducible_for_a_seed_and_changes_with_it():
+    validation, test = scored(11, "v"), scored(12, "t")
+    first = bootstrap_excess(validation, test, select_at_80th_success_score, alarms_above, n_resamples=30, seed=3)
+    again = bootstrap_excess(validation, test, select_at_80th_success_score, alarms_above, n_resamples=30, seed=3)
+    other = bootstrap_excess(validation, test, select_at_80th_success_score, alarms_above, n_resamples=30, seed=4)
+    assert first == again
+    assert (first.lo, first.hi) != (other.lo, other.hi)
+    assert (first.n_resamples, first.seed, first.confidence) == (30, 3, 0.95)
+    assert first.lo <= first.hi
+
+
+def test_the_bootstrap_reselects_the_threshold_in_every_resample():
+    validation, test = scored(11, "v"), scored(12, "t")
+    calls = []
+
+    def counting_select(frame):
+        calls.append(len(frame))
+        return select_at_80th_success_score(frame)
+
+    result = bootstrap_excess(validation, test, counting_select, alarms_above, n_resamples=25, seed=0)
+    assert len(calls) == 25 + 1
+    assert result.threshold == select_at_80th_success_score(validation)
+    point = worksheet(test.assign(alarm_step=alarms_above(test, result.threshold)))["excess_direct"]
+    assert result.point == point
+    # the same draws with the threshold frozen at the point estimate's give another interval
+    fixed = bootstrap_excess(validation, test, lambda frame: result.threshold, alarms_above, n_resamples=25, seed=0)
+    assert fixed.point == result.point
+    assert (fixed.lo, fixed.hi) != (result.lo, result.hi)
+
+
+def test_the_bootstrap_resamples_rows_within_task_and_outcome_and_keeps_their_multiplicity():
+    validation, test = scored(11, "v"), scored(12, "t")
+    seen = []
+
+    def recording_alarms(frame, threshold):
+        seen.append((frame.copy(), threshold))
+        return alarms_above(frame, threshold)
+
+    result = bootstrap_excess(validation, test, select_at_80th_success_score, recording_alarms, n_resamples=20,
+                              seed=5)
+    original = test.set_index("rollout_id")
+    strata_sizes = test.groupby(["task", "success"]).size()
+    assert any(frame["rollout_id"].duplicated().any() for frame, _ in seen[1:])
+    for frame, _ in seen[1:]:
+        pd.testing.assert_series_equal(frame.groupby(["task", "success"]).size(), strata_sizes)
+        pd.testing.assert_frame_equal(frame.set_index("rollout_id"), original.loc[frame["rollout_id"]])
+    # the interval is the percentile interval of the resamples' own direct accounting, duplicates included
+    values = [worksheet(frame.assign(alarm_step=alarms_above(frame, thr)), c=result.c)["excess_direct"]
+              for frame, thr in seen[1:]]
+    assert np.quantile(values, [0.025, 0.975]).tolist() == [result.lo, result.hi]
+
+
+def test_resamples_whose_rule_completes_nothing_are_counted_as_undefined_and_left_out():
+    # one task, two successes: s0 always alarms, s1 never; a resample drawing s0 twice completes nothing
+    test = pd.DataFrame({"rollout_id": ["s0", "s1", "f0", "f1"], "task": "A", "success": [True, True, False, False],
+                         "steps": [100, 120, 220, 220], "score": [0.9, 0.1, 0.9, 0.2],
+                         "score_step": [30.0, 0.0, 60.0, 0.0]})
+    seen = []
+
+    def recording_alarms(frame, threshold):
+        seen.append(frame.copy())
+        return alarms_above(frame, threshold)
+
+    result = bootstrap_excess(test, test, lambda frame: 0.5, recording_alarms, n_resamples=40, seed=1)
+    excesses = [worksheet(frame.assign(alarm_step=alarms_above(frame, 0.5)), c=result.c)["excess_direct"]
+                for frame in seen[1:]]
+    undefined = sum(value is None for value in excesses)
+    assert 0 < undefined < 40
+    assert result.n_undefined == undefined
+    assert result.point is not None
+    assert np.quantile([v for v in excesses if v is not None], [0.025, 0.975]).tolist() == [result.lo, result.hi]
+
+
+def test_the_bootstrap_refuses_alarms_not_aligned_to_the_resample():
+    validation, test = scored(11, "v"), scored(12, "t")
+    with pytest.raises(AnalysisError, match="aligned"):
+        bootstrap_excess(validation, test, select_at_80th_success_score,
+                         lambda frame, thr: alarms_above(frame, thr).iloc[:-1], n_resamples=2)
+    with pytest.raises(AnalysisError, match="lacks column"):
+        bootstrap_excess(validation.drop(columns="task"), test, select_at_80th_success_score, alarms_above,
+                         n_resamples=2)
+
+
+# --------------------------------------------------------------------------- recover routing
+
+
+def test_routing_alarms_to_recover_prices_each_alarmed_rollout_by_its_branches():
+    branches = {"S2": [(True, 130), (True, 150)], "F1": [(True, 150), (False, 200)], "S1": [(True, 90)]}
+    out = recover_routing_cost(hand_frame(), branches)
+    # S2: mean(0.13, 0.15) = 0.14, completes 1; F1: mean(0.15, 1.2) = 0.675, completes 0.5
+    assert out["expected_total_cost"] == pytest.approx(0.08 + 0.14 + 0.12 + 0.1 + 0.675 + 1.2, abs=1e-12)
+    assert out["expected_completions"] == 4.5
+    assert out["C_recover"] == pytest.approx(2.315 / 4.5, abs=1e-12)
+    assert out["excess_recover"] == pytest.approx(2.315 / 4.5 - 0.7, abs=1e-12)
+    assert out["C_stop"] == pytest.approx(3.59 / 3, abs=1e-12)
+    assert (out["n_alarmed"], out["n_routed"], out["n_missing"], out["n_branches"]) == (2, 2, 0, 4)
+    assert out["n_unused_branch_sets"] == 1  # S1 never alarmed
+
+
+def test_recover_routing_reduces_to_stop_and_reset_when_every_branch_fails_at_the_alarm_step():
+    for seed in range(4):
+        episodes = random_episodes(seed, n=60).assign(rollout_id=lambda f: [f"r{i}" for i in range(len(f))])
+        alarmed = episodes.dropna(subset=["alarm_step"])
+        branches = {rid: [(False, int(t))] * 3 for rid, t in zip(alarmed["rollout_id"], alarmed["alarm_step"])}
+        out = recover_routing_cost(episodes, branches)
+        ws = worksheet(episodes)
+        assert out["C_recover"] == pytest.approx(ws["C_rule_direct"], rel=1e-12)
+        assert out["excess_recover"] == pytest.approx(ws["excess_direct"], rel=1e-12, abs=1e-12)
+        assert out["expected_completions"] == ws["n_completions_rule"]
+
+
+def test_an_alarmed_rollout_without_branches_raises_unless_missing_stop_prices_it_as_stop_and_reset():
+    branches = {"S2": [(True, 130), (True, 150)]}
+    with pytest.raises(AnalysisError, match="'F1'.*missing='stop'"):
+        recover_routing_cost(hand_frame(), branches)
+    with pytest.raises(AnalysisError, match="'F1'"):
+        recover_routing_cost(hand_frame(), {**branches, "F1": []})
+    out = recover_routing_cost(hand_frame(), branches, missing="stop")
+    assert (out["n_missing"], out["missing_ids"], out["n_routed"]) == (1, ["F1"], 1)
+    # F1 stops: 0.05 + 1, no completion
+    assert out["C_recover"] == pytest.approx((0.08 + 0.14 + 0.12 + 0.1 + 1.05 + 1.2) / 4, abs=1e-12)
+    with pytest.raises(AnalysisError, match="unknown missing policy"):
+        recover_routing_cost(hand_frame(), branches, missing="skip")
+
+
+def test_recover_routing_that_completes_nothing_reports_no_cost_per_completion():
+    frame = hand_frame().assign(alarm_step=[10.0, 40.0, 30.0, 20.0, 50.0, NAN])
+    branches = {rid: [(False, 220)] for rid in ("S1", "S2", "S3", "S4", "F1")}
+    out = recover_routing_cost(frame, branches)
+    assert out["expected_completions"] == 0.0
+    assert (out["C_recover"], out["excess_recover"], out["C_stop"]) == (None, None, None)
+    assert out["C_never"] == pytest.approx(0.7, abs=1e-12)
+
+
+def test_a_branch_that_ends_before_its_alarm_step_is_refused():
+    with pytest.raises(AnalysisError, match="before its alarm step"):
+        recover_routing_cost(hand_frame(), {"S2": [(True, 30)], "F1": [(False, 200)]})
+    assert not math.isnan(recover_routing_cost(hand_frame(), {"S2": [(True, 40)], "F1": [(False, 50)]})["C_recover"])
