@@ -12,6 +12,8 @@ import pytest
 from robocasa_shift.errors import AnalysisError
 from robocasa_shift.monitoring.decision import (
     CostModel,
+    _excess_direct,
+    _strata_positions,
     bootstrap_excess,
     closed_form_break_even,
     excess_cost,
@@ -333,6 +335,166 @@ def test_the_bootstrap_refuses_alarms_not_aligned_to_the_resample():
     with pytest.raises(AnalysisError, match="lacks column"):
         bootstrap_excess(validation.drop(columns="task"), test, select_at_80th_success_score, alarms_above,
                          n_resamples=2)
+
+
+def test_the_bootstraps_direct_accounting_is_the_worksheets_bit_for_bit_including_undefined_sets():
+    cases = []
+    for seed in range(40):
+        rng = np.random.default_rng(1000 + seed)
+        n = int(rng.choice([1, 2, 5, 7, 8, 9, 16, 33, 129, 300]))  # across numpy's pairwise-summation blocks
+        episodes = random_episodes(seed, n, false_alarms=seed % 3 != 0)
+        cases.append((episodes, float(rng.uniform(1e-4, 0.05)), CostModel(reset_cost=[1.0, 2, 0.37][seed % 3])))
+    base = random_episodes(7, 30)
+    every_false_alarm = base.assign(alarm_step=np.where(base["success"], np.floor(base["steps"] / 2),
+                                                        base["alarm_step"]))
+    cases += [(base.assign(success=False), 0.01, CostModel()),  # no successes: C_never undefined
+              (every_false_alarm, 0.01, CostModel()),  # the rule completes nothing
+              (base.assign(alarm_step=NAN), 0.003, CostModel(reset_cost=3)),  # never alarms
+              (base.assign(alarm_step=0.0), 0.003, CostModel()),  # alarms on everything at step 0
+              (hand_frame(), 0.001, CostModel())]
+    undefined = 0
+    for episodes, c, cost_model in cases:
+        expected = worksheet(episodes, cost_model, c=c)["excess_direct"]
+        got = _excess_direct(episodes["success"].to_numpy(dtype=bool), episodes["steps"].to_numpy(dtype=float),
+                             episodes["alarm_step"].to_numpy(dtype=float), c, cost_model.reset_cost)
+        if expected is None:
+            undefined += 1
+            assert got is None
+        else:
+            assert type(got) is float and got == expected
+    assert undefined >= 2
+
+
+def array_callables(test):
+    scores, steps = test["score"].to_numpy(), test["score_step"].to_numpy()
+    return (lambda values: float(np.quantile(values, 0.8)),
+            lambda positions, threshold: np.where(scores[positions] > threshold, steps[positions], NAN))
+
+
+def test_the_array_callables_give_the_tables_bootstrap_for_the_same_seed():
+    validation, test = scored(11, "v"), scored(12, "t")
+    threshold_from_scores, alarms_from_positions = array_callables(test)
+    settings = [dict(n_resamples=60, seed=3), dict(n_resamples=40, seed=9, c=0.002),
+                dict(n_resamples=50, seed=0, strata=("task",), confidence=0.8,
+                     cost_model=CostModel(kappa=0.3, reset_cost=2))]
+    for kw in settings:
+        tables = bootstrap_excess(validation, test, select_at_80th_success_score, alarms_above, **kw)
+        arrays = bootstrap_excess(validation, test, threshold_from_scores=threshold_from_scores,
+                                  alarms_from_positions=alarms_from_positions, **kw)
+        assert arrays == tables
+    # with resamples whose rule completes nothing, and a table with an index of its own
+    small = pd.DataFrame({"rollout_id": ["s0", "s1", "f0", "f1"], "task": "A", "success": [True, True, False, False],
+                          "steps": [100, 120, 220, 220], "score": [0.9, 0.1, 0.9, 0.2],
+                          "score_step": [30.0, 0.0, 60.0, 0.0]}, index=[7, 3, 5, 1])
+    tables = bootstrap_excess(small, small, lambda frame: 0.5, alarms_above, n_resamples=40, seed=1)
+    arrays = bootstrap_excess(small, small, threshold_from_scores=lambda values: 0.5,
+                              alarms_from_positions=array_callables(small)[1], n_resamples=40, seed=1)
+    assert arrays == tables and 0 < arrays.n_undefined < 40
+
+
+def test_the_array_callables_get_successful_validation_scores_and_test_positions():
+    validation, test = scored(11, "v"), scored(12, "t")
+    seen_scores, seen_positions = [], []
+
+    def threshold_from_scores(values):
+        seen_scores.append(values)
+        return float(np.quantile(values, 0.8))
+
+    def alarms_from_positions(positions, threshold):
+        seen_positions.append(positions)
+        return array_callables(test)[1](positions, threshold)
+
+    bootstrap_excess(validation, test, threshold_from_scores=threshold_from_scores,
+                     alarms_from_positions=alarms_from_positions, n_resamples=10, seed=2)
+    assert len(seen_scores) == len(seen_positions) == 11
+    np.testing.assert_array_equal(seen_scores[0], validation.loc[validation["success"], "score"].to_numpy())
+    np.testing.assert_array_equal(seen_positions[0], np.arange(len(test)))
+    success_scores = set(validation.loc[validation["success"], "score"])
+    strata_sizes = test.groupby(["task", "success"]).size()
+    for values, positions in zip(seen_scores[1:], seen_positions[1:]):
+        assert isinstance(values, np.ndarray) and values.size == validation["success"].sum()
+        assert set(values) <= success_scores
+        assert isinstance(positions, np.ndarray) and positions.dtype.kind == "i"
+        pd.testing.assert_series_equal(test.iloc[positions].groupby(["task", "success"]).size(), strata_sizes)
+
+
+def test_the_bootstrap_refuses_a_wrong_set_of_callables_and_misaligned_array_alarms():
+    validation, test = scored(11, "v"), scored(12, "t")
+    threshold_from_scores, alarms_from_positions = array_callables(test)
+    with pytest.raises(AnalysisError, match="not both"):
+        bootstrap_excess(validation, test, select_at_80th_success_score, alarms_above,
+                         threshold_from_scores=threshold_from_scores, alarms_from_positions=alarms_from_positions)
+    with pytest.raises(AnalysisError, match="pass both"):
+        bootstrap_excess(validation, test, threshold_from_scores=threshold_from_scores)
+    with pytest.raises(AnalysisError, match="pass both"):
+        bootstrap_excess(validation, test, select_at_80th_success_score)
+    with pytest.raises(AnalysisError, match="alarms_from_positions returned 31 alarm steps for 32"):
+        bootstrap_excess(validation, test, threshold_from_scores=threshold_from_scores,
+                         alarms_from_positions=lambda p, thr: alarms_from_positions(p, thr)[:-1], n_resamples=2)
+    with pytest.raises(AnalysisError, match="lacks column 'score'"):
+        bootstrap_excess(validation.drop(columns="score"), test, threshold_from_scores=threshold_from_scores,
+                         alarms_from_positions=alarms_from_positions, n_resamples=2)
+
+
+def test_an_alarm_after_the_rollouts_end_in_a_resample_is_refused_on_either_path():
+    validation, test = scored(11, "v"), scored(12, "t")
+    calls = []
+
+    def late_after_the_point(positions, threshold):
+        calls.append(threshold)
+        alarms = np.full(len(positions), NAN)
+        if len(calls) > 1:
+            alarms[0] = test["steps"].to_numpy()[positions[0]] + 1
+        return alarms
+
+    with pytest.raises(AnalysisError, match="alarm_step.*rows \\[0\\]"):
+        bootstrap_excess(validation, test, threshold_from_scores=lambda values: 0.5,
+                         alarms_from_positions=late_after_the_point, n_resamples=3)
+
+    def late_after_the_point_table(frame, threshold):
+        calls.append(threshold)
+        alarms = np.full(len(frame), NAN)
+        if len(calls) > 1:
+            alarms[0] = frame["steps"].iloc[0] + 1
+        return alarms
+
+    calls.clear()
+    with pytest.raises(AnalysisError, match="alarm_step.*rows \\[0\\]"):
+        bootstrap_excess(validation, test, lambda frame: 0.5, late_after_the_point_table, n_resamples=3)
+    assert len(calls) == 2  # refused in the first resample, after a clean point estimate
+
+
+def reference_strata(frame, strata):
+    """The strata as a pandas groupby finds them, in the bootstrap's (str-sorted) order."""
+    groups = frame.groupby(list(strata), sort=True).indices
+    return [np.asarray(groups[key]) for key in sorted(groups, key=lambda k: tuple(map(str, np.atleast_1d(k))))]
+
+
+def test_the_strata_are_groupbys_whatever_the_column_types():
+    rng = np.random.default_rng(4)
+    n = 50
+    frame = pd.DataFrame({
+        "rollout_id": [f"r{i}" for i in range(n)], "steps": 100, "success": rng.random(n) < 0.6,
+        "task": pd.array(rng.choice(["PickPlace", "OpenDrawer", "b", "B", "Close"], n), dtype="string"),
+        "task_object": rng.choice(["x10", "x9", "x2"], n).astype(object),
+        "level": rng.choice([2, 10, 1, 33], n),  # str order differs from numeric order
+        "level_float": rng.choice([0.5, 2.0, 10.0], n),
+        "level_category": pd.Categorical(rng.choice(["lo", "hi"], n)),
+        "mixed": pd.Series(rng.choice([1, 2], n)).astype(object),  # object column of ints
+    })
+    for strata in [("task", "success"), ("task_object", "success"), ("level", "success"), ("success",),
+                   ("level_float", "task"), ("level_category", "success"), ("mixed", "task", "success"),
+                   ("task", "level", "task_object")]:
+        got, expected = _strata_positions(frame, strata, "test"), reference_strata(frame, strata)
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected):
+            np.testing.assert_array_equal(g, e)
+            assert g.dtype == e.dtype
+    with pytest.raises(AnalysisError, match="missing values"):
+        _strata_positions(frame.assign(task=frame["task"].where(frame.index != 3)), ("task", "success"), "test")
+    with pytest.raises(AnalysisError, match="missing values"):
+        _strata_positions(frame.assign(task_object=frame["task_object"].where(frame.index != 3)),
+                          ("task_object",), "test")
 
 
 # --------------------------------------------------------------------------- recover routing

@@ -66,7 +66,7 @@ def test_logging_steps_changes_no_record_and_every_log_matches_its_record(logged
 
 def test_a_logged_rollout_replays_from_its_logged_actions_to_the_same_outcome(logged, protocol):
     from robocasa_shift.backends import get_backend
-    from robocasa_shift.engine.rollout import prepare_episode, inject
+    from robocasa_shift.engine.rollout import inject, prepare_episode
 
     store = RunStore(logged)
     env = get_backend("fake").make("PickPlace")
@@ -88,7 +88,6 @@ def test_a_logged_rollout_replays_from_its_logged_actions_to_the_same_outcome(lo
 
 def test_lockstep_batches_write_the_same_logs_as_single_rollouts(logged, tmp_path):
     _run(tmp_path / "batched", log_steps=True, batch=4)
-    a, b = RunStore(logged), RunStore(tmp_path / "batched")
     for key, record in _by_key(logged).items():
         other = _by_key(tmp_path / "batched")[key]
         assert record["step_log"] == other["step_log"], key  # same bytes: same hash

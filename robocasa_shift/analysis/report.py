@@ -502,6 +502,9 @@ def _md_table_to_html(md: str) -> str:
             in_list = False
         if line.startswith("# "):
             continue
+        if line.startswith("## "):
+            out.append(f"<h3>{_inline(line[3:])}</h3>")
+            continue
         if line.strip():
             out.append(f"<p>{_inline(line)}</p>")
     if in_table:
@@ -631,6 +634,7 @@ def build_report(run_dir: Path | str, videos_per_kind: int = 2, bootstrap_seed: 
         parts.append("<p>No formal-phase records yet.</p>")
 
     parts += branching_sections(run_dir)
+    parts += monitor_sections(run_dir)
     parts += ["<h2>Integrity audit</h2>"]
     if audit_note:
         parts.append(f"<p class='note'>{_esc(audit_note)}</p>")
@@ -703,6 +707,34 @@ def branching_sections(run_dir: Path) -> List[str]:
     if not studies:
         return []
     return ["<h2>Counterfactual branching</h2>", *(_branch_study_html(d) for d in studies)]
+
+
+_MONITOR_FIGURE = re.compile(r"figures/(roc|alarms)__[A-Za-z0-9_.\-]+\.png")
+
+
+def monitor_sections(run_dir: Path) -> List[str]:
+    """The "Runtime monitors" section from ``RUN_DIR/monitors/`` (written by ``robocasa-shift monitors``)."""
+    folder = Path(run_dir) / "monitors"
+    if not (folder / "summary.json").exists():
+        return []
+    parts = ["<h2>Runtime monitors as intervention rules</h2>"]
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+        parts.append(_md_table_to_html((folder / "summary.md").read_text()))
+        figures = summary.get("figures") or []
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return parts + [f"<p class='bad'>monitors/summary.json cannot be read ({_esc(type(exc).__name__)}: "
+                        f"{_esc(exc)}); write it again with the monitors command.</p>"]
+    parts.append("<p class='small'>A detection metric admits a monitor when its 95% bootstrap interval lies above 0.5; "
+                 "decision value admits it when the interval of its excess cost over never intervening lies below 0. "
+                 "f* is the break-even false-alarm rate (RESCUE Eq. 9): a realised rate f above it costs more than never "
+                 "intervening. Alarm times are compared with when the failures ended.</p>")
+    for figure in figures:
+        name = str(figure.get("file", ""))
+        if _MONITOR_FIGURE.fullmatch(name) and (folder / name).is_file():
+            parts.append(f"<figure><img src='{_src('../monitors/' + name)}' alt='{_esc(figure.get('monitor'))}'>"
+                         f"<figcaption>{_esc(figure.get('monitor'))}: {_esc(figure.get('kind'))}</figcaption></figure>")
+    return parts
 
 
 def _headline(summary: Dict[str, Any]) -> str:

@@ -31,7 +31,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, List, Mapping, Optional, Sequence, Tuple, TypedDict
+from typing import (
+    Any,
+    Callable,
+    Hashable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    TypedDict,
+)
 
 import numpy as np
 import pandas as pd
@@ -289,13 +299,20 @@ def _episode_arrays(episodes: pd.DataFrame, extra: Sequence[str] = ()) -> Tuple[
     if bad_steps.any():
         raise AnalysisError(f"column 'steps' must hold positive whole step counts; rows "
                             f"{list(episodes.index[bad_steps][:10])} hold {steps[bad_steps].tolist()[:10]}")
+    _check_alarm_steps(alarm, steps, episodes.index)
+    return success, steps, alarm
+
+
+def _check_alarm_steps(alarm: np.ndarray, steps: np.ndarray, index: Sequence[Hashable]) -> None:
+    """Raise unless every alarm step is NaN (no alarm) or a step in [0, steps] of its row."""
+    if not ((alarm < 0) | (alarm > steps)).any():  # NaN compares False; +-inf is caught (steps are finite)
+        return
     alarmed = ~np.isnan(alarm)
     bad_alarm = alarmed & (~np.isfinite(alarm) | (alarm < 0) | (alarm > steps))
     if bad_alarm.any():
         raise AnalysisError(f"column 'alarm_step' must be NaN (no alarm) or a step in [0, steps]; rows "
-                            f"{list(episodes.index[bad_alarm][:10])} hold {alarm[bad_alarm].tolist()[:10]} "
+                            f"{list(pd.Index(index)[bad_alarm][:10])} hold {alarm[bad_alarm].tolist()[:10]} "
                             "(an alarm after a rollout's natural end never fired: use NaN)")
-    return success, steps, alarm
 
 
 def _mean(values: np.ndarray) -> Optional[float]:
@@ -304,6 +321,33 @@ def _mean(values: np.ndarray) -> Optional[float]:
 
 def _given_c(c: Any) -> float:
     return _check_number("c", c, 0.0, lo_open=True)
+
+
+def _excess_direct(success: np.ndarray, steps: np.ndarray, alarm: np.ndarray, c: float,
+                   reset_cost: float) -> Optional[float]:
+    """``worksheet(...)["excess_direct"]`` of validated arrays, bit for bit, without building a table.
+
+    The same floating-point operations in the same order as :func:`worksheet` (the bootstrap calls it
+    once per resample, on a few rows, where numpy's per-call overhead is the whole cost).
+
+    Args:
+        success: bool per rollout; steps: natural lengths (float); alarm: alarm steps (float, NaN for
+            none), already checked against ``steps``.
+        c: the per-step cost; reset_cost: the cost of one reset (``cost_model.reset_cost``).
+
+    Returns:
+        ``C_rule_direct - C_never``, or None when either is undefined (no successes, or every success
+        false-alarmed).
+    """
+    alarmed = ~np.isnan(alarm)
+    n_s = int(np.count_nonzero(success))
+    completions_rule = n_s - int(np.count_nonzero(alarmed & success))
+    if not n_s or not completions_rule:
+        return None
+    never_total = float(c * steps.sum() + reset_cost * (success.size - n_s))
+    # alarmed rows are finite, so c * alarm equals worksheet's c * nan_to_num(alarm) wherever it is taken
+    rule_total = float(np.where(alarmed, c * alarm + reset_cost, c * steps + reset_cost * ~success).sum())
+    return rule_total / completions_rule - never_total / n_s
 
 
 def worksheet(episodes: pd.DataFrame, cost_model: CostModel = CostModel(), c: Optional[float] = None) -> Worksheet:
@@ -341,7 +385,12 @@ def worksheet(episodes: pd.DataFrame, cost_model: CostModel = CostModel(), c: Op
     Raises:
         AnalysisError: a malformed table, or no successes while ``c`` is None.
     """
-    success, steps, alarm = _episode_arrays(episodes)
+    return _worksheet_arrays(*_episode_arrays(episodes), cost_model, c)
+
+
+def _worksheet_arrays(success: np.ndarray, steps: np.ndarray, alarm: np.ndarray, cost_model: CostModel,
+                      c: Optional[float]) -> Worksheet:
+    """:func:`worksheet` of the validated arrays that :func:`_episode_arrays` returns."""
     reset = cost_model.reset_cost
     fail = ~success
     alarmed = ~np.isnan(alarm)
@@ -442,6 +491,14 @@ def _strata_positions(frame: pd.DataFrame, strata: Sequence[str], name: str) -> 
                             f"the strata {list(strata)}")
     if len(frame) == 0:
         raise AnalysisError(f"{name} table is empty: nothing to resample")
+    columns = [frame[col] for col in strata]
+    if all(_plain_stratum(col) for col in columns):
+        # bool, integer or str columns: no missing values, and str tells their values apart, so grouping
+        # in Python gives groupby's strata in the same order (the order is the str sort below either way)
+        plain: dict = {}
+        for i, key in enumerate(zip(*(col.tolist() for col in columns))):
+            plain.setdefault(key, []).append(i)
+        return [np.asarray(plain[key], dtype=np.intp) for key in sorted(plain, key=lambda k: tuple(map(str, k)))]
     for col in strata:
         if frame[col].isna().any():
             raise AnalysisError(f"{name} table: stratum column '{col}' has missing values in rows "
@@ -450,10 +507,18 @@ def _strata_positions(frame: pd.DataFrame, strata: Sequence[str], name: str) -> 
     return [np.asarray(groups[key]) for key in sorted(groups, key=lambda k: tuple(map(str, np.atleast_1d(k))))]
 
 
-def _resample(frame: pd.DataFrame, positions: List[np.ndarray], rng: np.random.Generator) -> pd.DataFrame:
-    """Rows drawn with replacement within each stratum, stratum sizes kept; duplicates stay as rows."""
-    drawn = np.concatenate([pos[rng.integers(0, pos.size, size=pos.size)] for pos in positions])
-    return frame.iloc[drawn].reset_index(drop=True)
+def _plain_stratum(column: pd.Series) -> bool:
+    """A bool or integer column, or an object or string column of str only (a dict groups it like groupby)."""
+    dtype = column.dtype
+    if dtype == bool or (isinstance(dtype, np.dtype) and dtype.kind in "iu"):
+        return True
+    return (dtype == object or isinstance(dtype, pd.StringDtype)) \
+        and all(type(value) is str for value in column.tolist())
+
+
+def _draw(positions: List[np.ndarray], rng: np.random.Generator) -> np.ndarray:
+    """Row positions drawn with replacement within each stratum (strata in order), stratum sizes kept."""
+    return np.concatenate([pos[rng.integers(0, pos.size, size=pos.size)] for pos in positions])
 
 
 def _alarm_column(frame: pd.DataFrame, alarms: Any) -> np.ndarray:
@@ -469,22 +534,40 @@ def _alarm_column(frame: pd.DataFrame, alarms: Any) -> np.ndarray:
     return values
 
 
+def _position_alarms(alarms: Any, n: int) -> np.ndarray:
+    values = np.asarray(alarms, dtype=float).ravel()
+    if values.size != n:
+        raise AnalysisError(f"alarms_from_positions returned {values.size} alarm steps for {n} positions; it must "
+                            "return one per position, in their order")
+    return values
+
+
 def bootstrap_excess(validation: pd.DataFrame, test: pd.DataFrame,
-                     select_threshold: Callable[[pd.DataFrame], float],
-                     alarms_for: Callable[[pd.DataFrame, float], pd.Series],
+                     select_threshold: Optional[Callable[[pd.DataFrame], float]] = None,
+                     alarms_for: Optional[Callable[[pd.DataFrame, float], pd.Series]] = None,
                      cost_model: CostModel = CostModel(), n_resamples: int = 1000, seed: int = 0,
                      strata: Sequence[str] = ("task", "success"), c: Optional[float] = None,
-                     confidence: float = 0.95) -> BootstrapResult:
+                     confidence: float = 0.95, *,
+                     threshold_from_scores: Optional[Callable[[np.ndarray], float]] = None,
+                     alarms_from_positions: Optional[Callable[[np.ndarray, float], np.ndarray]] = None,
+                     ) -> BootstrapResult:
     """Stratified episode bootstrap of the stop-and-reset excess cost, re-selecting the threshold each time.
 
     Each resample draws rows with replacement within each stratum (by default task x outcome) of the
     validation set and, independently, of the test set, keeping every stratum's size; a row drawn
     twice is two attempts. The threshold is re-selected on the validation resample, the test resample's
-    alarms are recomputed with it, and the excess is priced by :func:`worksheet` (direct accounting).
+    alarms are recomputed with it, and the excess is priced by direct accounting (exactly
+    :func:`worksheet`'s ``excess_direct``). The test table's outcomes and lengths are validated once, on
+    the unresampled data; every resample's alarm steps are checked against its rows' lengths.
+
+    The callables come in one of two pairs. The table pair (``select_threshold``, ``alarms_for``) gets
+    each resample as a DataFrame. The array pair (``threshold_from_scores``, ``alarms_from_positions``)
+    gets numpy arrays and builds no table per resample (much faster); for the same seed both pairs give
+    the same result when they compute the same threshold and alarms.
 
     Args:
         validation: rows with ``rollout_id``, ``task``, ``success``, ``steps`` (and the strata columns);
-            whatever else ``select_threshold`` reads.
+            whatever else ``select_threshold`` reads, or ``score`` with the array pair.
         test: the same columns; whatever else ``alarms_for`` reads.
         select_threshold: ``select_threshold(validation_resample) -> threshold``; called once on the
             unresampled validation set and once per resample (``n_resamples + 1`` calls).
@@ -498,14 +581,31 @@ def bootstrap_excess(validation: pd.DataFrame, test: pd.DataFrame,
         c: the per-step cost; None fixes it once from the UNRESAMPLED test set's successes (the cost
             model is declared, not re-estimated per resample).
         confidence: nominal coverage of the percentile interval (``numpy.quantile``, linear).
+        threshold_from_scores: ``threshold_from_scores(scores) -> threshold``, ``scores`` the numpy array
+            of the validation resample's ``score`` values on its successful rows (``success`` as bool),
+            in resample order; replaces ``select_threshold`` (same call count).
+        alarms_from_positions: ``alarms_from_positions(positions, threshold) -> alarm steps``,
+            ``positions`` the test resample's row positions into ``test`` (``np.arange(len(test))`` for
+            the point estimate), the alarm steps (NaN for no alarm) one per position, in order;
+            replaces ``alarms_for``.
 
     Returns:
         A :class:`BootstrapResult`.
 
     Raises:
-        AnalysisError: malformed tables, bad arguments, or alarms not aligned to the resample. Errors
-            raised by the callables propagate unchanged.
+        AnalysisError: malformed tables, bad arguments (neither or both pairs of callables, or an
+            incomplete pair), or alarms not aligned to the resample. Errors raised by the callables
+            propagate unchanged.
     """
+    table_pair = (select_threshold, alarms_for)
+    array_pair = (threshold_from_scores, alarms_from_positions)
+    fast = any(f is not None for f in array_pair)
+    if fast and any(f is not None for f in table_pair):
+        raise AnalysisError("pass either select_threshold and alarms_for (tables) or threshold_from_scores and "
+                            "alarms_from_positions (arrays), not both")
+    if any(f is None for f in (array_pair if fast else table_pair)):
+        raise AnalysisError("pass both select_threshold and alarms_for, or both threshold_from_scores and "
+                            "alarms_from_positions")
     if isinstance(n_resamples, bool) or not isinstance(n_resamples, (int, np.integer)) or n_resamples < 1:
         raise AnalysisError(f"n_resamples must be a positive integer, got {n_resamples!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -516,26 +616,46 @@ def bootstrap_excess(validation: pd.DataFrame, test: pd.DataFrame,
     test = test.reset_index(drop=True)
     val_positions = _strata_positions(validation, strata, "validation")
     test_positions = _strata_positions(test, strata, "test")
+    if fast and "score" not in validation.columns:
+        raise AnalysisError("validation table lacks column 'score', which threshold_from_scores is given")
     if c is None:
         c_value = cost_model.per_step_cost(test["steps"].to_numpy(dtype=float)[test["success"].astype(bool).to_numpy()])
     else:
         c_value = _given_c(c)
+    reset = cost_model.reset_cost
 
-    def excess(val: pd.DataFrame, tst: pd.DataFrame) -> Tuple[float, Optional[float]]:
-        threshold = select_threshold(val)
-        alarm_steps = _alarm_column(tst, alarms_for(tst, threshold))
-        episodes = pd.DataFrame({"success": tst["success"].to_numpy(), "steps": tst["steps"].to_numpy(),
-                                 "alarm_step": alarm_steps}, index=tst.index)
-        return threshold, worksheet(episodes, cost_model, c=c_value)["excess_direct"]
+    # the point estimate, priced by the worksheet itself; validating its table validates the test
+    # table's success and steps once for every resample
+    if fast:
+        val_success = validation["success"].astype(bool).to_numpy()
+        val_scores = validation["score"].to_numpy()
+        point_threshold = threshold_from_scores(val_scores[val_success])
+        point_alarms = _position_alarms(alarms_from_positions(np.arange(len(test)), point_threshold), len(test))
+    else:
+        point_threshold = select_threshold(validation)
+        point_alarms = _alarm_column(test, alarms_for(test, point_threshold))
+    episodes = pd.DataFrame({"success": test["success"].to_numpy(), "steps": test["steps"].to_numpy(),
+                             "alarm_step": point_alarms}, index=test.index)
+    test_success, test_steps, point_alarms = _episode_arrays(episodes)
+    point = _worksheet_arrays(test_success, test_steps, point_alarms, cost_model, c_value)["excess_direct"]
 
-    point_threshold, point = excess(validation, test)
     rng = np.random.default_rng(int(seed))
     values: List[float] = []
     n_undefined = 0
     for _ in range(int(n_resamples)):
-        val_resample = _resample(validation, val_positions, rng)
-        test_resample = _resample(test, test_positions, rng)
-        _, value = excess(val_resample, test_resample)
+        val_drawn = _draw(val_positions, rng)
+        test_drawn = _draw(test_positions, rng)
+        success, steps = test_success[test_drawn], test_steps[test_drawn]
+        if fast:
+            threshold = threshold_from_scores(val_scores[val_drawn[val_success[val_drawn]]])
+            alarm = _position_alarms(alarms_from_positions(test_drawn, threshold), test_drawn.size)
+        else:
+            val_resample = validation.iloc[val_drawn].reset_index(drop=True)
+            test_resample = test.iloc[test_drawn].reset_index(drop=True)
+            threshold = select_threshold(val_resample)
+            alarm = _alarm_column(test_resample, alarms_for(test_resample, threshold))
+        _check_alarm_steps(alarm, steps, range(test_drawn.size))
+        value = _excess_direct(success, steps, alarm, c_value, reset)
         if value is None:
             n_undefined += 1
         else:

@@ -1,0 +1,900 @@
+"""Failure detection and alarm timing of runtime monitors, from scores at action-chunk boundaries.
+
+Pure pandas / numpy over one table, the *boundary scores* of one monitor: one row per
+action-chunk boundary of one rollout (columns :data:`BOUNDARY_COLUMNS`). ``step`` is the
+number of control steps taken before the boundary (the first boundary has step 0), ``score``
+uses only the logs up to it (higher = more likely failing) and may be NaN where the monitor
+is undefined; a NaN never raises an alarm (it counts as -inf). The positive class is failure
+(``success`` false).
+
+What is measured, following the pooled-AUC audit of SAFE and RESCUE (Sec. IV-D, IV-E):
+
+- **Windows** (:func:`window_limits`): ``end`` (the whole rollout), ``early`` (per task, the
+  shortest clean success among that task's *validation* episodes; retrospective, as SAFE's
+  benchmark cap) and ``cap`` (a fixed fraction of the task's horizon, predeclared). A window is
+  ``{task: max_step or None}``; a boundary is in it when ``step <= max_step``.
+- **Ranking** (:func:`auc_decomposition`): episode score = max over the window's boundaries;
+  exact Mann-Whitney AUC split into within-task and between-task pairs, so that
+  ``pooled == w_within * auc_within + w_between * auc_between``, beside the macro (equal-task)
+  AUC. :func:`length_only_scores` is the boundary-count baseline that recovers the label
+  whenever failures are timeouts; :func:`detection_table` puts it beside every AUC.
+- **Operating points** (:func:`select_threshold`, :func:`alarm_steps`, :func:`operating_point`):
+  a threshold chosen on validation clean successes for a target false-alarm rate, then the
+  realised false-alarm rate, catch rate and alarm timing elsewhere, misses counted at the
+  window end; :func:`rate_matched_random_alarm` is the control on the same rollouts.
+- **Splits** (:func:`split_episodes`): by base episode, so a clean rollout and its perturbed
+  twins never straddle validation and test; :func:`leave_one_task_out` selects each task's
+  threshold without it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pandas as pd
+
+from robocasa_shift.errors import AnalysisError
+from robocasa_shift.seeding import derive_seed
+
+CLEAN = "clean"
+ALL_CONDITIONS = "all"  # a pseudo-condition: the test rollouts of every condition, pooled
+VALIDATION, TEST = "validation", "test"
+SPLIT_COLUMN = "split"
+SPLIT_STREAM = "monitor_split"  # the seed stream of split_episodes (seeding.derive_seed)
+
+ROLLOUT_COLUMNS = ("rollout_id", "task", "episode", "condition", "success", "steps", "horizon")
+BOUNDARY_COLUMNS = ROLLOUT_COLUMNS + ("step", "score")
+INTEGER_COLUMNS = ("episode", "steps", "horizon", "step")
+
+WINDOW_KINDS = ("end", "early", "cap")
+DEFAULT_CAP_FRACTION = 0.25
+DEFAULT_TARGET_FA = 0.05
+
+Limits = Dict[str, Optional[int]]
+"""A window: {task: the last control step whose boundary counts, or None for no limit}."""
+
+Splits = Dict[str, Dict[str, List[int]]]
+"""{task: {"validation": [base episodes], "test": [base episodes]}}."""
+
+
+# --------------------------------------------------------------------------- the input table
+
+
+def check_boundary_scores(scores: pd.DataFrame) -> pd.DataFrame:
+    """Check a boundary-scores table and return a typed copy sorted by (rollout_id, step).
+
+    Args:
+        scores: one row per action-chunk boundary with the columns of :data:`BOUNDARY_COLUMNS`;
+            extra columns (e.g. ``split``) are kept.
+
+    Returns:
+        A new frame: ``success`` bool; ``episode``, ``steps``, ``horizon``, ``step`` int64;
+        ``score`` float64 (NaN kept); rows sorted by rollout_id then step, index reset.
+
+    Raises:
+        AnalysisError: a column is missing, empty in some row or of the wrong type; a rollout's
+            per-rollout column (task, episode, condition, success, steps, horizon) varies
+            across its boundaries; a rollout has two boundaries at one step; a step lies
+            outside ``[0, steps]``; ``steps`` or ``horizon`` is below 1.
+    """
+    if not isinstance(scores, pd.DataFrame):
+        raise AnalysisError(f"boundary scores must be a pandas DataFrame, got {type(scores).__name__}")
+    missing = [c for c in BOUNDARY_COLUMNS if c not in scores.columns]
+    if missing:
+        raise AnalysisError(
+            f"boundary scores lack column(s) {', '.join(repr(c) for c in missing)}; "
+            f"required: {', '.join(BOUNDARY_COLUMNS)}"
+        )
+    if scores.empty:
+        raise AnalysisError("boundary scores are empty: no boundary of any rollout")
+    df = scores.copy()
+    for column in ROLLOUT_COLUMNS + ("step",):
+        if df[column].isna().any():
+            rows = list(df.index[df[column].isna()][:5])
+            raise AnalysisError(f"column '{column}' is empty in row(s) {rows}; every boundary needs it")
+    df["success"] = _as_bool(df["success"])
+    for column in INTEGER_COLUMNS:
+        df[column] = _as_int(df[column], column)
+    numeric = pd.to_numeric(df["score"], errors="coerce")
+    bad = numeric.isna() & df["score"].notna()
+    if bad.any():
+        raise AnalysisError(f"column 'score': {df['score'][bad].iloc[0]!r} is not a number")
+    df["score"] = numeric.astype(float)
+    varying = df.groupby("rollout_id", sort=False)[list(ROLLOUT_COLUMNS[1:])].nunique()
+    for column in ROLLOUT_COLUMNS[1:]:
+        if (varying[column] > 1).any():
+            rollout = varying.index[varying[column] > 1][0]
+            raise AnalysisError(f"column '{column}' varies across the boundaries of rollout '{rollout}'; "
+                                "it must be one value per rollout")
+    duplicated = df.duplicated(["rollout_id", "step"])
+    if duplicated.any():
+        first = df[duplicated].iloc[0]
+        raise AnalysisError(f"column 'step': rollout '{first['rollout_id']}' has two boundaries "
+                            f"at step {first['step']}")
+    for column in ("steps", "horizon"):
+        if (df[column] < 1).any():
+            raise AnalysisError(f"column '{column}': {int(df[column].min())} is below 1")
+    outside = (df["step"] < 0) | (df["step"] > df["steps"])
+    if outside.any():
+        first = df[outside].iloc[0]
+        raise AnalysisError(f"column 'step': {first['step']} of rollout '{first['rollout_id']}' is outside "
+                            f"[0, steps={first['steps']}]")
+    return df.sort_values(["rollout_id", "step"], kind="mergesort").reset_index(drop=True)
+
+
+def _as_bool(series: pd.Series) -> pd.Series:
+    if series.dtype == bool:
+        return series
+    for value in series.unique().tolist():
+        if isinstance(value, str) or value not in (0, 1):  # True == 1, False == 0
+            raise AnalysisError(f"column 'success': {value!r} is not a boolean (use True/False or 1/0)")
+    return series.astype(bool)
+
+
+def _as_int(series: pd.Series, column: str) -> pd.Series:
+    if series.dtype == bool:
+        raise AnalysisError(f"column '{column}' holds booleans, expected integers")
+    numeric = pd.to_numeric(series, errors="coerce").astype(float)
+    bad = ~np.isfinite(numeric) | (numeric != np.floor(numeric))
+    if bad.any():
+        raise AnalysisError(f"column '{column}': {series[bad].iloc[0]!r} is not an integer")
+    return numeric.astype(np.int64)
+
+
+def _rollouts(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per rollout of a checked frame: its per-rollout columns (and ``split`` when present)."""
+    columns = list(ROLLOUT_COLUMNS) + ([SPLIT_COLUMN] if SPLIT_COLUMN in df.columns else [])
+    return df.drop_duplicates("rollout_id")[columns].reset_index(drop=True)
+
+
+def _tasks(df: pd.DataFrame) -> List[str]:
+    return sorted(df["task"].unique().tolist())
+
+
+# --------------------------------------------------------------------------- windows
+
+
+def window_limits(
+    scores: pd.DataFrame,
+    kind: str,
+    validation: Optional[Mapping[str, Any]] = None,
+    cap_fraction: float = DEFAULT_CAP_FRACTION,
+) -> Limits:
+    """The evaluation window of every task in ``scores``.
+
+    Args:
+        scores: boundary scores.
+        kind: ``"end"`` (no limit), ``"early"`` (per task, the shortest ``steps`` among the
+            clean successes of that task's validation episodes: SAFE's retrospective benchmark
+            cap) or ``"cap"`` (``floor(cap_fraction * horizon)`` per task: a predeclared fixed
+            horizon).
+        validation: for ``"early"`` only: {task: validation base episodes}, or the splits of
+            :func:`split_episodes` (their ``"validation"`` lists are read).
+        cap_fraction: for ``"cap"``: the fraction of the horizon, in (0, 1].
+
+    Returns:
+        {task: max_step or None}; a boundary is in the window when its step <= max_step.
+
+    Raises:
+        AnalysisError: an unknown kind; ``"early"`` without validation episodes, or a task
+            without a clean validation success (named); ``"cap"`` with a fraction outside
+            (0, 1], a task whose horizon varies, or a cap below one step.
+    """
+    df = check_boundary_scores(scores)
+    if kind == "end":
+        return {task: None for task in _tasks(df)}
+    if kind == "early":
+        return _early_limits(df, validation)
+    if kind == "cap":
+        return _cap_limits(df, cap_fraction)
+    raise AnalysisError(f"unknown window kind '{kind}'; known: {', '.join(WINDOW_KINDS)}")
+
+
+def _validation_episodes(validation: Optional[Mapping[str, Any]], task: str) -> List[int]:
+    if validation is None:
+        raise AnalysisError("the 'early' window needs the validation episodes of every task "
+                            "(pass validation=split_episodes(...))")
+    if task not in validation:
+        raise AnalysisError(f"task '{task}' has no validation episodes; the 'early' window needs them")
+    episodes = validation[task]
+    if isinstance(episodes, Mapping):
+        episodes = episodes.get(VALIDATION, [])
+    return [int(e) for e in episodes]
+
+
+def _early_limits(df: pd.DataFrame, validation: Optional[Mapping[str, Any]]) -> Limits:
+    rollouts = _rollouts(df)
+    limits: Limits = {}
+    for task in _tasks(df):
+        episodes = _validation_episodes(validation, task)
+        mine = rollouts[(rollouts["task"] == task) & (rollouts["condition"] == CLEAN) & rollouts["success"]
+                        & rollouts["episode"].isin(episodes)]
+        if mine.empty:
+            raise AnalysisError(f"task '{task}' has no clean success among its validation episodes {sorted(episodes)}; "
+                                "the 'early' window needs one (use the 'cap' or 'end' window for it)")
+        limits[task] = int(mine["steps"].min())
+    return limits
+
+
+def _cap_limits(df: pd.DataFrame, cap_fraction: float) -> Limits:
+    if not 0 < cap_fraction <= 1:
+        raise AnalysisError(f"cap_fraction {cap_fraction!r} must lie in (0, 1]")
+    rollouts = _rollouts(df)
+    limits: Limits = {}
+    for task in _tasks(df):
+        horizons = sorted(rollouts.loc[rollouts["task"] == task, "horizon"].unique().tolist())
+        if len(horizons) > 1:
+            raise AnalysisError(f"column 'horizon' varies within task '{task}' ({horizons}); "
+                                "the 'cap' window needs one")
+        cap = math.floor(cap_fraction * horizons[0])
+        if cap < 1:
+            raise AnalysisError(f"task '{task}': a cap of {cap_fraction} x horizon {horizons[0]} is below one step")
+        limits[task] = int(cap)
+    return limits
+
+
+def standard_windows(scores: pd.DataFrame, splits: Mapping[str, Any],
+                     cap_fraction: float = DEFAULT_CAP_FRACTION) -> Dict[str, Limits]:
+    """The three windows at once, ``{"end": ..., "early": ..., "cap": ...}`` (see :func:`window_limits`)."""
+    return {kind: window_limits(scores, kind, splits, cap_fraction) for kind in WINDOW_KINDS}
+
+
+def limits_frame(limits_by_window: Mapping[str, Mapping[str, Optional[int]]]) -> pd.DataFrame:
+    """The windows as a tidy table (columns window, task, max_step; None for no limit), to report them."""
+    rows = [{"window": window, "task": task, "max_step": limits[task]}
+            for window, limits in limits_by_window.items() for task in sorted(limits)]
+    return pd.DataFrame(rows, columns=["window", "task", "max_step"])
+
+
+def _limit_per_rollout(rollouts: pd.DataFrame, limits: Mapping[str, Optional[int]]) -> np.ndarray:
+    """Each rollout's max step as a float array (+inf where the window has no limit)."""
+    out = np.empty(len(rollouts), dtype=float)
+    for task in rollouts["task"].unique().tolist():
+        if task not in limits:
+            raise AnalysisError(f"task '{task}' has no window limit; the window covers {sorted(limits)}")
+        limit = limits[task]
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1):
+            raise AnalysisError(f"task '{task}': window limit {limit!r} is not a positive integer or None")
+        out[(rollouts["task"] == task).to_numpy()] = np.inf if limit is None else float(limit)
+    return out
+
+
+def _in_window(df: pd.DataFrame, limits: Mapping[str, Optional[int]]) -> Tuple[pd.DataFrame, np.ndarray]:
+    """The rollouts with their ``window_end`` = min(limit, steps), and a mask of in-window boundaries."""
+    rollouts = _rollouts(df)
+    limit = _limit_per_rollout(rollouts, limits)
+    rollouts["window_end"] = np.minimum(limit, rollouts["steps"].to_numpy(dtype=float)).astype(np.int64)
+    per_row = pd.Series(limit, index=rollouts["rollout_id"]).loc[df["rollout_id"]].to_numpy()
+    return rollouts, df["step"].to_numpy(dtype=float) <= per_row
+
+
+def episode_scores(scores: pd.DataFrame, limits: Mapping[str, Optional[int]]) -> pd.DataFrame:
+    """One score per rollout: the max of its boundary scores inside the window.
+
+    Args:
+        scores: boundary scores.
+        limits: a window (:func:`window_limits`) covering every task of ``scores``.
+
+    Returns:
+        One row per rollout, sorted by rollout_id: rollout_id, task, episode, condition,
+        success, steps, horizon (and ``split`` when ``scores`` has it), ``score`` (NaN-safe max
+        over the boundaries with step <= limit; -inf when there is none or all are NaN) and
+        ``window_end`` (min(limit, steps), or steps without a limit: where a miss is counted).
+
+    Raises:
+        AnalysisError: the table is malformed, or a task has no limit in ``limits``.
+    """
+    df = check_boundary_scores(scores)
+    rollouts, inside = _in_window(df, limits)
+    masked = np.where(inside, df["score"].fillna(-np.inf).to_numpy(), -np.inf)
+    best = pd.Series(masked, index=df["rollout_id"]).groupby(level=0, sort=False).max()
+    rollouts["score"] = best.loc[rollouts["rollout_id"]].to_numpy()
+    return _order_columns(rollouts, ["score", "window_end"])
+
+
+def _order_columns(rollouts: pd.DataFrame, tail: Sequence[str]) -> pd.DataFrame:
+    head = list(ROLLOUT_COLUMNS) + ([SPLIT_COLUMN] if SPLIT_COLUMN in rollouts.columns else [])
+    return rollouts[head + list(tail)].reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- ranking
+
+
+def _finite_or_low(values: Iterable[float]) -> np.ndarray:
+    """Scores as a float array with NaN read as -inf (no alarm)."""
+    array = np.asarray(list(values) if not isinstance(values, (np.ndarray, pd.Series)) else values, dtype=float)
+    return np.where(np.isnan(array), -np.inf, array)
+
+
+def _double_wins(pos: np.ndarray, neg: np.ndarray) -> int:
+    """2 x (pairs with pos > neg) + (tied pairs): an integer, so pair sums stay exact."""
+    if pos.size == 0 or neg.size == 0:
+        return 0
+    ordered = np.sort(neg)
+    below = np.searchsorted(ordered, pos, side="left")
+    at_or_below = np.searchsorted(ordered, pos, side="right")
+    return int(below.sum()) + int(at_or_below.sum())
+
+
+def roc_auc(pos: Iterable[float], neg: Iterable[float]) -> Optional[float]:
+    """Exact ROC AUC (Mann-Whitney): P(pos > neg) + P(pos == neg) / 2 over all pairs.
+
+    Args:
+        pos: scores of the positive class (failures); NaN counts as -inf.
+        neg: scores of the negative class (successes); NaN counts as -inf.
+
+    Returns:
+        The AUC, or None when either class is empty.
+    """
+    p, n = _finite_or_low(pos), _finite_or_low(neg)
+    if p.size == 0 or n.size == 0:
+        return None
+    return _double_wins(p, n) / (2 * p.size * n.size)
+
+
+@dataclass(frozen=True)
+class TaskAuc:
+    """One task's AUC (None when it has only one class) and its class counts."""
+
+    task: str
+    auc: Optional[float]
+    n_failures: int
+    n_successes: int
+
+
+@dataclass(frozen=True)
+class AucDecomposition:
+    """Pooled AUC split exactly into within-task and between-task pairs, beside the macro AUC.
+
+    ``pooled_auc == weight_within * within_auc + weight_between * between_auc`` (a part with no
+    pairs has AUC None and weight 0). ``within_auc`` is the within-task *micro* AUC (pairs of
+    all tasks pooled); ``macro_auc`` is the unweighted mean of the per-task AUCs over the tasks
+    with both classes (``skipped_tasks`` lists the others).
+    """
+
+    pooled_auc: Optional[float]
+    within_auc: Optional[float]
+    between_auc: Optional[float]
+    weight_within: Optional[float]
+    weight_between: Optional[float]
+    macro_auc: Optional[float]
+    n_pairs: int
+    n_pairs_within: int
+    n_pairs_between: int
+    n_failures: int
+    n_successes: int
+    per_task: Tuple[TaskAuc, ...]
+    skipped_tasks: Tuple[str, ...]
+
+    def summary(self) -> Dict[str, Any]:
+        """The scalar fields as a flat dict (per-task results left out; skipped tasks comma-joined)."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("per_task", "skipped_tasks")}
+        out["skipped_tasks"] = ", ".join(self.skipped_tasks)
+        return out
+
+    def per_task_frame(self) -> pd.DataFrame:
+        """The per-task AUCs and counts, one row per task."""
+        return pd.DataFrame([asdict(t) for t in self.per_task], columns=["task", "auc", "n_failures", "n_successes"])
+
+
+def _check_episode_frame(ep: pd.DataFrame) -> None:
+    missing = [c for c in ("task", "success", "score") if c not in ep.columns]
+    if missing:
+        raise AnalysisError(f"episode scores lack column(s) {', '.join(repr(c) for c in missing)}")
+    if ep["success"].dtype != bool:
+        raise AnalysisError("column 'success' of the episode scores must be boolean (use episode_scores)")
+
+
+def auc_decomposition(ep: pd.DataFrame) -> AucDecomposition:
+    """Pooled, within-task, between-task, macro and per-task AUC of episode scores.
+
+    Args:
+        ep: episode scores (:func:`episode_scores`): columns task, success (bool), score.
+
+    Returns:
+        An :class:`AucDecomposition`; AUCs are None where their pairs do not exist.
+
+    Raises:
+        AnalysisError: a column is missing or ``success`` is not boolean.
+    """
+    _check_episode_frame(ep)
+    score = _finite_or_low(ep["score"].to_numpy())
+    failed = ~ep["success"].to_numpy(dtype=bool)
+    task = ep["task"].to_numpy()
+    wins = {"within": 0, "between": 0}
+    pairs = {"within": 0, "between": 0}
+    per_task: List[TaskAuc] = []
+    for name in sorted(set(task.tolist())):
+        mine = task == name
+        pos, neg, neg_other = score[mine & failed], score[mine & ~failed], score[~mine & ~failed]
+        wins["within"] += _double_wins(pos, neg)
+        pairs["within"] += pos.size * neg.size
+        wins["between"] += _double_wins(pos, neg_other)
+        pairs["between"] += pos.size * neg_other.size
+        per_task.append(TaskAuc(name, roc_auc(pos, neg), int(pos.size), int(neg.size)))
+    total = pairs["within"] + pairs["between"]
+    rated = [t for t in per_task if t.auc is not None]
+
+    def auc_of(part: str) -> Optional[float]:
+        return wins[part] / (2 * pairs[part]) if pairs[part] else None
+
+    return AucDecomposition(
+        pooled_auc=roc_auc(score[failed], score[~failed]),
+        within_auc=auc_of("within"),
+        between_auc=auc_of("between"),
+        weight_within=pairs["within"] / total if total else None,
+        weight_between=pairs["between"] / total if total else None,
+        macro_auc=float(np.mean([t.auc for t in rated])) if rated else None,
+        n_pairs=total,
+        n_pairs_within=pairs["within"],
+        n_pairs_between=pairs["between"],
+        n_failures=int(failed.sum()),
+        n_successes=int((~failed).sum()),
+        per_task=tuple(per_task),
+        skipped_tasks=tuple(t.task for t in per_task if t.auc is None),
+    )
+
+
+def length_only_scores(scores: pd.DataFrame) -> pd.DataFrame:
+    """The length-only baseline: each boundary scored by the number of boundaries reached so far.
+
+    At the end window a rollout's episode score is its boundary count, so when every failure
+    is a horizon timeout and successes end earlier, this "monitor" recovers the label (AUC 1.0)
+    without any failure information; within an early window it mostly cannot.
+
+    Args:
+        scores: boundary scores of any monitor (only the rollouts and their steps are read).
+
+    Returns:
+        The same rows and columns (sorted by rollout_id, step) with ``score`` = 1, 2, 3, ... along
+        each rollout's boundaries.
+    """
+    df = check_boundary_scores(scores)
+    df["score"] = (df.groupby("rollout_id", sort=False).cumcount() + 1).astype(float)
+    return df
+
+
+# --------------------------------------------------------------------------- thresholds and alarms
+
+
+def select_threshold(ep_validation_successes: Union[pd.DataFrame, Sequence[float], np.ndarray],
+                     target_fa: float = DEFAULT_TARGET_FA) -> float:
+    """The smallest threshold whose false-alarm rate on validation successes is at most the target.
+
+    An alarm fires when score >= threshold. Candidates are the observed scores and +inf; the
+    result is the smallest candidate t with ``mean(score >= t) <= target_fa``.
+
+    Args:
+        ep_validation_successes: episode scores of the validation successes (a frame with a
+            ``score`` column, and if it has ``success``, only True rows) or the scores
+            themselves; NaN counts as -inf.
+        target_fa: the false-alarm target, in [0, 1].
+
+    Returns:
+        The threshold (+inf when no observed score meets the target: never alarm).
+
+    Raises:
+        AnalysisError: no scores; a target outside [0, 1]; a frame that holds failures; +inf
+            scores on more than ``target_fa`` of the successes (no threshold can meet it).
+    """
+    if not 0 <= target_fa <= 1:
+        raise AnalysisError(f"target_fa {target_fa!r} must lie in [0, 1]")
+    if isinstance(ep_validation_successes, pd.DataFrame):
+        frame = ep_validation_successes
+        if "score" not in frame.columns:
+            raise AnalysisError("validation successes lack column 'score'")
+        if "success" in frame.columns and not frame["success"].astype(bool).all():
+            raise AnalysisError("column 'success': the threshold is chosen on successes only, "
+                                "but the validation frame holds failures")
+        values = frame["score"].to_numpy()
+    else:
+        values = ep_validation_successes
+    s = np.sort(_finite_or_low(values))
+    if s.size == 0:
+        raise AnalysisError("no validation successes to choose a threshold on")
+    candidates = np.append(np.unique(s), np.inf) if s[-1] < np.inf else np.unique(s)
+    alarmed = s.size - np.searchsorted(s, candidates, side="left")
+    meets = alarmed / s.size <= target_fa
+    if not meets.any():
+        raise AnalysisError(f"column 'score': +inf on {alarmed[-1]} of {s.size} validation successes; "
+                            f"no threshold meets the false-alarm target {target_fa}")
+    return float(candidates[np.argmax(meets)])
+
+
+def alarm_steps(scores: pd.DataFrame, threshold: float, limits: Mapping[str, Optional[int]]) -> pd.DataFrame:
+    """The first alarm of every rollout inside the window.
+
+    Args:
+        scores: boundary scores.
+        threshold: an alarm fires at the first boundary with score >= threshold (NaN never fires).
+        limits: a window covering every task of ``scores``.
+
+    Returns:
+        One row per rollout, sorted by rollout_id: its per-rollout columns, ``window_end``,
+        ``alarm_step`` (float; NaN when no in-window boundary fires) and ``alarmed`` (bool).
+    """
+    df = check_boundary_scores(scores)
+    rollouts, inside = _in_window(df, limits)
+    fires = inside & (df["score"].fillna(-np.inf).to_numpy() >= threshold)
+    first = df.loc[fires].groupby("rollout_id", sort=False)["step"].min()
+    return _with_alarms(rollouts, first)
+
+
+def _with_alarms(rollouts: pd.DataFrame, first: pd.Series) -> pd.DataFrame:
+    rollouts["alarm_step"] = first.reindex(rollouts["rollout_id"]).to_numpy(dtype=float)
+    rollouts["alarmed"] = ~np.isnan(rollouts["alarm_step"].to_numpy())
+    return _order_columns(rollouts, ["window_end", "alarm_step", "alarmed"])
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """What one alarm rule does on a set of rollouts (rates and means are None without rollouts to average).
+
+    - ``false_alarm_rate``: alarmed successes / successes; ``catch_rate``: alarmed failures / failures.
+    - ``mean_alarm_step_caught``: mean first-alarm step of the caught failures (RESCUE's t_d).
+    - ``mean_alarm_position_steps`` / ``_fraction``: over all failures, a miss counted at the
+      window end (``window_end`` = min(limit, steps)); the fraction is alarm_step / window_end
+      per failure (1.0 for a miss), then averaged.
+    - ``mean_false_alarm_step``: mean first-alarm step of the false-alarmed successes (t_fa).
+    - ``mean_length_false_alarmed``: mean natural length (steps) of the false-alarmed successes
+      (RESCUE's T_s,FA: the successes this rule alarms on, not all successes).
+    """
+
+    threshold: Optional[float]
+    n_successes: int
+    n_false_alarms: int
+    false_alarm_rate: Optional[float]
+    n_failures: int
+    n_caught: int
+    catch_rate: Optional[float]
+    mean_alarm_step_caught: Optional[float]
+    mean_alarm_position_steps: Optional[float]
+    mean_alarm_position_fraction: Optional[float]
+    mean_false_alarm_step: Optional[float]
+    mean_length_false_alarmed: Optional[float]
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The fields as a flat dict."""
+        return asdict(self)
+
+
+def _mean(values: np.ndarray) -> Optional[float]:
+    return float(np.mean(values)) if values.size else None
+
+
+def summarize_alarms(alarms: pd.DataFrame, threshold: Optional[float] = None) -> OperatingPoint:
+    """The operating point of any alarm table (:func:`alarm_steps`, :func:`rate_matched_random_alarm`).
+
+    Args:
+        alarms: one row per rollout with success, steps, window_end, alarm_step, alarmed.
+        threshold: recorded in the result (None for a rule without one, e.g. random alarms).
+
+    Returns:
+        An :class:`OperatingPoint`.
+    """
+    success = alarms["success"].to_numpy(dtype=bool)
+    alarmed = alarms["alarmed"].to_numpy(dtype=bool)
+    step = alarms["alarm_step"].to_numpy(dtype=float)
+    end = alarms["window_end"].to_numpy(dtype=float)
+    length = alarms["steps"].to_numpy(dtype=float)
+    failed = ~success
+    caught, false_alarm = failed & alarmed, success & alarmed
+    position = np.where(alarmed, step, end)[failed]
+    fraction = np.where(alarmed, step / end, 1.0)[failed]
+    n_s, n_f = int(success.sum()), int(failed.sum())
+    return OperatingPoint(
+        threshold=threshold,
+        n_successes=n_s,
+        n_false_alarms=int(false_alarm.sum()),
+        false_alarm_rate=int(false_alarm.sum()) / n_s if n_s else None,
+        n_failures=n_f,
+        n_caught=int(caught.sum()),
+        catch_rate=int(caught.sum()) / n_f if n_f else None,
+        mean_alarm_step_caught=_mean(step[caught]),
+        mean_alarm_position_steps=_mean(position),
+        mean_alarm_position_fraction=_mean(fraction),
+        mean_false_alarm_step=_mean(step[false_alarm]),
+        mean_length_false_alarmed=_mean(length[false_alarm]),
+    )
+
+
+def operating_point(scores: pd.DataFrame, threshold: float, limits: Mapping[str, Optional[int]]) -> OperatingPoint:
+    """Realised false alarms, catches and alarm timing of one threshold inside one window.
+
+    Args:
+        scores: boundary scores of the rollouts to evaluate (e.g. test rollouts).
+        threshold: alarm when score >= threshold.
+        limits: a window covering every task of ``scores``.
+
+    Returns:
+        An :class:`OperatingPoint` (misses counted at the window end).
+    """
+    return summarize_alarms(alarm_steps(scores, threshold, limits), threshold)
+
+
+def rate_matched_random_alarm(scores: pd.DataFrame, rate: float, rng: np.random.Generator,
+                              limits: Optional[Mapping[str, Optional[int]]] = None) -> pd.DataFrame:
+    """A control alarm: each rollout fires with probability ``rate`` at a uniform in-window boundary.
+
+    Rollouts are visited in rollout_id order and two draws are taken for every rollout
+    (whether it fires, and at which boundary), so the result depends only on the generator's
+    state and the rollouts, never on the row order or the outcomes.
+
+    Args:
+        scores: boundary scores (only rollouts and boundary steps are read).
+        rate: the per-rollout alarm probability, e.g. the monitor's realised alarm rate on the
+            same rollouts, in [0, 1].
+        rng: a seeded numpy Generator (never the global ``np.random``).
+        limits: a window; None for the end window.
+
+    Returns:
+        The table of :func:`alarm_steps` for these random alarms (summarise it with
+        :func:`summarize_alarms`).
+
+    Raises:
+        AnalysisError: a rate outside [0, 1] or ``rng`` not a numpy Generator.
+    """
+    if not 0 <= rate <= 1:
+        raise AnalysisError(f"rate {rate!r} must lie in [0, 1]")
+    if not isinstance(rng, np.random.Generator):
+        raise AnalysisError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    df = check_boundary_scores(scores)
+    if limits is None:
+        limits = {task: None for task in _tasks(df)}
+    rollouts, inside = _in_window(df, limits)
+    in_window = df.loc[inside, ["rollout_id", "step"]]  # sorted by rollout_id, step
+    counts = in_window.groupby("rollout_id", sort=False).size().reindex(rollouts["rollout_id"], fill_value=0)
+    counts = counts.to_numpy()
+    fires = rng.random(len(rollouts)) < rate
+    pick = rng.integers(0, np.maximum(counts, 1))
+    start = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    fires &= counts > 0
+    steps = in_window["step"].to_numpy()
+    first = pd.Series(steps[(start + pick)[fires]], index=rollouts["rollout_id"].to_numpy()[fires], dtype=float)
+    return _with_alarms(rollouts, first)
+
+
+# --------------------------------------------------------------------------- splits
+
+
+def split_episodes(scores: pd.DataFrame, seed: int, validation_fraction: float = 0.5) -> Splits:
+    """Split every task's base episodes into validation and test, by a seeded permutation.
+
+    Per task, the sorted base episodes are permuted by a generator seeded with
+    ``derive_seed(seed, stream="monitor_split", task=task)`` (numpy SeedSequence), so a task's
+    split does not depend on the other tasks or the row order; the first
+    ``max(1, floor(n * validation_fraction))`` are validation, the rest test. A base episode's
+    clean and perturbed rollouts share its split.
+
+    Args:
+        scores: boundary (or episode) scores with columns task and episode.
+        seed: an int seed.
+        validation_fraction: the share of base episodes for validation, in (0, 1).
+
+    Returns:
+        {task: {"validation": sorted episodes, "test": sorted episodes}}.
+
+    Raises:
+        AnalysisError: a missing column, a seed that is not an int, or a fraction outside (0, 1).
+    """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise AnalysisError(f"seed {seed!r} must be an int")
+    if not 0 < validation_fraction < 1:
+        raise AnalysisError(f"validation_fraction {validation_fraction!r} must lie in (0, 1)")
+    for column in ("task", "episode"):
+        if column not in scores.columns:
+            raise AnalysisError(f"scores lack column '{column}'; splits are by task and base episode")
+    splits: Splits = {}
+    for task in sorted(scores["task"].unique().tolist()):
+        episodes = sorted(int(e) for e in scores.loc[scores["task"] == task, "episode"].unique())
+        order = np.random.default_rng(derive_seed(int(seed), stream=SPLIT_STREAM, task=task)).permutation(len(episodes))
+        n_validation = max(1, math.floor(len(episodes) * validation_fraction))
+        chosen = [episodes[i] for i in order]
+        splits[task] = {VALIDATION: sorted(chosen[:n_validation]), TEST: sorted(chosen[n_validation:])}
+    return splits
+
+
+def add_split_column(scores: pd.DataFrame, splits: Mapping[str, Mapping[str, Sequence[int]]]) -> pd.DataFrame:
+    """A copy of ``scores`` with a ``split`` column ("validation" or "test") from its (task, episode).
+
+    Raises:
+        AnalysisError: a task missing from ``splits``, or a base episode in neither or both lists.
+    """
+    lookup: Dict[Tuple[str, int], str] = {}
+    for task, parts in splits.items():
+        for part in (VALIDATION, TEST):
+            for episode in parts.get(part, []):
+                if (task, int(episode)) in lookup:
+                    raise AnalysisError(f"task '{task}': base episode {episode} is in both validation and test")
+                lookup[(task, int(episode))] = part
+    out = scores.copy()
+    keys = list(zip(out["task"].tolist(), [int(e) for e in out["episode"].tolist()]))
+    unknown = sorted({k for k in keys if k not in lookup})
+    if unknown:
+        task, episode = unknown[0]
+        raise AnalysisError(f"task '{task}': base episode {episode} is in no split "
+                            f"({len(unknown)} (task, episode) key(s) unsplit)")
+    out[SPLIT_COLUMN] = [lookup[k] for k in keys]
+    return out
+
+
+def _require_split(df: pd.DataFrame) -> None:
+    if SPLIT_COLUMN not in df.columns:
+        raise AnalysisError(f"boundary scores lack column '{SPLIT_COLUMN}'; add it with add_split_column")
+    odd = sorted(set(df[SPLIT_COLUMN].unique().tolist()) - {VALIDATION, TEST})
+    if odd:
+        raise AnalysisError(f"column '{SPLIT_COLUMN}': {odd} are neither '{VALIDATION}' nor '{TEST}'")
+
+
+def _calibration_successes(ep: pd.DataFrame) -> pd.DataFrame:
+    """The episode scores thresholds are chosen on: clean successes of validation episodes."""
+    return ep[(ep[SPLIT_COLUMN] == VALIDATION) & (ep["condition"] == CLEAN) & ep["success"]]
+
+
+# --------------------------------------------------------------------------- leave one task out
+
+
+def leave_one_task_out(scores: pd.DataFrame, limits: Mapping[str, Optional[int]],
+                       target_fa: float = DEFAULT_TARGET_FA) -> pd.DataFrame:
+    """Every task held out once: its threshold chosen on the other tasks, evaluated on it.
+
+    The monitors here are not trained, so this does not test a learned detector's transfer to an
+    unseen task: it tests the transfer of the *operating point* (a threshold selected on the
+    validation clean successes of the other tasks, at ``target_fa``) to the held-out task's test
+    rollouts (every condition present in ``scores``; filter the frame to restrict). An
+    ``"early"`` window uses each task's own validation successes, so for a strictly unseen task
+    prefer ``"cap"`` or ``"end"``.
+
+    Args:
+        scores: boundary scores with a ``split`` column (:func:`add_split_column`).
+        limits: a window covering every task.
+        target_fa: the false-alarm target of the threshold selection.
+
+    Returns:
+        One row per held-out task: task, threshold, n_calibration_successes, n_test_rollouts,
+        n_failures, n_successes, auc (the monitor's AUC on the task's test rollouts),
+        length_only_auc (the boundary-count baseline on the same rollouts), n_false_alarms,
+        false_alarm_rate, n_caught, catch_rate, mean_alarm_position_fraction.
+
+    Raises:
+        AnalysisError: no ``split`` column, or no validation clean success outside a task.
+    """
+    df = check_boundary_scores(scores)
+    _require_split(df)
+    ep = episode_scores(df, limits)
+    length_ep = episode_scores(length_only_scores(df), limits)
+    rows = []
+    for task in _tasks(df):
+        calibration = _calibration_successes(ep[ep["task"] != task])
+        if calibration.empty:
+            raise AnalysisError(f"task '{task}': no validation clean success in the other tasks "
+                                "to choose its threshold on")
+        threshold = select_threshold(calibration, target_fa)
+        held = ep[(ep["task"] == task) & (ep[SPLIT_COLUMN] == TEST)]
+        held_ids = set(held["rollout_id"].tolist())
+        point = summarize_alarms(_alarms_of(df, held_ids, threshold, limits), threshold)
+        length_held = length_ep[length_ep["rollout_id"].isin(held_ids)]
+        rows.append({
+            "task": task, "threshold": threshold, "n_calibration_successes": len(calibration),
+            "n_test_rollouts": len(held), "n_failures": point.n_failures, "n_successes": point.n_successes,
+            "auc": _split_auc(held), "length_only_auc": _split_auc(length_held),
+            "n_false_alarms": point.n_false_alarms, "false_alarm_rate": point.false_alarm_rate,
+            "n_caught": point.n_caught, "catch_rate": point.catch_rate,
+            "mean_alarm_position_fraction": point.mean_alarm_position_fraction,
+        })
+    return pd.DataFrame(rows)
+
+
+def _split_auc(ep: pd.DataFrame) -> Optional[float]:
+    success = ep["success"].to_numpy(dtype=bool)
+    score = ep["score"].to_numpy(dtype=float)
+    return roc_auc(score[~success], score[success])
+
+
+def _alarms_of(df: pd.DataFrame, rollout_ids: set, threshold: float,
+               limits: Mapping[str, Optional[int]]) -> pd.DataFrame:
+    """Alarm table of the given rollouts (an empty table, with its columns, when there are none)."""
+    subset = df[df["rollout_id"].isin(rollout_ids)]
+    if subset.empty:
+        columns = list(ROLLOUT_COLUMNS) + [SPLIT_COLUMN, "window_end", "alarm_step", "alarmed"]
+        return pd.DataFrame({c: pd.Series(dtype=bool if c in ("success", "alarmed") else float) for c in columns})
+    return alarm_steps(subset, threshold, limits)
+
+
+# --------------------------------------------------------------------------- the detection table
+
+
+def _conditions(df: pd.DataFrame, conditions: Optional[Sequence[str]]) -> List[str]:
+    present = set(df["condition"].unique().tolist())
+    if conditions is None:
+        return ([CLEAN] if CLEAN in present else []) + sorted(present - {CLEAN})
+    unknown = [c for c in conditions if c not in present and c != ALL_CONDITIONS]
+    if unknown:
+        raise AnalysisError(f"column 'condition': {unknown} not in the scores; present: {sorted(present)}")
+    return list(conditions)
+
+
+def _evaluation_row(ep: pd.DataFrame, length_ep: pd.DataFrame, alarms: pd.DataFrame,
+                    threshold: float) -> Dict[str, Any]:
+    """The detection measures of one set of rollouts (already restricted to one window and condition)."""
+    monitor, length = auc_decomposition(ep), auc_decomposition(length_ep)
+    point = summarize_alarms(alarms, threshold)
+    return {
+        "n_rollouts": len(ep), "n_tasks": int(ep["task"].nunique()),
+        "n_failures": monitor.n_failures, "n_successes": monitor.n_successes,
+        "pooled_auc": monitor.pooled_auc, "macro_auc": monitor.macro_auc,
+        "within_auc": monitor.within_auc, "between_auc": monitor.between_auc,
+        "weight_within": monitor.weight_within, "weight_between": monitor.weight_between,
+        "n_pairs": monitor.n_pairs, "skipped_tasks": ", ".join(monitor.skipped_tasks),
+        "length_pooled_auc": length.pooled_auc, "length_macro_auc": length.macro_auc,
+        "threshold": threshold,
+        "n_false_alarms": point.n_false_alarms, "false_alarm_rate": point.false_alarm_rate,
+        "n_caught": point.n_caught, "catch_rate": point.catch_rate,
+        "mean_alarm_step_caught": point.mean_alarm_step_caught,
+        "mean_alarm_position_steps": point.mean_alarm_position_steps,
+        "mean_alarm_position_fraction": point.mean_alarm_position_fraction,
+    }
+
+
+def _limits_text(limits: Mapping[str, Optional[int]]) -> str:
+    """A window as text for a table cell, e.g. ``"Door=55, Lift=25"`` (``none`` for no limit)."""
+    return ", ".join(f"{task}={'none' if limits[task] is None else limits[task]}" for task in sorted(limits))
+
+
+def detection_table(
+    scores: pd.DataFrame,
+    splits: Mapping[str, Mapping[str, Sequence[int]]],
+    limits_by_window: Mapping[str, Mapping[str, Optional[int]]],
+    target_fa: float = DEFAULT_TARGET_FA,
+    conditions: Optional[Sequence[str]] = None,
+) -> pd.DataFrame:
+    """Ranking and operating-point measures over windows x conditions, on test rollouts.
+
+    Per window, one threshold is chosen on the validation clean successes of every task
+    (:func:`select_threshold` at ``target_fa``) and frozen for every condition; each condition
+    is then evaluated on its test rollouts. The length-only baseline's AUCs on the same rollouts
+    and window sit beside the monitor's.
+
+    Args:
+        scores: boundary scores of one monitor.
+        splits: :func:`split_episodes` of the same rollouts.
+        limits_by_window: {window name: limits}, e.g. :func:`standard_windows`.
+        target_fa: the false-alarm target of the threshold selection.
+        conditions: the conditions to evaluate, in order; None: clean first, then the others sorted.
+            ``"all"`` (:data:`ALL_CONDITIONS`) pools the test rollouts of every condition.
+
+    Returns:
+        One row per (window, condition): window, window_max_steps (the window's per-task limits as
+        text, e.g. ``"Lift=25"``), condition, n_calibration_successes, then
+        n_rollouts, n_tasks, n_failures, n_successes, pooled_auc, macro_auc, within_auc,
+        between_auc, weight_within, weight_between, n_pairs, skipped_tasks (tasks left out of
+        the macro for having one class, comma-joined), length_pooled_auc, length_macro_auc,
+        threshold, n_false_alarms, false_alarm_rate, n_caught, catch_rate,
+        mean_alarm_step_caught, mean_alarm_position_steps, mean_alarm_position_fraction.
+
+    Raises:
+        AnalysisError: a malformed table, an unsplit episode, an unknown condition, a window
+            missing a task, or a window without validation clean successes.
+    """
+    df = add_split_column(check_boundary_scores(scores), splits)
+    length = length_only_scores(df)
+    chosen = _conditions(df, conditions)
+    rows = []
+    for window, limits in limits_by_window.items():
+        ep, length_ep = episode_scores(df, limits), episode_scores(length, limits)
+        calibration = _calibration_successes(ep)
+        if calibration.empty:
+            raise AnalysisError(f"window '{window}': no validation clean success to choose a threshold on")
+        threshold = select_threshold(calibration, target_fa)
+        alarms = alarm_steps(df, threshold, limits)
+        for condition in chosen:
+            same = (ep["condition"] == condition) if condition != ALL_CONDITIONS else True
+            test = ((ep[SPLIT_COLUMN] == TEST) & same).to_numpy()
+            row = {"window": window, "window_max_steps": _limits_text(limits), "condition": condition,
+                   "n_calibration_successes": len(calibration)}
+            row.update(_evaluation_row(ep[test], length_ep[test], alarms[test], threshold))
+            rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,444 @@
+"""``robocasa-shift monitors RUN_DIR``: runtime monitors judged as intervention rules on a run's step logs.
+
+From the step logs of a run's formal rollouts (``--log-steps``), every monitor's
+score at every action-chunk boundary; then, with base episodes split into
+validation and test per task (clean and perturbed twins together; seed stream
+``monitor_split`` of the study seed):
+
+1. **Detection and timing** (``detection.csv``): pooled and macro ROC-AUC with the
+   within/between-task decomposition, at the end of the rollout, in the early
+   window (per task, the shortest clean validation success) and under a step cap
+   (a quarter of the horizon), the length-only baseline beside each; a threshold
+   chosen on clean validation successes for the target false-alarm rate (5%),
+   frozen for every condition, with its realised false-alarm rate, catch rate and
+   alarm position on test rollouts; leave-one-task-out (``loto.csv``).
+2. **Decision value of stop-and-reset** (``decision.csv``): RESCUE's worksheet per
+   monitor and condition on the test rollouts (the per-step cost from the clean
+   test successes' median length), the excess cost over never intervening with a
+   stratified bootstrap interval that re-selects the threshold in each resample,
+   the break-even false-alarm rate, the ideal-detector ceiling, and a
+   rate-matched random alarm on the same rollouts.
+3. **Verdicts** (``verdicts.csv``): which criteria admit each monitor on the test
+   rollouts of every condition pooled (condition ``all``; thresholds still from
+   clean validation): a detection metric when its 95% bootstrap interval lies
+   above 0.5; decision value when the excess cost's interval lies below 0
+   (cheaper than never intervening).
+
+Everything is written to ``RUN_DIR/monitors/`` (``summary.json``, the CSV tables,
+``summary.md`` and figures); ``robocasa-shift report`` shows it. Pure over the
+run directory: nothing is re-run and no simulator is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import pandas as pd
+
+from robocasa_shift import seeding
+from robocasa_shift.analysis.measures import order_conditions
+from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.errors import AnalysisError, RunDirError
+from robocasa_shift.monitoring import decision, detection
+from robocasa_shift.monitoring.monitors import (
+    CONTROLS,
+    REAL_MONITORS,
+    monitor_names,
+    score,
+)
+from robocasa_shift.study.store import RunStore
+
+OUT = "monitors"
+DECISION_WINDOW = "end"  # a stop-and-reset rule watches the whole attempt
+DETECTION_WINDOWS = detection.WINDOW_KINDS
+
+
+def boundary_scores(run_dir: Path | str, monitors: Sequence[str], phase: str = "formal"
+                    ) -> Tuple[Dict[str, pd.DataFrame], Dict[str, Any]]:
+    """Every monitor's boundary-scores table over the run's logged rollouts, and what was left out.
+
+    Rollouts count when they are valid, of ``phase``, replicate 0 and have a step log.
+
+    Raises:
+        RunDirError: not a run directory; a step log missing or changed (see ``RunStore.step_log``).
+        AnalysisError: no logged rollout at all (the message says how to make some).
+    """
+    store = RunStore(run_dir)
+    if store.manifest() is None:
+        raise RunDirError(f"{run_dir}: no manifest.json; not a run directory")
+    rows: Dict[str, List[pd.DataFrame]] = {m: [] for m in monitors}
+    excluded = {"invalid": 0, "without_step_log": 0, "other": 0}
+    for record in store.records():
+        if record.get("phase") != phase or record.get("replicate", 0) != 0:
+            excluded["other"] += 1
+            continue
+        if not record.get("valid"):
+            excluded["invalid"] += 1
+            continue
+        log = store.step_log(record)
+        if log is None:
+            excluded["without_step_log"] += 1
+            continue
+        key = RolloutKey.from_record(record)
+        base = {"rollout_id": key.id, "task": key.task, "episode": key.episode, "condition": key.condition,
+                "success": bool(record["success"]), "steps": int(record["steps"]), "horizon": int(record["horizon"]),
+                "step": log.boundary.astype(int)}
+        for name in monitors:
+            rows[name].append(pd.DataFrame({**base, "score": score(name, log)}))
+    if not any(rows.values()) or not rows[monitors[0]]:
+        raise AnalysisError(f"{run_dir}: no valid {phase} rollout with a step log ({excluded}); run "
+                            f"`robocasa-shift formal ... --log-steps` (or `run ... --log-steps`) first")
+    return {m: pd.concat(parts, ignore_index=True) for m, parts in rows.items()}, excluded
+
+
+# --------------------------------------------------------------------------- alarms, fast
+
+
+class AlarmIndex:
+    """Each rollout's first boundary at or above any threshold, by binary search (bootstraps ask often).
+
+    Per rollout the running maximum of its in-window scores is non-decreasing, so the first
+    boundary that fires at threshold t is the first whose running maximum reaches t.
+    """
+
+    def __init__(self, scores: pd.DataFrame, limits: Mapping[str, Optional[int]]):
+        self._runs: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
+        for rollout_id, part in scores.sort_values(["rollout_id", "step"]).groupby("rollout_id", sort=False):
+            limit = limits.get(part["task"].iloc[0])
+            if limit is not None:
+                part = part[part["step"] <= limit]
+            values = np.maximum.accumulate(part["score"].fillna(-np.inf).to_numpy(dtype=float)) if len(part) \
+                else np.zeros(0)
+            self._runs[rollout_id] = (values, part["step"].to_numpy(dtype=float))
+
+    def alarm_step(self, rollout_id: str, threshold: float) -> float:
+        values, steps = self._runs[rollout_id]
+        i = int(np.searchsorted(values, threshold, side="left"))
+        return float(steps[i]) if i < len(values) else math.nan
+
+    def alarms(self, rollout_ids: Sequence[str], threshold: float) -> np.ndarray:
+        return np.array([self.alarm_step(r, threshold) for r in rollout_ids], dtype=float)
+
+
+# --------------------------------------------------------------------------- the measures
+
+
+def _auc_interval(ep: pd.DataFrame, n_resamples: int, seed: int) -> Tuple[Optional[float], Optional[float]]:
+    """95% percentile interval of the pooled AUC, rollouts resampled within task x outcome."""
+    rng = np.random.default_rng(seed)
+    groups = [g.to_numpy() for _, g in ep.groupby(["task", "success"], sort=True)["score"]]
+    flags = [bool(k[1]) for k, _ in ep.groupby(["task", "success"], sort=True)["score"]]
+    values = []
+    for _ in range(n_resamples):
+        draws = [g[rng.integers(0, len(g), len(g))] for g in groups]
+        pos = np.concatenate([d for d, ok in zip(draws, flags) if not ok] or [np.zeros(0)])
+        neg = np.concatenate([d for d, ok in zip(draws, flags) if ok] or [np.zeros(0)])
+        auc = detection.roc_auc(pos, neg)
+        if auc is not None:
+            values.append(auc)
+    if not values:
+        return None, None
+    lo, hi = np.quantile(values, [0.025, 0.975])
+    return float(lo), float(hi)
+
+
+def _episodes(scores: pd.DataFrame, splits, limits) -> pd.DataFrame:
+    return detection.add_split_column(detection.episode_scores(detection.check_boundary_scores(scores), limits), splits)
+
+
+def decision_rows(name: str, scores: pd.DataFrame, splits, limits, conditions: Sequence[str], c: float,
+                  cost_model: decision.CostModel, target_fa: float, n_resamples: int, seed: int) -> List[Dict[str, Any]]:
+    """One worksheet row per condition: the monitor as a stop-and-reset rule, and a rate-matched random alarm."""
+    ep = _episodes(scores, splits, limits)
+    index = AlarmIndex(scores, limits)
+    validation = ep[(ep[detection.SPLIT_COLUMN] == detection.VALIDATION) & (ep["condition"] == detection.CLEAN)]
+
+    def choose(val: pd.DataFrame) -> float:
+        return detection.select_threshold(val[val["success"].astype(bool)], target_fa)
+
+    def alarms_for(test: pd.DataFrame, threshold: float) -> np.ndarray:
+        return index.alarms(test["rollout_id"].tolist(), threshold)
+
+    threshold = choose(validation)
+    thresholds: Dict[bytes, float] = {}
+
+    def threshold_of(values: np.ndarray) -> float:
+        # a function of the multiset of scores, which bootstrap resamples repeat: chosen once per multiset
+        if values.dtype != np.float64:
+            return detection.select_threshold(values, target_fa)
+        key = np.sort(values).tobytes()
+        if key not in thresholds:
+            thresholds[key] = detection.select_threshold(values, target_fa)
+        return thresholds[key]
+
+    rows = []
+    for condition in conditions:
+        same = (ep["condition"] == condition) if condition != detection.ALL_CONDITIONS else True
+        test = ep[(ep[detection.SPLIT_COLUMN] == detection.TEST) & same].reset_index(drop=True)
+        if test.empty:
+            continue
+        alarms = alarms_for(test, threshold)
+        episodes = pd.DataFrame({"success": test["success"], "steps": test["steps"], "alarm_step": alarms})
+        sheet = decision.worksheet(episodes, cost_model, c=c)
+        test_ids, test_alarms = test["rollout_id"].tolist(), {}
+
+        def alarms_at(positions: np.ndarray, thr: float, ids=test_ids, known=test_alarms) -> np.ndarray:
+            if thr not in known:  # resampled thresholds repeat: the test rows' alarms once per threshold
+                known[thr] = index.alarms(ids, thr)
+            return known[thr][positions]
+
+        boot = decision.bootstrap_excess(
+            validation, test, cost_model=cost_model, n_resamples=n_resamples,
+            seed=seeding.derive_seed(seed, stream="monitor_bootstrap", monitor=name, condition=condition), c=c,
+            threshold_from_scores=threshold_of,
+            alarms_from_positions=alarms_at)
+        rate = float(np.mean(~np.isnan(alarms)))
+        rng = np.random.default_rng(seeding.derive_seed(seed, stream="random_alarm", monitor=name, condition=condition))
+        test_scores = scores[scores["rollout_id"].isin(set(test["rollout_id"]))]
+        random_alarms = detection.rate_matched_random_alarm(test_scores, rate, rng, limits)
+        random_sheet = decision.worksheet(random_alarms[["success", "steps", "alarm_step"]], cost_model, c=c)
+        rows.append({"monitor": name, "condition": condition, "threshold": threshold, "alarm_rate": rate,
+                     **{k: _plain(v) for k, v in sheet.items()},
+                     "excess_ci95": [boot.lo, boot.hi], "excess_ci95_undefined": boot.n_undefined,
+                     "n_resamples": boot.n_resamples, "random_alarm_excess": random_sheet["excess_direct"]})
+    return rows
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, (np.floating, float)):  # +inf (a threshold that never fires) and NaN: null
+        return float(value) if math.isfinite(float(value)) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def verdict_rows(names: Sequence[str], scores: Mapping[str, pd.DataFrame], splits, windows, decisions: pd.DataFrame,
+                 n_resamples: int, seed: int) -> List[Dict[str, Any]]:
+    """Per monitor, on the test rollouts of every condition: each criterion's estimate, interval and verdict."""
+    rows = []
+    for name in names:
+        row: Dict[str, Any] = {"monitor": name}
+        for window in DETECTION_WINDOWS:
+            ep = _episodes(scores[name], splits, windows[window])
+            ep = ep[ep[detection.SPLIT_COLUMN] == detection.TEST]
+            auc = detection.auc_decomposition(ep).summary()["pooled_auc"]
+            lo, hi = _auc_interval(ep, n_resamples, seeding.derive_seed(seed, stream="auc_bootstrap", monitor=name,
+                                                                        window=window))
+            row.update({f"{window}_auc": auc, f"{window}_auc_ci95": [lo, hi],
+                        f"{window}_auc_admits": bool(lo is not None and lo > 0.5)})
+        pooled = decisions[(decisions["monitor"] == name) & (decisions["condition"] == detection.ALL_CONDITIONS)]
+        if len(pooled):
+            d = pooled.iloc[0]
+            lo, hi = d["excess_ci95"]
+            row.update({"excess": d["excess_direct"], "excess_ci95": [lo, hi],
+                        "decision_admits": bool(hi is not None and hi < 0),
+                        "random_alarm_excess": d["random_alarm_excess"],
+                        "beats_random_alarm": bool(d["excess_direct"] is not None and d["random_alarm_excess"] is not None
+                                                   and d["excess_direct"] < d["random_alarm_excess"])})
+        rows.append(row)
+    return rows
+
+
+def evaluate(run_dir: Path | str, monitors: Optional[Sequence[str]] = None, target_fa: float = detection.DEFAULT_TARGET_FA,
+             kappa: float = 0.1, n_resamples: int = 1000, figures: bool = True) -> Dict[str, Any]:
+    """Evaluate ``monitors`` (default: every registered one) on ``run_dir``'s step logs; write ``RUN_DIR/monitors/``.
+
+    Returns:
+        The summary written to ``summary.json``: settings, counts, the split, the windows, the
+        clean-condition headline rows and the verdicts (the full tables are the CSV files).
+
+    Raises:
+        UnknownNameError: an unknown monitor (the message lists them).
+        AnalysisError: no logged rollouts, or too few to split (a task needs two base episodes).
+    """
+    names = list(monitors or monitor_names())
+    for name in names:
+        from robocasa_shift.monitoring.monitors import MONITORS
+
+        MONITORS.get(name)  # unknown names fail here, listing the registered ones
+    run_dir = Path(run_dir)
+    store = RunStore(run_dir)
+    manifest = store.manifest() or {}
+    study_seed = int(manifest.get("study_seed", 0))
+    scores, excluded = boundary_scores(run_dir, names)
+    first = scores[names[0]]
+    split_seed = seeding.derive_seed(study_seed, stream="monitors")
+    splits = detection.split_episodes(first, split_seed)
+    for task, parts in splits.items():
+        if not parts[detection.TEST] or not parts[detection.VALIDATION]:
+            raise AnalysisError(f"task {task}: {len(parts[detection.VALIDATION]) + len(parts[detection.TEST])} base "
+                                f"episode(s) with step logs; a split needs at least two")
+    windows = detection.standard_windows(first, splits)
+    conditions = order_conditions(first["condition"].unique())
+    evaluated = [*conditions, detection.ALL_CONDITIONS]  # every condition, then all of them pooled
+    detection_df = pd.concat([detection.detection_table(scores[n], splits, windows, target_fa, evaluated)
+                              .assign(monitor=n) for n in names], ignore_index=True)
+    loto_df = pd.concat([detection.leave_one_task_out(detection.add_split_column(scores[n], splits),
+                                                      windows[DECISION_WINDOW], target_fa).assign(monitor=n)
+                         for n in names], ignore_index=True)
+    ep = _episodes(first, splits, windows[DECISION_WINDOW])
+    clean_test = ep[(ep[detection.SPLIT_COLUMN] == detection.TEST) & (ep["condition"] == detection.CLEAN)]
+    cost_model = decision.CostModel(kappa=kappa)
+    c = cost_model.per_step_cost(clean_test.loc[clean_test["success"].astype(bool), "steps"].to_numpy(dtype=float))
+    decision_df = pd.DataFrame([row for n in names for row in
+                                decision_rows(n, scores[n], splits, windows[DECISION_WINDOW], evaluated, c, cost_model,
+                                              target_fa, n_resamples, study_seed)])
+    verdicts = pd.DataFrame(verdict_rows(names, scores, splits, windows, decision_df, n_resamples, study_seed))
+    out = run_dir / OUT
+    out.mkdir(parents=True, exist_ok=True)
+    for frame, file in ((detection_df, "detection.csv"), (loto_df, "loto.csv"), (decision_df, "decision.csv"),
+                        (verdicts, "verdicts.csv")):
+        frame.to_csv(out / file, index=False)
+    counts = first.drop_duplicates("rollout_id").assign(split=lambda d: d.apply(
+        lambda r: detection.VALIDATION if r["episode"] in splits[r["task"]][detection.VALIDATION] else detection.TEST,
+        axis=1)).groupby(["split", "success"]).size()
+    summary = {
+        "run_dir": str(run_dir), "monitors": names, "real_monitors": [n for n in names if n in REAL_MONITORS],
+        "controls": [n for n in names if n in CONTROLS], "target_fa": target_fa, "kappa": kappa, "c": c,
+        "n_resamples": n_resamples, "split_seed": split_seed, "splits": splits,
+        "windows": {w: {t: v for t, v in lim.items()} for w, lim in windows.items()},
+        "counts": {f"{split}_{'successes' if ok else 'failures'}": int(n) for (split, ok), n in counts.items()},
+        "rollouts": int(first["rollout_id"].nunique()), "excluded": excluded, "conditions": conditions,
+        "all_failures_timeouts": bool((ep.loc[~ep["success"].astype(bool), "steps"] == ep.loc[~ep["success"].astype(bool),
+                                                                                               "horizon"]).all()),
+        "verdicts": _records(verdicts),
+        "pooled_detection": _records(detection_df[detection_df["condition"] == detection.ALL_CONDITIONS]),
+        "pooled_decision": _records(decision_df[decision_df["condition"] == detection.ALL_CONDITIONS]),
+        "figures": [],
+    }
+    if figures:
+        summary["figures"] = write_figures(out, scores, splits, windows, names)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=False, default=_plain) + "\n")
+    (out / "summary.md").write_text(summary_markdown(summary, detection_df, decision_df, verdicts))
+    return summary
+
+
+def _records(frame: pd.DataFrame) -> List[Dict[str, Any]]:
+    out = []
+    for row in frame.astype(object).to_dict("records"):
+        out.append({k: _plain(v) for k, v in row.items()})
+    return out
+
+
+# --------------------------------------------------------------------------- figures and Markdown
+
+
+def write_figures(out: Path, scores: Mapping[str, pd.DataFrame], splits, windows, names: Sequence[str]) -> List[Dict[str, str]]:
+    """Per monitor: ROC curves (pooled vs per task; test rollouts of every condition, end window) and alarm times
+    against failure times."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures = []
+    (out / "figures").mkdir(exist_ok=True)
+    for name in names:
+        ep = _episodes(scores[name], splits, windows[DECISION_WINDOW])
+        test = ep[ep[detection.SPLIT_COLUMN] == detection.TEST]
+        fig, ax = plt.subplots(figsize=(4.2, 4.0))
+        for label, part in [("pooled", test), *[(t, g) for t, g in test.groupby("task")]]:
+            fpr, tpr = roc_curve(part)
+            if fpr is not None:
+                auc = detection.roc_auc(part.loc[~part["success"].astype(bool), "score"],
+                                        part.loc[part["success"].astype(bool), "score"])
+                ax.plot(fpr, tpr, lw=2.2 if label == "pooled" else 1.2, label=f"{label} (AUC {auc:.2f})")
+        ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls=":")
+        ax.set(xlabel="false-alarm rate (successes)", ylabel="catch rate (failures)", title=f"{name}: test rollouts")
+        ax.legend(fontsize=7, loc="lower right")
+        fig.tight_layout()
+        file = f"figures/roc__{name}.png"
+        fig.savefig(out / file, dpi=110)
+        plt.close(fig)
+        figures.append({"monitor": name, "kind": "roc", "file": file})
+
+        validation = ep[(ep[detection.SPLIT_COLUMN] == detection.VALIDATION) & (ep["condition"] == detection.CLEAN)]
+        threshold = detection.select_threshold(validation[validation["success"].astype(bool)])
+        alarms = detection.alarm_steps(scores[name][scores[name]["rollout_id"].isin(set(
+            ep.loc[ep[detection.SPLIT_COLUMN] == detection.TEST, "rollout_id"]))], threshold, windows[DECISION_WINDOW])
+        fig, ax = plt.subplots(figsize=(5.4, 3.2))
+        horizon = int(alarms["horizon"].max())
+        bins = np.linspace(0, horizon, 21)
+        failures = alarms[~alarms["success"].astype(bool)]
+        ax.hist([failures["alarm_step"].dropna(), alarms.loc[alarms["success"].astype(bool), "alarm_step"].dropna()],
+                bins=bins, label=["alarms on failures", "false alarms"], color=["#c0392b", "#7f8c8d"])
+        ax.hist(failures["steps"], bins=bins, histtype="step", color="black", lw=1.2, label="failure ends")
+        ax.set(xlabel="control step", ylabel="rollouts", title=f"{name}: alarm times (test, all conditions)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        file = f"figures/alarms__{name}.png"
+        fig.savefig(out / file, dpi=110)
+        plt.close(fig)
+        figures.append({"monitor": name, "kind": "alarms", "file": file})
+    return figures
+
+
+def roc_curve(ep: pd.DataFrame) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
+    """(false-alarm rates, catch rates) over every threshold of an episode-score table; None with one class."""
+    fail = ~ep["success"].astype(bool).to_numpy()
+    values = ep["score"].fillna(-np.inf).to_numpy(dtype=float)
+    if fail.all() or not fail.any():
+        return None, None
+    thresholds = np.unique(values)[::-1]
+    fpr = np.array([0.0] + [np.mean(values[~fail] >= t) for t in thresholds])
+    tpr = np.array([0.0] + [np.mean(values[fail] >= t) for t in thresholds])
+    return fpr, tpr
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_cell(v) for v in value) + "]"
+    return str(value)
+
+
+def _table(frame: pd.DataFrame, columns: Sequence[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in frame[list(columns)].astype(object).itertuples(index=False):
+        lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+DETECTION_COLUMNS = ("monitor", "window", "pooled_auc", "macro_auc", "within_auc", "between_auc", "weight_between",
+                     "length_pooled_auc", "length_macro_auc", "threshold", "false_alarm_rate", "catch_rate",
+                     "mean_alarm_position_fraction")
+DECISION_COLUMNS = ("monitor", "condition", "p", "d", "t_d", "f", "t_fa", "T_s_fa", "C_never", "f_star",
+                    "excess_direct", "excess_ci95", "random_alarm_excess", "f_star_ideal")
+VERDICT_COLUMNS = ("monitor", "end_auc", "end_auc_ci95", "end_auc_admits", "early_auc", "early_auc_admits", "cap_auc",
+                   "cap_auc_admits", "excess", "excess_ci95", "decision_admits", "beats_random_alarm")
+
+
+def summary_markdown(summary: Mapping[str, Any], detection_df: pd.DataFrame, decision_df: pd.DataFrame,
+                     verdicts: pd.DataFrame) -> str:
+    """``summary.md``: counts and windows, clean detection, decision value per condition, verdicts."""
+    windows = "; ".join(f"{w}: " + ", ".join(f"{t} {v if v is not None else 'all'}" for t, v in lim.items())
+                        for w, lim in summary["windows"].items())
+    shift = detection_df[(detection_df["window"] == DECISION_WINDOW)]
+    lines = ["# Runtime monitors as intervention rules", "",
+             f"{summary['rollouts']} logged rollouts ({summary['counts']}); left out: {summary['excluded']}. "
+             f"Target false-alarm rate {summary['target_fa']:g} on clean validation successes; kappa "
+             f"{summary['kappa']:g} (c = {summary['c']:.5f} resets per step); {summary['n_resamples']} bootstrap "
+             f"resamples. Every failure is a horizon timeout: {summary['all_failures_timeouts']}.", "",
+             f"Windows (last step counted): {windows}.", "",
+             "## Verdicts (test rollouts of every condition)", "",
+             _table(verdicts, [c for c in VERDICT_COLUMNS if c in verdicts]), "",
+             "## Detection and timing (test rollouts of every condition)", "",
+             _table(detection_df[detection_df["condition"] == detection.ALL_CONDITIONS], DETECTION_COLUMNS), "",
+             "## Under shift (end window; thresholds frozen from clean validation)", "",
+             _table(shift, ("monitor", "condition", "pooled_auc", "length_pooled_auc", "false_alarm_rate", "catch_rate")),
+             "", "## Decision value of stop-and-reset (test rollouts)", "",
+             _table(decision_df, DECISION_COLUMNS), ""]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["AlarmIndex", "DECISION_WINDOW", "OUT", "boundary_scores", "decision_rows", "evaluate", "roc_curve",
+           "summary_markdown", "verdict_rows", "write_figures"]

@@ -1,0 +1,152 @@
+"""Runtime monitors (monitoring/monitors.py, monitoring/study.py): scores from step logs, the study, the CLI, the report.
+
+Monitor definitions are checked on hand-made logs with hand-computed scores; the study runs on a
+fake-backend run with step logs.
+"""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from helpers import cli
+
+from robocasa_shift.config import ExecutionConfig, StudyConfig
+from robocasa_shift.engine.steplog import StepLog
+from robocasa_shift.errors import AnalysisError, UnknownNameError
+from robocasa_shift.monitoring import monitors
+from robocasa_shift.study.runner import run
+
+
+def _log(eef, boundary, actions=None, samples=None):
+    eef = np.asarray(eef, dtype=float)
+    steps = len(eef) - 1
+    actions = np.zeros((steps, 3)) if actions is None else np.asarray(actions, dtype=float)
+    return StepLog(meta={"arm_dims": [0, 1], "gripper_dim": 2, "samples": 0 if samples is None else 8},
+                   eef_pos=eef, action=actions, latched=np.zeros(steps, dtype=int), boundary=np.asarray(boundary),
+                   samples=samples)
+
+
+def test_steps_since_progress_counts_boundaries_since_the_arm_last_moved_more_than_a_centimetre():
+    # boundaries at steps 0, 2, 4, 6, 8; the arm moves 5 cm, then 0.5 cm, 0.2 cm, then 3 cm
+    x = [0.0, 0.0, 0.05, 0.05, 0.055, 0.055, 0.057, 0.057, 0.087]
+    log = _log([[v, 0.0, 0.0] for v in x], [0, 2, 4, 6, 8])
+    assert monitors.steps_since_progress(log).tolist() == [0.0, 0.0, 1.0, 2.0, 0.0]
+    assert monitors.inverted_progress(log).tolist() == [0.0, 0.0, -1.0, -2.0, 0.0]
+    assert monitors.length_only(log).tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert monitors.clock(log).tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]
+
+
+def test_action_jerk_is_the_mean_absolute_first_difference_of_the_arm_commands_over_16_steps():
+    steps = 20
+    actions = np.zeros((steps, 3))
+    actions[:, 0] = np.arange(steps) % 2  # 0, 1, 0, 1, ...: |diff| = 1 on dimension 0
+    actions[:, 2] = np.arange(steps)  # the gripper is not an arm command: never counted
+    log = _log(np.zeros((steps + 1, 3)), [0, 1, 4, 20], actions)
+    jerk = monitors.action_jerk(log)
+    assert np.isnan(jerk[0]) and np.isnan(jerk[1])  # fewer than two actions taken
+    assert jerk[2] == pytest.approx(0.5)  # steps 0-3: diffs (1, 1, 1) on dim 0, 0 on dim 1 -> mean 0.5
+    assert jerk[3] == pytest.approx(0.5)  # the trailing 16 steps only
+
+
+def test_sampling_disagreement_is_the_mean_standard_deviation_across_samples_and_undefined_without_them():
+    samples = np.zeros((2, 8, 2), dtype=np.float32)
+    samples[1, :, 0] = [0, 2] * 4  # std 1 on dimension 0, 0 on dimension 1
+    log = _log(np.zeros((5, 3)), [0, 2], samples=samples)
+    assert monitors.sampling_disagreement(log).tolist() == [0.0, 0.5]
+    assert np.isnan(monitors.sampling_disagreement(_log(np.zeros((5, 3)), [0, 2]))).all()
+
+
+def test_an_unknown_monitor_lists_the_registered_ones_and_a_wrong_length_is_refused(monkeypatch):
+    log = _log(np.zeros((5, 3)), [0, 2])
+    with pytest.raises(UnknownNameError, match="steps_since_progress"):
+        monitors.score("steps-since-progress", log)
+    monkeypatch.setitem(monitors.MONITORS._entries, "broken_for_test", lambda log: np.zeros(1))  # undone after the test
+    with pytest.raises(AnalysisError, match="returned 1 scores for 2 boundaries"):
+        monitors.score("broken_for_test", log)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("monitors") / "run"
+    study = StudyConfig(backend="fake", policy="fake", log_steps=True)
+    run(run_dir, ["Reach", "PickPlace"], ["clean", "camera:L3", "blur:L3", "base:L3", "illumination:L3"], range(10),
+        study, ExecutionConfig(workers=2, progress=False))
+    return run_dir
+
+
+def test_the_monitor_study_writes_every_table_with_thresholds_frozen_from_clean_validation(corpus):
+    from robocasa_shift.monitoring.study import evaluate
+
+    summary = evaluate(corpus, n_resamples=50)
+    out = corpus / "monitors"
+    for name in ("summary.json", "summary.md", "detection.csv", "decision.csv", "loto.csv", "verdicts.csv"):
+        assert (out / name).is_file(), name
+    assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(summary, default=str))
+    assert summary["rollouts"] == 2 * 5 * 10 and summary["excluded"]["without_step_log"] == 0
+    # splits by base episode: a base episode's five conditions are on one side
+    for task, parts in summary["splits"].items():
+        assert not set(parts["validation"]) & set(parts["test"]) and len(parts["validation"]) == 5
+    table = pd.read_csv(out / "detection.csv")
+    assert set(table["window"]) == {"end", "early", "cap"} and set(table["monitor"]) == set(monitors.monitor_names())
+    # one threshold per (monitor, window), whatever the condition
+    assert (table.groupby(["monitor", "window"])["threshold"].nunique(dropna=False) == 1).all()
+    # the pooled AUC is its within/between decomposition
+    both = table.dropna(subset=["within_auc", "between_auc"])
+    assert np.allclose(both["pooled_auc"], both["weight_within"] * both["within_auc"]
+                       + both["weight_between"] * both["between_auc"])
+    decision = pd.read_csv(out / "decision.csv")
+    assert len(decision) == len(monitors.monitor_names()) * (5 + 1)  # five conditions and all of them pooled
+    # direct accounting and the closed form agree on every row that has both
+    rows = decision.dropna(subset=["excess_direct", "excess_closed"])
+    assert len(rows) and np.allclose(rows["excess_direct"], rows["excess_closed"])
+    # the cap window is a quarter of the horizon; the early window ends at the shortest clean validation success
+    from robocasa_shift.study.store import RunStore
+
+    records = RunStore(corpus).records()
+    for task in ("Reach", "PickPlace"):
+        horizon = next(r["horizon"] for r in records if r["task"] == task)
+        assert summary["windows"]["cap"][task] == horizon // 4
+        shortest = min(r["steps"] for r in records if r["task"] == task and r["condition"] == "clean" and r["success"]
+                       and r["episode"] in summary["splits"][task]["validation"])
+        assert summary["windows"]["early"][task] == shortest
+    verdicts = {v["monitor"]: v for v in summary["verdicts"]}
+    assert set(verdicts) == set(monitors.monitor_names())
+    assert all(isinstance(v["decision_admits"], bool) for v in verdicts.values())
+    # the length-only control recovers timeouts: on the end window it ranks at least as well as chance
+    assert verdicts["length_only"]["end_auc"] >= 0.5
+
+
+def test_the_monitor_study_is_deterministic_and_the_report_shows_it(corpus, tmp_path):
+    import shutil
+
+    from robocasa_shift.monitoring.study import evaluate
+
+    copy = tmp_path / "copy"
+    shutil.copytree(corpus, copy)
+    evaluate(copy, n_resamples=50)
+    evaluate(corpus, n_resamples=50)
+    for name in ("detection.csv", "decision.csv", "verdicts.csv", "loto.csv"):
+        assert (copy / "monitors" / name).read_text() == (corpus / "monitors" / name).read_text(), name
+    cli("report", str(copy), "--videos", "0")
+    page = (copy / "report" / "index.html").read_text()
+    assert "Runtime monitors as intervention rules" in page and "figures/roc__steps_since_progress.png" in page
+    assert (copy / "monitors" / "figures" / "roc__steps_since_progress.png").is_file()
+
+
+def test_the_monitors_command_refuses_a_run_without_step_logs_and_unknown_monitors(tmp_path, corpus):
+    run(tmp_path / "plain", ["Reach"], ["clean"], range(2), StudyConfig(backend="fake", policy="fake"),
+        ExecutionConfig(workers=1, progress=False))
+    proc = cli("monitors", str(tmp_path / "plain"), check=False)
+    assert proc.returncode == 2 and "--log-steps" in proc.stderr
+    proc = cli("monitors", str(corpus), "--monitor", "jerk", check=False)
+    assert proc.returncode == 2 and "action_jerk" in proc.stderr
+
+
+def test_a_user_monitor_registered_by_name_is_evaluated_beside_the_built_in_ones(corpus, monkeypatch):
+    from robocasa_shift.monitoring.study import evaluate
+
+    monkeypatch.setitem(monitors.MONITORS._entries, "gripper_closed_for_test", lambda log: np.array(
+        [float(np.sum(log.gripper[:s] > 0)) for s in log.boundary]))
+    summary = evaluate(corpus, ["gripper_closed_for_test", "length_only"], n_resamples=20, figures=False)
+    assert [v["monitor"] for v in summary["verdicts"]] == ["gripper_closed_for_test", "length_only"]
