@@ -16,7 +16,7 @@ RUN ?= runs/study
 # Debian's chromium: the report tests open the HTML report in it, headless.
 APT_PACKAGES := libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6 chromium
 
-.PHONY: check-coverage bench setup test test-fast demo branch-demo run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate screen formal audit report setup-lerobot test-lerobot
+.PHONY: check-coverage bench setup test test-fast demo branch-demo monitors-demo run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate screen formal audit report setup-lerobot test-lerobot
 
 setup: $(VENV)/.setup-done
 
@@ -63,6 +63,18 @@ branch-demo: setup
 	$(CLI) audit $(DEMO_RUN)
 	$(CLI) report $(DEMO_RUN)
 	@echo "open $(DEMO_RUN)/report/index.html (section: Counterfactual branching)"
+
+# Runtime monitors judged as intervention rules (RESCUE): a logged corpus of the reference policy's
+# rollouts under every condition, split by base episode into validation and test (README: at least
+# 30 failures and 30 successes in each split), then detection, timing and decision value.
+MONITORS_RUN ?= runs/monitors-demo
+MONITORS_EPISODES ?= 0-5
+monitors-demo: setup
+	$(CLI) formal --policy $(POLICY) --task Lift,Stack,PickPlaceCan --episodes $(MONITORS_EPISODES) --log-steps --workers $(WORKERS) --run-dir $(MONITORS_RUN)
+	$(CLI) audit $(MONITORS_RUN)
+	$(CLI) monitors $(MONITORS_RUN)
+	$(CLI) report $(MONITORS_RUN) --videos 0
+	@echo "open $(MONITORS_RUN)/report/index.html (section: Runtime monitors)"
 
 screen: setup
 	$(CLI) screen --backend $(BACKEND) --policy $(POLICY) --workers $(WORKERS) --executor $(EXECUTOR) --run-dir $(RUN)

@@ -214,3 +214,18 @@ def test_the_reference_policy_draws_monitor_samples_without_changing_its_rollout
     assert log.samples.shape == (plain.policy_calls, 8, 6)
     spread = log.samples.std(axis=1).mean(axis=1)  # the sampling-disagreement score at each boundary
     assert np.isfinite(spread).all() and spread.max() > 0.0
+
+
+def test_the_step_logs_export_as_one_tidy_table_a_row_per_control_step(logged, tmp_path):
+    import pandas as pd
+
+    cli("export", str(logged), "--out", str(tmp_path / "records.csv"), "--steps", str(tmp_path / "steps.csv"))
+    steps = pd.read_csv(tmp_path / "steps.csv")
+    records = RunStore(logged).records()
+    assert len(steps) == sum(r["steps"] for r in records)
+    per_rollout = steps.groupby(["task", "episode", "condition"])
+    assert per_rollout["boundary"].sum().sort_index().tolist() == \
+        [r["policy_calls"] for r in sorted(records, key=lambda r: (r["task"], r["episode"], r["condition"]))]
+    assert per_rollout["latched"].max().sort_index().tolist() == \
+        [r["stages_completed"] for r in sorted(records, key=lambda r: (r["task"], r["episode"], r["condition"]))]
+    assert steps["sample_std"].notna().sum() == steps["boundary"].sum()

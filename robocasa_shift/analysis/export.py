@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from robocasa_shift.engine.records import to_row
+from robocasa_shift.engine.records import RolloutKey, to_row
 from robocasa_shift.errors import AnalysisError
 from robocasa_shift.study.store import RunStore
 
@@ -62,3 +62,38 @@ def export_records(run_dir: Path | str, out: Path | str) -> int:
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out, index=False)
     return len(frame)
+
+
+def steps_frame(run_dir: Path | str) -> pd.DataFrame:
+    """The step logs of ``run_dir`` as one tidy table: one row per control step of every logged rollout.
+
+    Columns: the key (``phase, task, episode, condition, replicate``), ``success``, ``step``
+    (1-based: the state after that step), ``boundary`` (the policy was asked before this step),
+    ``eef_x, eef_y, eef_z`` (after the step), ``action_0 ...`` (the command of the step),
+    ``gripper``, ``latched`` (subgoals latched so far) and, at boundaries of policies that draw
+    monitor samples, ``sample_std`` (mean std of the arm commands across the samples).
+
+    Raises:
+        StepLogError: a step log that is missing or changed since it was written.
+    """
+    store = RunStore(run_dir)
+    parts = []
+    for record in store.records():
+        log = store.step_log(record)
+        if log is None or not log.steps:
+            continue
+        key = RolloutKey.from_record(record)
+        part = pd.DataFrame({**key.to_json(), "success": record["success"], "step": range(1, log.steps + 1)})
+        part["boundary"] = part["step"].isin(log.boundary + 1)
+        part[["eef_x", "eef_y", "eef_z"]] = log.eef_pos[1:]
+        for i in range(log.action.shape[1]):
+            part[f"action_{i}"] = log.action[:, i]
+        part["gripper"] = log.gripper
+        part["latched"] = log.latched
+        if log.samples is not None:
+            spread = pd.Series(log.samples.std(axis=1).mean(axis=1), index=log.boundary + 1)
+            part["sample_std"] = part["step"].map(spread)
+        parts.append(part)
+    if not parts:
+        return pd.DataFrame()
+    return pd.concat(parts, ignore_index=True)

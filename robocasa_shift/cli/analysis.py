@@ -22,11 +22,20 @@ def fmt(value: Optional[float]) -> str:
 @click.command(name="export")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="CSV file to write.")
+@click.option("--steps", "steps_out", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the step logs (runs made with --log-steps) as one table, a row per control step.")
 @handle_errors
-def export_command(run_dir: Path, out: Path) -> None:
+def export_command(run_dir: Path, out: Path, steps_out: Optional[Path]) -> None:
     """Write a run's records as the records table (CSV, one row per rollout)."""
     n = export_records(run_dir, out)
     click.echo(f"{n} records -> {out}")
+    if steps_out is not None:
+        from robocasa_shift.analysis.export import steps_frame
+
+        frame = steps_frame(run_dir)
+        frame.to_csv(steps_out, index=False)
+        rollouts = len(frame.drop_duplicates(["phase", "task", "episode", "condition", "replicate"])) if len(frame) else 0
+        click.echo(f"{len(frame)} logged steps of {rollouts} rollouts -> {steps_out}")
 
 
 @click.command(name="analyze")
