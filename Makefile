@@ -68,7 +68,7 @@ branch-demo: setup
 # rollouts under every condition, split by base episode into validation and test (README: at least
 # 30 failures and 30 successes in each split), then detection, timing and decision value.
 MONITORS_RUN ?= runs/monitors-demo
-MONITORS_EPISODES ?= 0-5
+MONITORS_EPISODES ?= 0-15
 monitors-demo: setup
 	$(CLI) formal --policy $(POLICY) --task Lift,Stack,PickPlaceCan --episodes $(MONITORS_EPISODES) --log-steps --workers $(WORKERS) --run-dir $(MONITORS_RUN)
 	$(CLI) audit $(MONITORS_RUN)

@@ -70,7 +70,8 @@ def test_an_unknown_monitor_lists_the_registered_ones_and_a_wrong_length_is_refu
 def corpus(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("monitors") / "run"
     study = StudyConfig(backend="fake", policy="fake", log_steps=True)
-    run(run_dir, ["Reach", "PickPlace"], ["clean", "camera:L3", "blur:L3", "base:L3", "illumination:L3"], range(10),
+    # 24 base episodes: 12 clean validation successes per task, enough for a finite threshold at 5%
+    run(run_dir, ["Reach", "PickPlace"], ["clean", "camera:L3", "blur:L3", "base:L3", "illumination:L3"], range(24),
         study, ExecutionConfig(workers=2, progress=False))
     return run_dir
 
@@ -83,10 +84,10 @@ def test_the_monitor_study_writes_every_table_with_thresholds_frozen_from_clean_
     for name in ("summary.json", "summary.md", "detection.csv", "decision.csv", "loto.csv", "verdicts.csv"):
         assert (out / name).is_file(), name
     assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(summary, default=str))
-    assert summary["rollouts"] == 2 * 5 * 10 and summary["excluded"]["without_step_log"] == 0
+    assert summary["rollouts"] == 2 * 5 * 24 and summary["excluded"]["without_step_log"] == 0
     # splits by base episode: a base episode's five conditions are on one side
     for task, parts in summary["splits"].items():
-        assert not set(parts["validation"]) & set(parts["test"]) and len(parts["validation"]) == 5
+        assert not set(parts["validation"]) & set(parts["test"]) and len(parts["validation"]) == 12
     table = pd.read_csv(out / "detection.csv")
     assert set(table["window"]) == {"end", "early", "cap"} and set(table["monitor"]) == set(monitors.monitor_names())
     # one threshold per (monitor, window), whatever the condition
@@ -97,6 +98,13 @@ def test_the_monitor_study_writes_every_table_with_thresholds_frozen_from_clean_
                        + both["weight_between"] * both["between_auc"])
     decision = pd.read_csv(out / "decision.csv")
     assert len(decision) == len(monitors.monitor_names()) * (5 + 1)  # five conditions and all of them pooled
+    # enough clean validation successes: a finite threshold where the scores separate them, and alarms
+    jerk = decision[decision["monitor"] == "action_jerk"]
+    assert np.isfinite(jerk["threshold"]).all() and (jerk["alarm_rate"] > 0).any()
+    assert "Warning" not in (out / "summary.md").read_text()
+    alarms = pd.read_csv(out / "alarms.csv")
+    episodes = alarms["rollout_id"].map(lambda r: (r.split("/")[1], int(r.split("/")[2])))
+    assert len(alarms) and all(e in summary["splits"][t]["test"] for t, e in episodes)
     # direct accounting and the closed form agree on every row that has both
     rows = decision.dropna(subset=["excess_direct", "excess_closed"])
     assert len(rows) and np.allclose(rows["excess_direct"], rows["excess_closed"])
@@ -150,3 +158,39 @@ def test_a_user_monitor_registered_by_name_is_evaluated_beside_the_built_in_ones
         [float(np.sum(log.gripper[:s] > 0)) for s in log.boundary]))
     summary = evaluate(corpus, ["gripper_closed_for_test", "length_only"], n_resamples=20, figures=False)
     assert [v["monitor"] for v in summary["verdicts"]] == ["gripper_closed_for_test", "length_only"]
+
+
+def test_alarms_routed_to_recover_are_priced_from_branches_at_the_alarm_checkpoints(corpus, tmp_path):
+    import shutil
+
+    from robocasa_shift.branching.engine import BranchSettings
+    from robocasa_shift.branching.study import Selection, branch
+    from robocasa_shift.monitoring.study import evaluate
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(corpus, run_dir)
+    evaluate(run_dir, ["action_jerk"], n_resamples=20, figures=False)
+    alarms = pd.read_csv(run_dir / "monitors" / "alarms.csv").sort_values("rollout_id").head(3)
+    assert len(alarms) == 3
+    settings = BranchSettings(interventions=("recover",), k_initial=2, k_expanded=2)
+    for row in alarms.itertuples():
+        branch(run_dir, Selection(keys=(row.rollout_id,), steps=(int(row.alarm_step),)), settings,
+               ExecutionConfig(workers=1, progress=False), name="alarms")
+    summary = evaluate(run_dir, ["action_jerk"], n_resamples=20, figures=False)
+    assert summary["recover_checkpoints"] == 3
+    decision = pd.read_csv(run_dir / "monitors" / "decision.csv")
+    pooled = decision[decision["condition"] == "all"].iloc[0]
+    assert pooled["recover_priced"] == 3 and pooled["recover_missing"] == pooled["n_alarmed_failures"] \
+        + pooled["n_false_alarms"] - 3
+    assert np.isfinite(pooled["recover_excess"])
+
+
+def test_too_few_clean_validation_successes_for_the_target_are_reported_not_hidden(tmp_path):
+    from robocasa_shift.monitoring.study import evaluate
+
+    study = StudyConfig(backend="fake", policy="fake", log_steps=True)
+    run(tmp_path / "small", ["Reach"], ["clean", "base:L3"], range(6), study, ExecutionConfig(workers=1, progress=False))
+    evaluate(tmp_path / "small", ["steps_since_progress"], n_resamples=10, figures=False)
+    text = (tmp_path / "small" / "monitors" / "summary.md").read_text()
+    assert "**Warning**: 3 clean validation successes" in text
+    assert pd.read_csv(tmp_path / "small" / "monitors" / "decision.csv")["threshold"].eq(np.inf).all()

@@ -17,7 +17,9 @@ validation and test per task (clean and perturbed twins together; seed stream
    test successes' median length), the excess cost over never intervening with a
    stratified bootstrap interval that re-selects the threshold in each resample,
    the break-even false-alarm rate, the ideal-detector ceiling, and a
-   rate-matched random alarm on the same rollouts.
+   rate-matched random alarm on the same rollouts. Where branch studies of the
+   run hold ``recover`` branches at alarm checkpoints (``alarms.csv`` lists every
+   test alarm), routing the alarms to the scripted recovery is priced from them.
 3. **Verdicts** (``verdicts.csv``): which criteria admit each monitor on the test
    rollouts of every condition pooled (condition ``all``; thresholds still from
    clean validation): a detection metric when its 95% bootstrap interval lies
@@ -95,6 +97,35 @@ def boundary_scores(run_dir: Path | str, monitors: Sequence[str], phase: str = "
     return {m: pd.concat(parts, ignore_index=True) for m, parts in rows.items()}, excluded
 
 
+# --------------------------------------------------------------------------- branch outcomes at alarms
+
+
+RECOVER = "recover"
+
+
+def branch_outcomes(run_dir: Path | str, intervention: str = RECOVER) -> Dict[Tuple[str, int], List[Tuple[bool, int]]]:
+    """Counterfactual branches of ``intervention`` by (rollout id, checkpoint step), from every branch study.
+
+    Only checkpoints that are valid, branched and reproduced their trunk count (the rule of
+    ``analysis/branching.py``); each branch gives (success, control steps from the episode's start).
+    Run them at a monitor's alarms with ``robocasa-shift branch RUN_DIR --key K --steps S`` (keys and
+    steps in ``monitors/alarms.csv``).
+    """
+    from robocasa_shift.analysis.branching import _usable, load_branch_study
+
+    out: Dict[Tuple[str, int], List[Tuple[bool, int]]] = {}
+    for manifest in sorted((Path(run_dir) / "branching").glob("*/manifest.json")):
+        study = load_branch_study(manifest.parent)
+        for checkpoint in study.checkpoints:
+            entry = (checkpoint.get("interventions") or {}).get(intervention)
+            if not _usable(checkpoint) or not entry:
+                continue
+            key = RolloutKey.from_record(checkpoint).id
+            out.setdefault((key, int(checkpoint["step"])), []).extend(
+                (bool(b["success"]), int(b["steps"])) for b in entry["branches"])
+    return out
+
+
 # --------------------------------------------------------------------------- alarms, fast
 
 
@@ -151,8 +182,14 @@ def _episodes(scores: pd.DataFrame, splits, limits) -> pd.DataFrame:
 
 
 def decision_rows(name: str, scores: pd.DataFrame, splits, limits, conditions: Sequence[str], c: float,
-                  cost_model: decision.CostModel, target_fa: float, n_resamples: int, seed: int) -> List[Dict[str, Any]]:
-    """One worksheet row per condition: the monitor as a stop-and-reset rule, and a rate-matched random alarm."""
+                  cost_model: decision.CostModel, target_fa: float, n_resamples: int, seed: int,
+                  recover: Optional[Mapping[Tuple[str, int], List[Tuple[bool, int]]]] = None) -> List[Dict[str, Any]]:
+    """One worksheet row per condition: the monitor as a stop-and-reset rule, and a rate-matched random alarm.
+
+    With ``recover`` (see :func:`branch_outcomes`), also the cost of routing each alarm to the
+    scripted recovery, priced from the branches at the alarm's checkpoint; an alarm without
+    branches there is priced as stop-and-reset and counted (``recover_missing``).
+    """
     ep = _episodes(scores, splits, limits)
     index = AlarmIndex(scores, limits)
     validation = ep[(ep[detection.SPLIT_COLUMN] == detection.VALIDATION) & (ep["condition"] == detection.CLEAN)]
@@ -201,11 +238,33 @@ def decision_rows(name: str, scores: pd.DataFrame, splits, limits, conditions: S
         test_scores = scores[scores["rollout_id"].isin(set(test["rollout_id"]))]
         random_alarms = detection.rate_matched_random_alarm(test_scores, rate, rng, limits)
         random_sheet = decision.worksheet(random_alarms[["success", "steps", "alarm_step"]], cost_model, c=c)
-        rows.append({"monitor": name, "condition": condition, "threshold": threshold, "alarm_rate": rate,
-                     **{k: _plain(v) for k, v in sheet.items()},
-                     "excess_ci95": [boot.lo, boot.hi], "excess_ci95_undefined": boot.n_undefined,
-                     "n_resamples": boot.n_resamples, "random_alarm_excess": random_sheet["excess_direct"]})
+        row = {"monitor": name, "condition": condition, "threshold": threshold, "alarm_rate": rate,
+               **{k: _plain(v) for k, v in sheet.items()},
+               "excess_ci95": [boot.lo, boot.hi], "excess_ci95_undefined": boot.n_undefined,
+               "n_resamples": boot.n_resamples, "random_alarm_excess": random_sheet["excess_direct"]}
+        if recover:
+            alarmed = ~np.isnan(alarms)
+            outcomes = {rid: recover[(rid, int(step))] for rid, step in zip(test["rollout_id"][alarmed], alarms[alarmed])
+                        if (rid, int(step)) in recover}
+            routed = decision.recover_routing_cost(episodes.assign(rollout_id=test["rollout_id"]), outcomes, cost_model,
+                                                   c=c, missing="stop")
+            row.update(recover_excess=_plain(routed["excess_recover"]), recover_priced=len(outcomes),
+                       recover_missing=int(alarmed.sum()) - len(outcomes))
+        rows.append(row)
     return rows
+
+
+def alarm_table(name: str, scores: pd.DataFrame, splits, limits, target_fa: float) -> pd.DataFrame:
+    """Every test rollout's first alarm at the monitor's threshold (from clean validation): where to branch."""
+    ep = _episodes(scores, splits, limits)
+    validation = ep[(ep[detection.SPLIT_COLUMN] == detection.VALIDATION) & (ep["condition"] == detection.CLEAN)]
+    threshold = detection.select_threshold(validation[validation["success"].astype(bool)], target_fa)
+    test_ids = set(ep.loc[ep[detection.SPLIT_COLUMN] == detection.TEST, "rollout_id"])
+    alarms = detection.alarm_steps(scores[scores["rollout_id"].isin(test_ids)], threshold, limits)
+    alarms = alarms[alarms["alarmed"]]
+    return pd.DataFrame({"monitor": name, "rollout_id": alarms["rollout_id"], "condition": alarms["condition"],
+                         "success": alarms["success"], "alarm_step": alarms["alarm_step"].astype(int),
+                         "threshold": threshold})
 
 
 def _plain(value: Any) -> Any:
@@ -279,21 +338,25 @@ def evaluate(run_dir: Path | str, monitors: Optional[Sequence[str]] = None, targ
     evaluated = [*conditions, detection.ALL_CONDITIONS]  # every condition, then all of them pooled
     detection_df = pd.concat([detection.detection_table(scores[n], splits, windows, target_fa, evaluated)
                               .assign(monitor=n) for n in names], ignore_index=True)
+    # leave-one-task-out needs another task to choose each held-out task's threshold on
     loto_df = pd.concat([detection.leave_one_task_out(detection.add_split_column(scores[n], splits),
                                                       windows[DECISION_WINDOW], target_fa).assign(monitor=n)
-                         for n in names], ignore_index=True)
+                         for n in names], ignore_index=True) if len(splits) > 1 else pd.DataFrame()
     ep = _episodes(first, splits, windows[DECISION_WINDOW])
     clean_test = ep[(ep[detection.SPLIT_COLUMN] == detection.TEST) & (ep["condition"] == detection.CLEAN)]
     cost_model = decision.CostModel(kappa=kappa)
     c = cost_model.per_step_cost(clean_test.loc[clean_test["success"].astype(bool), "steps"].to_numpy(dtype=float))
+    recover = branch_outcomes(run_dir)
     decision_df = pd.DataFrame([row for n in names for row in
                                 decision_rows(n, scores[n], splits, windows[DECISION_WINDOW], evaluated, c, cost_model,
-                                              target_fa, n_resamples, study_seed)])
+                                              target_fa, n_resamples, study_seed, recover)])
+    alarms_df = pd.concat([alarm_table(n, scores[n], splits, windows[DECISION_WINDOW], target_fa) for n in names],
+                          ignore_index=True)
     verdicts = pd.DataFrame(verdict_rows(names, scores, splits, windows, decision_df, n_resamples, study_seed))
     out = run_dir / OUT
     out.mkdir(parents=True, exist_ok=True)
     for frame, file in ((detection_df, "detection.csv"), (loto_df, "loto.csv"), (decision_df, "decision.csv"),
-                        (verdicts, "verdicts.csv")):
+                        (verdicts, "verdicts.csv"), (alarms_df, "alarms.csv")):
         frame.to_csv(out / file, index=False)
     counts = first.drop_duplicates("rollout_id").assign(split=lambda d: d.apply(
         lambda r: detection.VALIDATION if r["episode"] in splits[r["task"]][detection.VALIDATION] else detection.TEST,
@@ -305,6 +368,7 @@ def evaluate(run_dir: Path | str, monitors: Optional[Sequence[str]] = None, targ
         "windows": {w: {t: v for t, v in lim.items()} for w, lim in windows.items()},
         "counts": {f"{split}_{'successes' if ok else 'failures'}": int(n) for (split, ok), n in counts.items()},
         "rollouts": int(first["rollout_id"].nunique()), "excluded": excluded, "conditions": conditions,
+        "recover_checkpoints": len(recover),
         "all_failures_timeouts": bool((ep.loc[~ep["success"].astype(bool), "steps"] == ep.loc[~ep["success"].astype(bool),
                                                                                                "horizon"]).all()),
         "verdicts": _records(verdicts),
@@ -412,9 +476,22 @@ DETECTION_COLUMNS = ("monitor", "window", "pooled_auc", "macro_auc", "within_auc
                      "length_pooled_auc", "length_macro_auc", "threshold", "false_alarm_rate", "catch_rate",
                      "mean_alarm_position_fraction")
 DECISION_COLUMNS = ("monitor", "condition", "p", "d", "t_d", "f", "t_fa", "T_s_fa", "C_never", "f_star",
-                    "excess_direct", "excess_ci95", "random_alarm_excess", "f_star_ideal")
+                    "excess_direct", "excess_ci95", "random_alarm_excess", "f_star_ideal", "recover_excess",
+                    "recover_priced", "recover_missing")
 VERDICT_COLUMNS = ("monitor", "end_auc", "end_auc_ci95", "end_auc_admits", "early_auc", "early_auc_admits", "cap_auc",
                    "cap_auc_admits", "excess", "excess_ci95", "decision_admits", "beats_random_alarm")
+
+
+def _calibration_warning(summary: Mapping[str, Any], detection_df: pd.DataFrame) -> List[str]:
+    """A warning when too few clean validation successes exist for any finite threshold to meet the target."""
+    n = int(detection_df["n_calibration_successes"].min()) if len(detection_df) else 0
+    target = float(summary["target_fa"])
+    if target > 0 and n * target >= 1:
+        return []
+    return [f"**Warning**: {n} clean validation successes: one false alarm among them is already "
+            f"{1 / max(n, 1):.1%}, above the target {target:g}, so the threshold is +inf (never alarm) wherever "
+            f"no score separates them; run more base episodes (at least {math.ceil(1 / target) if target else '-'} clean "
+            "validation successes) or raise --target-fa.", ""]
 
 
 def summary_markdown(summary: Mapping[str, Any], detection_df: pd.DataFrame, decision_df: pd.DataFrame,
@@ -429,6 +506,7 @@ def summary_markdown(summary: Mapping[str, Any], detection_df: pd.DataFrame, dec
              f"{summary['kappa']:g} (c = {summary['c']:.5f} resets per step); {summary['n_resamples']} bootstrap "
              f"resamples. Every failure is a horizon timeout: {summary['all_failures_timeouts']}.", "",
              f"Windows (last step counted): {windows}.", "",
+             *_calibration_warning(summary, detection_df),
              "## Verdicts (test rollouts of every condition)", "",
              _table(verdicts, [c for c in VERDICT_COLUMNS if c in verdicts]), "",
              "## Detection and timing (test rollouts of every condition)", "",
@@ -436,7 +514,11 @@ def summary_markdown(summary: Mapping[str, Any], detection_df: pd.DataFrame, dec
              "## Under shift (end window; thresholds frozen from clean validation)", "",
              _table(shift, ("monitor", "condition", "pooled_auc", "length_pooled_auc", "false_alarm_rate", "catch_rate")),
              "", "## Decision value of stop-and-reset (test rollouts)", "",
-             _table(decision_df, DECISION_COLUMNS), ""]
+             _table(decision_df, [c for c in DECISION_COLUMNS if c in decision_df]), "",
+             "Routing alarms to `recover` is priced from branches at the alarm checkpoints where a branch study has "
+             f"them ({summary['recover_checkpoints']} checkpoints with recover branches found); `alarms.csv` lists every "
+             "test alarm (key and step) to branch, e.g. `robocasa-shift branch RUN_DIR --name alarms --key KEY "
+             "--steps STEP --intervention recover`.", ""]
     return "\n".join(lines) + "\n"
 
 
