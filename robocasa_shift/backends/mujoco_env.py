@@ -198,6 +198,9 @@ class MujocoEnv(PerturbableModel):
         checks were made with; keep it).
         """
         mj = self._mujoco
+        # Building a render context runs mj_forward (robosuite's MjRenderContext does), which would
+        # overwrite the derived quantities restored below: build it first (a process's first restore).
+        self._render_context()
         if "before_last_substep" in state:  # the last integration again: derived quantities as the step left them
             mj.mj_setState(self.model, self.data, np.asarray(state["before_last_substep"]), mj.mjtState.mjSTATE_INTEGRATION)
             mj.mj_step(self.model, self.data)
