@@ -54,9 +54,9 @@ demo: setup
 	@echo "open $(DEMO_RUN)/report/index.html"
 
 # Counterfactual branching on the demo's run (make demo first): where could the failures the shift
-# caused still have been saved, and by what? Four S->F trunks of base-shift conditions, every 12th
-# chunk boundary, K = 4 branches per intervention: about 15 minutes on 2 cores (README).
-BRANCH_ARGS ?= --condition base:L2,base:L3 --max-trunks 4 --stride 12
+# caused still have been saved, and by what? Four S->F trunks of base-shift conditions, every 25th
+# chunk boundary (100 control steps), K = 4 branches per intervention (README: measured time).
+BRANCH_ARGS ?= --condition base:L2,base:L3 --max-trunks 4 --stride 25
 branch-demo: setup
 	@test -f $(DEMO_RUN)/manifest.json || { echo "no run at $(DEMO_RUN): run make demo first"; exit 1; }
 	$(CLI) branch $(DEMO_RUN) $(BRANCH_ARGS) --workers $(WORKERS)

@@ -246,19 +246,29 @@ def scored(seed, prefix):
     return pd.DataFrame(rows)
 
 
-def select_at_80th_success_score(validation):
-    return float(np.quantile(validation.loc[validation["success"], "score"], 0.8))
+def select_at_80th_success_score(scores):
+    return float(np.quantile(scores, 0.8))
 
 
-def alarms_above(test, threshold):
-    return pd.Series(np.where(test["score"] > threshold, test["score_step"], NAN), index=test.index)
+def alarm_column(frame, threshold):
+    """The alarm steps of a table's rows at a threshold: the score's step where it exceeds it, else NaN."""
+    return np.where(frame["score"] > threshold, frame["score_step"], NAN)
+
+
+def alarms_above(test):
+    """``alarms_for`` of a test table: :func:`alarm_column` of the rows at the given positions."""
+    scores, steps = test["score"].to_numpy(), test["score_step"].to_numpy()
+    return lambda positions, threshold: np.where(scores[positions] > threshold, steps[positions], NAN)
 
 
 def test_the_bootstrap_is_reproducible_for_a_seed_and_changes_with_it():
     validation, test = scored(11, "v"), scored(12, "t")
-    first = bootstrap_excess(validation, test, select_at_80th_success_score, alarms_above, n_resamples=30, seed=3)
-    again = bootstrap_excess(validation, test, select_at_80th_success_score, alarms_above, n_resamples=30, seed=3)
-    other = bootstrap_excess(validation, test, select_at_80th_success_score, alarms_above, n_resamples=30, seed=4)
+    first = bootstrap_excess(validation, test, select_at_80th_success_score, alarms_above(test), n_resamples=30,
+                             seed=3)
+    again = bootstrap_excess(validation, test, select_at_80th_success_score, alarms_above(test), n_resamples=30,
+                             seed=3)
+    other = bootstrap_excess(validation, test, select_at_80th_success_score, alarms_above(test), n_resamples=30,
+                             seed=4)
     assert first == again
     assert (first.lo, first.hi) != (other.lo, other.hi)
     assert (first.n_resamples, first.seed, first.confidence) == (30, 3, 0.95)
@@ -269,17 +279,18 @@ def test_the_bootstrap_reselects_the_threshold_in_every_resample():
     validation, test = scored(11, "v"), scored(12, "t")
     calls = []
 
-    def counting_select(frame):
-        calls.append(len(frame))
-        return select_at_80th_success_score(frame)
+    def counting_select(scores):
+        calls.append(len(scores))
+        return select_at_80th_success_score(scores)
 
-    result = bootstrap_excess(validation, test, counting_select, alarms_above, n_resamples=25, seed=0)
+    result = bootstrap_excess(validation, test, counting_select, alarms_above(test), n_resamples=25, seed=0)
     assert len(calls) == 25 + 1
-    assert result.threshold == select_at_80th_success_score(validation)
-    point = worksheet(test.assign(alarm_step=alarms_above(test, result.threshold)))["excess_direct"]
+    assert result.threshold == select_at_80th_success_score(validation.loc[validation["success"], "score"])
+    point = worksheet(test.assign(alarm_step=alarm_column(test, result.threshold)))["excess_direct"]
     assert result.point == point
     # the same draws with the threshold frozen at the point estimate's give another interval
-    fixed = bootstrap_excess(validation, test, lambda frame: result.threshold, alarms_above, n_resamples=25, seed=0)
+    fixed = bootstrap_excess(validation, test, lambda scores: result.threshold, alarms_above(test), n_resamples=25,
+                             seed=0)
     assert fixed.point == result.point
     assert (fixed.lo, fixed.hi) != (result.lo, result.hi)
 
@@ -288,9 +299,9 @@ def test_the_bootstrap_resamples_rows_within_task_and_outcome_and_keeps_their_mu
     validation, test = scored(11, "v"), scored(12, "t")
     seen = []
 
-    def recording_alarms(frame, threshold):
-        seen.append((frame.copy(), threshold))
-        return alarms_above(frame, threshold)
+    def recording_alarms(positions, threshold):
+        seen.append((test.iloc[positions].reset_index(drop=True), threshold))
+        return alarms_above(test)(positions, threshold)
 
     result = bootstrap_excess(validation, test, select_at_80th_success_score, recording_alarms, n_resamples=20,
                               seed=5)
@@ -301,24 +312,28 @@ def test_the_bootstrap_resamples_rows_within_task_and_outcome_and_keeps_their_mu
         pd.testing.assert_series_equal(frame.groupby(["task", "success"]).size(), strata_sizes)
         pd.testing.assert_frame_equal(frame.set_index("rollout_id"), original.loc[frame["rollout_id"]])
     # the interval is the percentile interval of the resamples' own direct accounting, duplicates included
-    values = [worksheet(frame.assign(alarm_step=alarms_above(frame, thr)), c=result.c)["excess_direct"]
+    values = [worksheet(frame.assign(alarm_step=alarm_column(frame, thr)), c=result.c)["excess_direct"]
               for frame, thr in seen[1:]]
     assert np.quantile(values, [0.025, 0.975]).tolist() == [result.lo, result.hi]
 
 
-def test_resamples_whose_rule_completes_nothing_are_counted_as_undefined_and_left_out():
+def small_table(**kw):
     # one task, two successes: s0 always alarms, s1 never; a resample drawing s0 twice completes nothing
-    test = pd.DataFrame({"rollout_id": ["s0", "s1", "f0", "f1"], "task": "A", "success": [True, True, False, False],
+    return pd.DataFrame({"rollout_id": ["s0", "s1", "f0", "f1"], "task": "A", "success": [True, True, False, False],
                          "steps": [100, 120, 220, 220], "score": [0.9, 0.1, 0.9, 0.2],
-                         "score_step": [30.0, 0.0, 60.0, 0.0]})
+                         "score_step": [30.0, 0.0, 60.0, 0.0]}, **kw)
+
+
+def test_resamples_whose_rule_completes_nothing_are_counted_as_undefined_and_left_out():
+    test = small_table()
     seen = []
 
-    def recording_alarms(frame, threshold):
-        seen.append(frame.copy())
-        return alarms_above(frame, threshold)
+    def recording_alarms(positions, threshold):
+        seen.append(test.iloc[positions].reset_index(drop=True))
+        return alarms_above(test)(positions, threshold)
 
-    result = bootstrap_excess(test, test, lambda frame: 0.5, recording_alarms, n_resamples=40, seed=1)
-    excesses = [worksheet(frame.assign(alarm_step=alarms_above(frame, 0.5)), c=result.c)["excess_direct"]
+    result = bootstrap_excess(test, test, lambda scores: 0.5, recording_alarms, n_resamples=40, seed=1)
+    excesses = [worksheet(frame.assign(alarm_step=alarm_column(frame, 0.5)), c=result.c)["excess_direct"]
                 for frame in seen[1:]]
     undefined = sum(value is None for value in excesses)
     assert 0 < undefined < 40
@@ -327,14 +342,32 @@ def test_resamples_whose_rule_completes_nothing_are_counted_as_undefined_and_lef
     assert np.quantile([v for v in excesses if v is not None], [0.025, 0.975]).tolist() == [result.lo, result.hi]
 
 
-def test_the_bootstrap_refuses_alarms_not_aligned_to_the_resample():
+def test_the_bootstrap_refuses_misaligned_alarms_missing_columns_and_callables_that_are_not():
     validation, test = scored(11, "v"), scored(12, "t")
-    with pytest.raises(AnalysisError, match="aligned"):
+    alarms_for = alarms_above(test)
+    with pytest.raises(AnalysisError, match="alarms_for returned 31 alarm steps for 32 positions"):
         bootstrap_excess(validation, test, select_at_80th_success_score,
-                         lambda frame, thr: alarms_above(frame, thr).iloc[:-1], n_resamples=2)
+                         lambda positions, thr: alarms_for(positions, thr)[:-1], n_resamples=2)
+    resamples = []
+
+    def short_in_a_resample(positions, threshold):
+        resamples.append(threshold)
+        alarms = alarms_for(positions, threshold)
+        return alarms if len(resamples) == 1 else alarms[:-1]
+
+    with pytest.raises(AnalysisError, match="alarms_for returned 31 alarm steps for 32 positions"):
+        bootstrap_excess(validation, test, select_at_80th_success_score, short_in_a_resample, n_resamples=2)
+    assert len(resamples) == 2  # refused in the first resample, after a clean point estimate
     with pytest.raises(AnalysisError, match="lacks column"):
-        bootstrap_excess(validation.drop(columns="task"), test, select_at_80th_success_score, alarms_above,
+        bootstrap_excess(validation.drop(columns="task"), test, select_at_80th_success_score, alarms_for,
                          n_resamples=2)
+    with pytest.raises(AnalysisError, match="lacks column 'score'"):
+        bootstrap_excess(validation.drop(columns="score"), test, select_at_80th_success_score, alarms_for,
+                         n_resamples=2)
+    with pytest.raises(AnalysisError, match="alarms_for must be callable"):
+        bootstrap_excess(validation, test, select_at_80th_success_score, None, n_resamples=2)
+    with pytest.raises(AnalysisError, match="select_threshold must be callable"):
+        bootstrap_excess(validation, test, 0.5, alarms_for, n_resamples=2)
 
 
 def test_the_bootstraps_direct_accounting_is_the_worksheets_bit_for_bit_including_undefined_sets():
@@ -365,78 +398,75 @@ def test_the_bootstraps_direct_accounting_is_the_worksheets_bit_for_bit_includin
     assert undefined >= 2
 
 
-def array_callables(test):
-    scores, steps = test["score"].to_numpy(), test["score_step"].to_numpy()
-    return (lambda values: float(np.quantile(values, 0.8)),
-            lambda positions, threshold: np.where(scores[positions] > threshold, steps[positions], NAN))
+def reference_bootstrap(validation, test, select, n_resamples, seed, strata=("task", "success"), c=None,
+                        confidence=0.95, cost_model=CostModel()):
+    """The bootstrap worked out with tables: groupby strata, iloc resamples and the worksheet's pricing."""
+    validation, test = validation.reset_index(drop=True), test.reset_index(drop=True)
+    val_strata, test_strata = reference_strata(validation, strata), reference_strata(test, strata)
+    c = cost_model.per_step_cost(test.loc[test["success"], "steps"]) if c is None else c
+    threshold = select(validation.loc[validation["success"], "score"].to_numpy())
+
+    def excess(val_frame, test_frame):
+        threshold = select(val_frame.loc[val_frame["success"], "score"].to_numpy())
+        return worksheet(test_frame.assign(alarm_step=alarm_column(test_frame, threshold)), cost_model,
+                         c=c)["excess_direct"]
+
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(n_resamples):
+        val_drawn = np.concatenate([pos[rng.integers(0, pos.size, size=pos.size)] for pos in val_strata])
+        test_drawn = np.concatenate([pos[rng.integers(0, pos.size, size=pos.size)] for pos in test_strata])
+        values.append(excess(validation.iloc[val_drawn].reset_index(drop=True),
+                             test.iloc[test_drawn].reset_index(drop=True)))
+    defined = [v for v in values if v is not None]
+    tail = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(defined, [tail, 1.0 - tail]).tolist() if defined else (None, None)
+    return dict(lo=lo, hi=hi, point=excess(validation, test), threshold=threshold, c=c,
+                n_resamples=n_resamples, n_undefined=len(values) - len(defined), seed=seed, confidence=confidence)
 
 
-def test_the_array_callables_give_the_tables_bootstrap_for_the_same_seed():
+def test_the_bootstrap_is_the_table_bootstrap_worked_out_by_hand_bit_for_bit():
     validation, test = scored(11, "v"), scored(12, "t")
-    threshold_from_scores, alarms_from_positions = array_callables(test)
     settings = [dict(n_resamples=60, seed=3), dict(n_resamples=40, seed=9, c=0.002),
                 dict(n_resamples=50, seed=0, strata=("task",), confidence=0.8,
                      cost_model=CostModel(kappa=0.3, reset_cost=2))]
     for kw in settings:
-        tables = bootstrap_excess(validation, test, select_at_80th_success_score, alarms_above, **kw)
-        arrays = bootstrap_excess(validation, test, threshold_from_scores=threshold_from_scores,
-                                  alarms_from_positions=alarms_from_positions, **kw)
-        assert arrays == tables
+        got = bootstrap_excess(validation, test, select_at_80th_success_score, alarms_above(test), **kw)
+        assert vars(got) == reference_bootstrap(validation, test, select_at_80th_success_score, **kw)
     # with resamples whose rule completes nothing, and a table with an index of its own
-    small = pd.DataFrame({"rollout_id": ["s0", "s1", "f0", "f1"], "task": "A", "success": [True, True, False, False],
-                          "steps": [100, 120, 220, 220], "score": [0.9, 0.1, 0.9, 0.2],
-                          "score_step": [30.0, 0.0, 60.0, 0.0]}, index=[7, 3, 5, 1])
-    tables = bootstrap_excess(small, small, lambda frame: 0.5, alarms_above, n_resamples=40, seed=1)
-    arrays = bootstrap_excess(small, small, threshold_from_scores=lambda values: 0.5,
-                              alarms_from_positions=array_callables(small)[1], n_resamples=40, seed=1)
-    assert arrays == tables and 0 < arrays.n_undefined < 40
+    small = small_table(index=[7, 3, 5, 1])
+    got = bootstrap_excess(small, small, lambda scores: 0.5, alarms_above(small.reset_index(drop=True)),
+                           n_resamples=40, seed=1)
+    assert vars(got) == reference_bootstrap(small, small, lambda scores: 0.5, 40, 1)
+    assert 0 < got.n_undefined < 40
 
 
-def test_the_array_callables_get_successful_validation_scores_and_test_positions():
+def test_the_callables_get_successful_validation_scores_and_test_positions():
     validation, test = scored(11, "v"), scored(12, "t")
     seen_scores, seen_positions = [], []
 
-    def threshold_from_scores(values):
-        seen_scores.append(values)
-        return float(np.quantile(values, 0.8))
+    def select_threshold(scores):
+        seen_scores.append(scores)
+        return select_at_80th_success_score(scores)
 
-    def alarms_from_positions(positions, threshold):
+    def alarms_for(positions, threshold):
         seen_positions.append(positions)
-        return array_callables(test)[1](positions, threshold)
+        return alarms_above(test)(positions, threshold)
 
-    bootstrap_excess(validation, test, threshold_from_scores=threshold_from_scores,
-                     alarms_from_positions=alarms_from_positions, n_resamples=10, seed=2)
+    bootstrap_excess(validation, test, select_threshold, alarms_for, n_resamples=10, seed=2)
     assert len(seen_scores) == len(seen_positions) == 11
     np.testing.assert_array_equal(seen_scores[0], validation.loc[validation["success"], "score"].to_numpy())
     np.testing.assert_array_equal(seen_positions[0], np.arange(len(test)))
     success_scores = set(validation.loc[validation["success"], "score"])
     strata_sizes = test.groupby(["task", "success"]).size()
-    for values, positions in zip(seen_scores[1:], seen_positions[1:]):
-        assert isinstance(values, np.ndarray) and values.size == validation["success"].sum()
-        assert set(values) <= success_scores
+    for scores, positions in zip(seen_scores[1:], seen_positions[1:]):
+        assert isinstance(scores, np.ndarray) and scores.size == validation["success"].sum()
+        assert set(scores) <= success_scores
         assert isinstance(positions, np.ndarray) and positions.dtype.kind == "i"
         pd.testing.assert_series_equal(test.iloc[positions].groupby(["task", "success"]).size(), strata_sizes)
 
 
-def test_the_bootstrap_refuses_a_wrong_set_of_callables_and_misaligned_array_alarms():
-    validation, test = scored(11, "v"), scored(12, "t")
-    threshold_from_scores, alarms_from_positions = array_callables(test)
-    with pytest.raises(AnalysisError, match="not both"):
-        bootstrap_excess(validation, test, select_at_80th_success_score, alarms_above,
-                         threshold_from_scores=threshold_from_scores, alarms_from_positions=alarms_from_positions)
-    with pytest.raises(AnalysisError, match="pass both"):
-        bootstrap_excess(validation, test, threshold_from_scores=threshold_from_scores)
-    with pytest.raises(AnalysisError, match="pass both"):
-        bootstrap_excess(validation, test, select_at_80th_success_score)
-    with pytest.raises(AnalysisError, match="alarms_from_positions returned 31 alarm steps for 32"):
-        bootstrap_excess(validation, test, threshold_from_scores=threshold_from_scores,
-                         alarms_from_positions=lambda p, thr: alarms_from_positions(p, thr)[:-1], n_resamples=2)
-    with pytest.raises(AnalysisError, match="lacks column 'score'"):
-        bootstrap_excess(validation.drop(columns="score"), test, threshold_from_scores=threshold_from_scores,
-                         alarms_from_positions=alarms_from_positions, n_resamples=2)
-
-
-def test_an_alarm_after_the_rollouts_end_in_a_resample_is_refused_on_either_path():
+def test_an_alarm_after_the_rollouts_end_in_a_resample_is_refused():
     validation, test = scored(11, "v"), scored(12, "t")
     calls = []
 
@@ -448,19 +478,7 @@ def test_an_alarm_after_the_rollouts_end_in_a_resample_is_refused_on_either_path
         return alarms
 
     with pytest.raises(AnalysisError, match="alarm_step.*rows \\[0\\]"):
-        bootstrap_excess(validation, test, threshold_from_scores=lambda values: 0.5,
-                         alarms_from_positions=late_after_the_point, n_resamples=3)
-
-    def late_after_the_point_table(frame, threshold):
-        calls.append(threshold)
-        alarms = np.full(len(frame), NAN)
-        if len(calls) > 1:
-            alarms[0] = frame["steps"].iloc[0] + 1
-        return alarms
-
-    calls.clear()
-    with pytest.raises(AnalysisError, match="alarm_step.*rows \\[0\\]"):
-        bootstrap_excess(validation, test, lambda frame: 0.5, late_after_the_point_table, n_resamples=3)
+        bootstrap_excess(validation, test, lambda scores: 0.5, late_after_the_point, n_resamples=3)
     assert len(calls) == 2  # refused in the first resample, after a clean point estimate
 
 

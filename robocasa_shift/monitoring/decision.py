@@ -521,36 +521,20 @@ def _draw(positions: List[np.ndarray], rng: np.random.Generator) -> np.ndarray:
     return np.concatenate([pos[rng.integers(0, pos.size, size=pos.size)] for pos in positions])
 
 
-def _alarm_column(frame: pd.DataFrame, alarms: Any) -> np.ndarray:
-    if isinstance(alarms, pd.Series):
-        if not alarms.index.equals(frame.index):
-            raise AnalysisError("alarms_for must return a Series aligned to the rows it was given (same index, "
-                                f"{len(frame)} rows); got an index of {len(alarms)} rows that differs")
-        values = alarms.to_numpy(dtype=float)
-    else:
-        values = np.asarray(alarms, dtype=float).ravel()
-        if values.size != len(frame):
-            raise AnalysisError(f"alarms_for returned {values.size} alarm steps for {len(frame)} rows")
-    return values
-
-
 def _position_alarms(alarms: Any, n: int) -> np.ndarray:
     values = np.asarray(alarms, dtype=float).ravel()
     if values.size != n:
-        raise AnalysisError(f"alarms_from_positions returned {values.size} alarm steps for {n} positions; it must "
+        raise AnalysisError(f"alarms_for returned {values.size} alarm steps for {n} positions; it must "
                             "return one per position, in their order")
     return values
 
 
 def bootstrap_excess(validation: pd.DataFrame, test: pd.DataFrame,
-                     select_threshold: Optional[Callable[[pd.DataFrame], float]] = None,
-                     alarms_for: Optional[Callable[[pd.DataFrame, float], pd.Series]] = None,
+                     select_threshold: Callable[[np.ndarray], float],
+                     alarms_for: Callable[[np.ndarray, float], np.ndarray],
                      cost_model: CostModel = CostModel(), n_resamples: int = 1000, seed: int = 0,
                      strata: Sequence[str] = ("task", "success"), c: Optional[float] = None,
-                     confidence: float = 0.95, *,
-                     threshold_from_scores: Optional[Callable[[np.ndarray], float]] = None,
-                     alarms_from_positions: Optional[Callable[[np.ndarray, float], np.ndarray]] = None,
-                     ) -> BootstrapResult:
+                     confidence: float = 0.95) -> BootstrapResult:
     """Stratified episode bootstrap of the stop-and-reset excess cost, re-selecting the threshold each time.
 
     Each resample draws rows with replacement within each stratum (by default task x outcome) of the
@@ -558,21 +542,21 @@ def bootstrap_excess(validation: pd.DataFrame, test: pd.DataFrame,
     twice is two attempts. The threshold is re-selected on the validation resample, the test resample's
     alarms are recomputed with it, and the excess is priced by direct accounting (exactly
     :func:`worksheet`'s ``excess_direct``). The test table's outcomes and lengths are validated once, on
-    the unresampled data; every resample's alarm steps are checked against its rows' lengths.
-
-    The callables come in one of two pairs. The table pair (``select_threshold``, ``alarms_for``) gets
-    each resample as a DataFrame. The array pair (``threshold_from_scores``, ``alarms_from_positions``)
-    gets numpy arrays and builds no table per resample (much faster); for the same seed both pairs give
-    the same result when they compute the same threshold and alarms.
+    the unresampled data; every resample's alarm steps are checked against its rows' lengths. The
+    callables get numpy arrays, and no table is built per resample.
 
     Args:
-        validation: rows with ``rollout_id``, ``task``, ``success``, ``steps`` (and the strata columns);
-            whatever else ``select_threshold`` reads, or ``score`` with the array pair.
-        test: the same columns; whatever else ``alarms_for`` reads.
-        select_threshold: ``select_threshold(validation_resample) -> threshold``; called once on the
-            unresampled validation set and once per resample (``n_resamples + 1`` calls).
-        alarms_for: ``alarms_for(test_resample, threshold) -> alarm steps`` (NaN for no alarm), a Series
-            on the resample's index (a fresh RangeIndex) or an array of its length.
+        validation: rows with ``rollout_id``, ``task``, ``success``, ``steps``, ``score`` (and the strata
+            columns).
+        test: rows with ``rollout_id``, ``task``, ``success``, ``steps`` (and the strata columns);
+            ``alarms_for`` maps positions into it to alarm steps.
+        select_threshold: ``select_threshold(scores) -> threshold``, ``scores`` the numpy array of the
+            validation resample's ``score`` values on its successful rows (``success`` as bool), in
+            resample order; called once on the unresampled validation set and once per resample
+            (``n_resamples + 1`` calls).
+        alarms_for: ``alarms_for(positions, threshold) -> alarm steps``, ``positions`` the test
+            resample's row positions into ``test`` (``np.arange(len(test))`` for the point estimate),
+            the alarm steps (NaN for no alarm) one per position, in order.
         cost_model: kappa and the reset cost.
         n_resamples: resamples to draw (>= 1).
         seed: seed of the ``numpy.random.default_rng`` that draws them (validation first, then test, in
@@ -581,31 +565,17 @@ def bootstrap_excess(validation: pd.DataFrame, test: pd.DataFrame,
         c: the per-step cost; None fixes it once from the UNRESAMPLED test set's successes (the cost
             model is declared, not re-estimated per resample).
         confidence: nominal coverage of the percentile interval (``numpy.quantile``, linear).
-        threshold_from_scores: ``threshold_from_scores(scores) -> threshold``, ``scores`` the numpy array
-            of the validation resample's ``score`` values on its successful rows (``success`` as bool),
-            in resample order; replaces ``select_threshold`` (same call count).
-        alarms_from_positions: ``alarms_from_positions(positions, threshold) -> alarm steps``,
-            ``positions`` the test resample's row positions into ``test`` (``np.arange(len(test))`` for
-            the point estimate), the alarm steps (NaN for no alarm) one per position, in order;
-            replaces ``alarms_for``.
 
     Returns:
         A :class:`BootstrapResult`.
 
     Raises:
-        AnalysisError: malformed tables, bad arguments (neither or both pairs of callables, or an
-            incomplete pair), or alarms not aligned to the resample. Errors raised by the callables
-            propagate unchanged.
+        AnalysisError: malformed tables, bad arguments (``select_threshold`` or ``alarms_for`` not
+            callable), or alarms not one per position. Errors raised by the callables propagate unchanged.
     """
-    table_pair = (select_threshold, alarms_for)
-    array_pair = (threshold_from_scores, alarms_from_positions)
-    fast = any(f is not None for f in array_pair)
-    if fast and any(f is not None for f in table_pair):
-        raise AnalysisError("pass either select_threshold and alarms_for (tables) or threshold_from_scores and "
-                            "alarms_from_positions (arrays), not both")
-    if any(f is None for f in (array_pair if fast else table_pair)):
-        raise AnalysisError("pass both select_threshold and alarms_for, or both threshold_from_scores and "
-                            "alarms_from_positions")
+    for name, f in (("select_threshold", select_threshold), ("alarms_for", alarms_for)):
+        if not callable(f):
+            raise AnalysisError(f"{name} must be callable, got {f!r}")
     if isinstance(n_resamples, bool) or not isinstance(n_resamples, (int, np.integer)) or n_resamples < 1:
         raise AnalysisError(f"n_resamples must be a positive integer, got {n_resamples!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -616,8 +586,8 @@ def bootstrap_excess(validation: pd.DataFrame, test: pd.DataFrame,
     test = test.reset_index(drop=True)
     val_positions = _strata_positions(validation, strata, "validation")
     test_positions = _strata_positions(test, strata, "test")
-    if fast and "score" not in validation.columns:
-        raise AnalysisError("validation table lacks column 'score', which threshold_from_scores is given")
+    if "score" not in validation.columns:
+        raise AnalysisError("validation table lacks column 'score', whose successful rows select_threshold is given")
     if c is None:
         c_value = cost_model.per_step_cost(test["steps"].to_numpy(dtype=float)[test["success"].astype(bool).to_numpy()])
     else:
@@ -626,14 +596,10 @@ def bootstrap_excess(validation: pd.DataFrame, test: pd.DataFrame,
 
     # the point estimate, priced by the worksheet itself; validating its table validates the test
     # table's success and steps once for every resample
-    if fast:
-        val_success = validation["success"].astype(bool).to_numpy()
-        val_scores = validation["score"].to_numpy()
-        point_threshold = threshold_from_scores(val_scores[val_success])
-        point_alarms = _position_alarms(alarms_from_positions(np.arange(len(test)), point_threshold), len(test))
-    else:
-        point_threshold = select_threshold(validation)
-        point_alarms = _alarm_column(test, alarms_for(test, point_threshold))
+    val_success = validation["success"].astype(bool).to_numpy()
+    val_scores = validation["score"].to_numpy()
+    point_threshold = select_threshold(val_scores[val_success])
+    point_alarms = _position_alarms(alarms_for(np.arange(len(test)), point_threshold), len(test))
     episodes = pd.DataFrame({"success": test["success"].to_numpy(), "steps": test["steps"].to_numpy(),
                              "alarm_step": point_alarms}, index=test.index)
     test_success, test_steps, point_alarms = _episode_arrays(episodes)
@@ -646,14 +612,8 @@ def bootstrap_excess(validation: pd.DataFrame, test: pd.DataFrame,
         val_drawn = _draw(val_positions, rng)
         test_drawn = _draw(test_positions, rng)
         success, steps = test_success[test_drawn], test_steps[test_drawn]
-        if fast:
-            threshold = threshold_from_scores(val_scores[val_drawn[val_success[val_drawn]]])
-            alarm = _position_alarms(alarms_from_positions(test_drawn, threshold), test_drawn.size)
-        else:
-            val_resample = validation.iloc[val_drawn].reset_index(drop=True)
-            test_resample = test.iloc[test_drawn].reset_index(drop=True)
-            threshold = select_threshold(val_resample)
-            alarm = _alarm_column(test_resample, alarms_for(test_resample, threshold))
+        threshold = select_threshold(val_scores[val_drawn[val_success[val_drawn]]])
+        alarm = _position_alarms(alarms_for(test_drawn, threshold), test_drawn.size)
         _check_alarm_steps(alarm, steps, range(test_drawn.size))
         value = _excess_direct(success, steps, alarm, c_value, reset)
         if value is None:

@@ -231,8 +231,8 @@ def decision_rows(name: str, scores: pd.DataFrame, splits, limits, conditions: S
         boot = decision.bootstrap_excess(
             validation, test, cost_model=cost_model, n_resamples=n_resamples,
             seed=seeding.derive_seed(seed, stream="monitor_bootstrap", monitor=name, condition=condition), c=c,
-            threshold_from_scores=threshold_of,
-            alarms_from_positions=alarms_at)
+            select_threshold=threshold_of,
+            alarms_for=alarms_at)
         rate = float(np.mean(~np.isnan(alarms)))
         rng = np.random.default_rng(seeding.derive_seed(seed, stream="random_alarm", monitor=name, condition=condition))
         test_scores = scores[scores["rollout_id"].isin(set(test["rollout_id"]))]
