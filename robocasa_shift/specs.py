@@ -17,7 +17,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
@@ -276,21 +276,8 @@ def freeze(directory: Path | str | None = None) -> List[str]:
     """
     directory = Path(directory or PERTURBATIONS_DIR)
     load_protocol(directory, verify=False)  # refuse malformed files before freezing them
-    lock = read_lock(directory)
     study_path, factor_paths = _spec_files(directory)
-    frozen = []
-    for path in [study_path, *factor_paths]:
-        content = _read_yaml(path)
-        version, digest = str(content["version"]), canonical_hash(content)
-        entry = lock.setdefault(path.name, {})
-        if version in entry:
-            if entry[version] != digest:
-                _check_frozen(lock, directory, path.name, int(version), digest)
-            continue
-        entry[version] = digest
-        frozen.append(f"{path.name} version {version}: {digest}")
-    _write_lock(directory, lock)
-    return frozen
+    return _freeze_files(directory, [study_path, *factor_paths])
 
 
 def freeze_interventions(directory: Path | str | None = None) -> List[str]:
@@ -299,6 +286,11 @@ def freeze_interventions(directory: Path | str | None = None) -> List[str]:
     paths = sorted(directory.glob("*.yaml"))
     for path in paths:  # refuse malformed files before freezing them
         load_intervention_spec(path.stem, directory, verify=False)
+    return _freeze_files(directory, paths)
+
+
+def _freeze_files(directory: Path, paths: Sequence[Path]) -> List[str]:
+    """Add each file's version and hash to the directory's lock; a frozen version whose content changed is refused."""
     lock = read_lock(directory)
     frozen = []
     for path in paths:
