@@ -458,8 +458,8 @@ def roc_curve(ep: pd.DataFrame) -> Tuple[Optional[np.ndarray], Optional[np.ndarr
 def _cell(value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    if isinstance(value, float):
-        return f"{value:.3g}"
+    if isinstance(value, float):  # costs are differences of sums: float noise below 1e-12 shows as 0
+        return "0" if abs(value) < 1e-12 else f"{value:.3g}"
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_cell(v) for v in value) + "]"
     return str(value)
