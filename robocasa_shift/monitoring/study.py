@@ -161,8 +161,8 @@ class AlarmIndex:
 def _auc_interval(ep: pd.DataFrame, n_resamples: int, seed: int) -> Tuple[Optional[float], Optional[float]]:
     """95% percentile interval of the pooled AUC, rollouts resampled within task x outcome."""
     rng = np.random.default_rng(seed)
-    groups = [g.to_numpy() for _, g in ep.groupby(["task", "success"], sort=True)["score"]]
-    flags = [bool(k[1]) for k, _ in ep.groupby(["task", "success"], sort=True)["score"]]
+    strata = list(ep.groupby(["task", "success"], sort=True)["score"])
+    groups, flags = [g.to_numpy() for _, g in strata], [bool(k[1]) for k, _ in strata]
     values = []
     for _ in range(n_resamples):
         draws = [g[rng.integers(0, len(g), len(g))] for g in groups]
@@ -181,6 +181,20 @@ def _episodes(scores: pd.DataFrame, splits, limits) -> pd.DataFrame:
     return detection.add_split_column(detection.episode_scores(detection.check_boundary_scores(scores), limits), splits)
 
 
+def clean_threshold(ep: pd.DataFrame, target_fa: float) -> float:
+    """The threshold for ``target_fa``, chosen on the clean validation successes of an episode-score table."""
+    validation = ep[(ep[detection.SPLIT_COLUMN] == detection.VALIDATION) & (ep["condition"] == detection.CLEAN)]
+    return detection.select_threshold(validation[validation["success"].astype(bool)], target_fa)
+
+
+def alarms_on_test(scores: pd.DataFrame, splits, limits, target_fa: float) -> pd.DataFrame:
+    """The first alarm of every test rollout at the monitor's threshold (``detection.alarm_steps``'s table)."""
+    ep = _episodes(scores, splits, limits)
+    test_ids = set(ep.loc[ep[detection.SPLIT_COLUMN] == detection.TEST, "rollout_id"])
+    threshold = clean_threshold(ep, target_fa)
+    return detection.alarm_steps(scores[scores["rollout_id"].isin(test_ids)], threshold, limits).assign(threshold=threshold)
+
+
 def decision_rows(name: str, scores: pd.DataFrame, splits, limits, conditions: Sequence[str], c: float,
                   cost_model: decision.CostModel, target_fa: float, n_resamples: int, seed: int,
                   recover: Optional[Mapping[Tuple[str, int], List[Tuple[bool, int]]]] = None) -> List[Dict[str, Any]]:
@@ -194,13 +208,7 @@ def decision_rows(name: str, scores: pd.DataFrame, splits, limits, conditions: S
     index = AlarmIndex(scores, limits)
     validation = ep[(ep[detection.SPLIT_COLUMN] == detection.VALIDATION) & (ep["condition"] == detection.CLEAN)]
 
-    def choose(val: pd.DataFrame) -> float:
-        return detection.select_threshold(val[val["success"].astype(bool)], target_fa)
-
-    def alarms_for(test: pd.DataFrame, threshold: float) -> np.ndarray:
-        return index.alarms(test["rollout_id"].tolist(), threshold)
-
-    threshold = choose(validation)
+    threshold = clean_threshold(ep, target_fa)
     thresholds: Dict[bytes, float] = {}
 
     def threshold_of(values: np.ndarray) -> float:
@@ -218,12 +226,12 @@ def decision_rows(name: str, scores: pd.DataFrame, splits, limits, conditions: S
         test = ep[(ep[detection.SPLIT_COLUMN] == detection.TEST) & same].reset_index(drop=True)
         if test.empty:
             continue
-        alarms = alarms_for(test, threshold)
+        alarms = index.alarms(test["rollout_id"].tolist(), threshold)
         episodes = pd.DataFrame({"success": test["success"], "steps": test["steps"], "alarm_step": alarms})
         sheet = decision.worksheet(episodes, cost_model, c=c)
-        test_ids, test_alarms = test["rollout_id"].tolist(), {}
+        test_ids, alarms_on_test = test["rollout_id"].tolist(), {}
 
-        def alarms_at(positions: np.ndarray, thr: float, ids=test_ids, known=test_alarms) -> np.ndarray:
+        def alarms_at(positions: np.ndarray, thr: float, ids=test_ids, known=alarms_on_test) -> np.ndarray:
             if thr not in known:  # resampled thresholds repeat: the test rows' alarms once per threshold
                 known[thr] = index.alarms(ids, thr)
             return known[thr][positions]
@@ -256,15 +264,11 @@ def decision_rows(name: str, scores: pd.DataFrame, splits, limits, conditions: S
 
 def alarm_table(name: str, scores: pd.DataFrame, splits, limits, target_fa: float) -> pd.DataFrame:
     """Every test rollout's first alarm at the monitor's threshold (from clean validation): where to branch."""
-    ep = _episodes(scores, splits, limits)
-    validation = ep[(ep[detection.SPLIT_COLUMN] == detection.VALIDATION) & (ep["condition"] == detection.CLEAN)]
-    threshold = detection.select_threshold(validation[validation["success"].astype(bool)], target_fa)
-    test_ids = set(ep.loc[ep[detection.SPLIT_COLUMN] == detection.TEST, "rollout_id"])
-    alarms = detection.alarm_steps(scores[scores["rollout_id"].isin(test_ids)], threshold, limits)
+    alarms = alarms_on_test(scores, splits, limits, target_fa)
     alarms = alarms[alarms["alarmed"]]
     return pd.DataFrame({"monitor": name, "rollout_id": alarms["rollout_id"], "condition": alarms["condition"],
                          "success": alarms["success"], "alarm_step": alarms["alarm_step"].astype(int),
-                         "threshold": threshold})
+                         "threshold": alarms["threshold"]})
 
 
 def _plain(value: Any) -> Any:
@@ -377,7 +381,7 @@ def evaluate(run_dir: Path | str, monitors: Optional[Sequence[str]] = None, targ
         "figures": [],
     }
     if figures:
-        summary["figures"] = write_figures(out, scores, splits, windows, names)
+        summary["figures"] = write_figures(out, scores, splits, windows, names, target_fa)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=False, default=_plain) + "\n")
     (out / "summary.md").write_text(summary_markdown(summary, detection_df, decision_df, verdicts))
     return summary
@@ -393,7 +397,8 @@ def _records(frame: pd.DataFrame) -> List[Dict[str, Any]]:
 # --------------------------------------------------------------------------- figures and Markdown
 
 
-def write_figures(out: Path, scores: Mapping[str, pd.DataFrame], splits, windows, names: Sequence[str]) -> List[Dict[str, str]]:
+def write_figures(out: Path, scores: Mapping[str, pd.DataFrame], splits, windows, names: Sequence[str],
+                  target_fa: float = detection.DEFAULT_TARGET_FA) -> List[Dict[str, str]]:
     """Per monitor: ROC curves (pooled vs per task; test rollouts of every condition, end window) and alarm times
     against failure times."""
     import matplotlib
@@ -422,10 +427,7 @@ def write_figures(out: Path, scores: Mapping[str, pd.DataFrame], splits, windows
         plt.close(fig)
         figures.append({"monitor": name, "kind": "roc", "file": file})
 
-        validation = ep[(ep[detection.SPLIT_COLUMN] == detection.VALIDATION) & (ep["condition"] == detection.CLEAN)]
-        threshold = detection.select_threshold(validation[validation["success"].astype(bool)])
-        alarms = detection.alarm_steps(scores[name][scores[name]["rollout_id"].isin(set(
-            ep.loc[ep[detection.SPLIT_COLUMN] == detection.TEST, "rollout_id"]))], threshold, windows[DECISION_WINDOW])
+        alarms = alarms_on_test(scores[name], splits, windows[DECISION_WINDOW], target_fa)  # as the decision table
         fig, ax = plt.subplots(figsize=(5.4, 3.2))
         horizon = int(alarms["horizon"].max())
         bins = np.linspace(0, horizon, 21)
@@ -522,5 +524,6 @@ def summary_markdown(summary: Mapping[str, Any], detection_df: pd.DataFrame, dec
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["AlarmIndex", "DECISION_WINDOW", "OUT", "boundary_scores", "decision_rows", "evaluate", "roc_curve",
+__all__ = ["AlarmIndex", "DECISION_WINDOW", "OUT", "boundary_scores", "clean_threshold", "decision_rows", "evaluate",
+           "roc_curve", "alarms_on_test",
            "summary_markdown", "verdict_rows", "write_figures"]
