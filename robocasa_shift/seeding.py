@@ -16,7 +16,9 @@ from typing import Union
 
 import numpy as np
 
-PHASES = ("screening", "formal", "validation")
+# Seed streams of base episodes. ``judge-training``: the episodes the built-in success judge learns from,
+# never screened, calibrated or evaluated.
+PHASES = ("screening", "formal", "validation", "judge-training")
 
 
 def _word(text: str) -> int:

@@ -28,15 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from tqdm import tqdm
-
 from robocasa_shift import specs
 from robocasa_shift.branching.engine import BranchSettings, check_branchable, record_trunk, run_checkpoint
 from robocasa_shift.branching.snapshot import TrunkTape
-from robocasa_shift.config import ExecutionConfig, StudyConfig
+from robocasa_shift.config import ExecutionConfig
 from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.engine.replay import study_from_manifest
 from robocasa_shift.errors import BadInput, RunDirError
 from robocasa_shift.study.executors import make_executor
+from robocasa_shift.study.runner import progress_iter
 from robocasa_shift.study.store import RunStore, atomic_write_bytes, atomic_write_json
 from robocasa_shift.study.worker import StudyCache
 
@@ -283,16 +283,6 @@ def _read(path: Path) -> Optional[Dict[str, Any]]:
 # --------------------------------------------------------------------------- the command
 
 
-def study_from_manifest(manifest: Dict[str, Any], policy_options: Optional[Dict[str, Any]] = None,
-                        trust_run_dir: bool = False) -> StudyConfig:
-    """The study a run directory's manifest describes (connection options only from the caller, see replay)."""
-    from robocasa_shift.engine.replay import replay_policy_options
-
-    options = replay_policy_options(manifest, policy_options, trust_run_dir)
-    return StudyConfig(backend=manifest["backend"], policy=manifest["policy"]["name"],
-                       policy_options=tuple(options.items()), render_profile=manifest.get("render_profile", "fast"))
-
-
 def _trunk_verdict(trunk: Trunk, result: Dict[str, Any]) -> Dict[str, Any]:
     """The trunk's JSON from its job's result: reproduced or not, and its stage/outcome facts."""
     info = {**trunk.key.to_json(), "selection": trunk.selection, "clean_success": trunk.clean_success}
@@ -350,7 +340,7 @@ def branch(run_dir: Path | str, selection: Selection = Selection(), settings: Br
             executor = make_executor(study, execution)
             try:
                 by_key = {t.key: t for t in todo}
-                for result in _progress(executor.run_jobs([TrunkJob(t.key) for t in todo]), len(todo), "trunks",
+                for result in progress_iter(executor.run_jobs([TrunkJob(t.key) for t in todo]), len(todo), "trunks",
                                             execution.progress):
                     payload = result["trunk"]
                     trunk = by_key[RolloutKey.from_record(payload)]
@@ -371,7 +361,7 @@ def branch(run_dir: Path | str, selection: Selection = Selection(), settings: Br
             if hasattr(executor, "inline"):
                 executor.inline = False  # restores run in processes that never recorded a snapshot
             try:
-                for result in _progress(executor.run_jobs(jobs), len(jobs), "checkpoints", execution.progress):
+                for result in progress_iter(executor.run_jobs(jobs), len(jobs), "checkpoints", execution.progress):
                     checkpoint = result["checkpoint"]
                     bstore.write_checkpoint(checkpoint)
                     counts["checkpoints_run"] += 1
@@ -443,15 +433,5 @@ def plan_summary(bstore: BranchStore, trunks: Sequence[Trunk], settings: BranchS
             "trunks": [{"key": t.key.id, "selection": t.selection} for t in trunks]}
 
 
-def _progress(results, total: int, desc: str, enabled: bool = True):
-    bar = tqdm(total=total, desc=desc, unit="unit", dynamic_ncols=True, disable=not enabled or total == 0)
-    try:
-        for result in results:
-            yield result
-            bar.update(1)
-    finally:
-        bar.close()
-
-
 __all__ = ["BRANCHING", "BranchStore", "CheckpointJob", "SELECTION_KINDS", "Selection", "Trunk", "TrunkJob",
-           "branch", "branch_steps", "checkpoint_jobs", "plan_summary", "select_trunks", "study_from_manifest"]
+           "branch", "branch_steps", "checkpoint_jobs", "plan_summary", "select_trunks"]

@@ -23,6 +23,7 @@ from robocasa_shift.cli.common import (
 )
 from robocasa_shift.config import ExecutionConfig, StudyConfig
 from robocasa_shift.errors import CheckFailed
+from robocasa_shift.seeding import PHASES
 from robocasa_shift.study.pipeline import estimate, formal_suite
 from robocasa_shift.study.pipeline import merge as merge_runs
 from robocasa_shift.study.plan import MAX_KEYS, parse_episodes, plan_keys, shard_keys
@@ -36,7 +37,7 @@ from robocasa_shift.study.runner import run as run_study
 @click.option("--episodes", default="0-19", show_default=True, help="Base episodes, e.g. 0-19 or 0,3,5-7.")
 @click.option("--run-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Run directory; rerunning skips keys already recorded.")
-@click.option("--phase", type=click.Choice(["formal", "screening", "validation"]), default="formal",
+@click.option("--phase", type=click.Choice(PHASES), default="formal",
               show_default=True, help="Seed stream of the base episodes.")
 @click.option("--replicates", default="0", show_default=True,
               help="Policy-seed replicates, e.g. 0-1 for a clean-vs-clean noise floor.")

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from robocasa_shift.backends import get_backend
-from robocasa_shift.config import SECRET_PLACEHOLDER, is_secret_option
+from robocasa_shift.config import SECRET_PLACEHOLDER, StudyConfig, is_secret_option
 from robocasa_shift.engine.perturbations import factor_kind
 from robocasa_shift.engine.records import Record, RolloutKey
 from robocasa_shift.engine.rollout import Observer, run_rollout
@@ -101,6 +101,28 @@ def replay_policy_options(manifest: Mapping[str, Any], command_line: Optional[Ma
     return {**options, **given}
 
 
+def study_from_manifest(manifest: Mapping[str, Any], policy_options: Optional[Mapping[str, Any]] = None,
+                        trust_run_dir: bool = False) -> StudyConfig:
+    """The study a run directory's manifest describes (connection options only from the caller, see
+    :func:`replay_policy_options`)."""
+    options = replay_policy_options(manifest, policy_options, trust_run_dir)
+    return StudyConfig(backend=manifest["backend"], policy=manifest["policy"]["name"],
+                       policy_options=tuple(options.items()), render_profile=manifest.get("render_profile", "fast"))
+
+
+def observation_transform(protocol, condition: str) -> Optional[Callable[[np.ndarray], np.ndarray]]:
+    """The image transform of ``condition``'s observation-side factor (blur), or None: frames as the policy saw them."""
+    factor, level = parse_condition(condition, protocol)
+    if factor is None:
+        return None
+    spec = protocol.factor(factor)
+    kind = factor_kind(spec)
+    if kind.side != "obs":
+        return None
+    params = spec.level(level)
+    return lambda image: kind.transform(image, params)
+
+
 class FrameCapture(Observer):
     """Captures what the given cameras see at every control step, and when subgoals latch.
 
@@ -173,22 +195,11 @@ class Replayer:
             self._envs[task] = self.backend.make(task, self.manifest.get("render_profile", "fast"))
         return self._envs[task]
 
-    def _transform(self, condition: str):
-        factor, level = parse_condition(condition, self.protocol)
-        if factor is None:
-            return None
-        spec = self.protocol.factor(factor)
-        kind = factor_kind(spec)
-        if kind.side != "obs":
-            return None
-        params = spec.level(level)
-        return lambda image: kind.transform(image, params)
-
     def replay(self, key: RolloutKey, stored: Mapping[str, Any]) -> Replay:
         """Re-run ``key`` capturing every camera at the policy's image size; compare with ``stored``."""
         env = self.env(key.task)
         cameras = list(env.third_person_cameras) + list(env.wrist_cameras)
-        capture = FrameCapture(cameras, self.policy.image_size, self._transform(key.condition))
+        capture = FrameCapture(cameras, self.policy.image_size, observation_transform(self.protocol, key.condition))
         spec = load_stage_spec(self.backend_name, key.task)
         record = run_rollout(env, self.policy, key, self.protocol, spec, self.backend_name, observer=capture)
         problems = [f"{key.condition}: {name} recorded {stored[name]}, re-run {getattr(record, name)}"

@@ -14,7 +14,7 @@ import shutil
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, Optional, Sequence, Tuple
 
 from tqdm import tqdm
 
@@ -215,4 +215,15 @@ def _progress(total: int, enabled: bool, desc: str = "rollouts") -> tqdm:
     return tqdm(total=total, desc=desc, unit="rollout", disable=not enabled, dynamic_ncols=True)
 
 
-__all__ = ["RunSession", "SEED_RULE", "SERVER_FAILURES_TO_STOP", "package_versions", "run", "study_manifest"]
+def progress_iter(results: Iterable[Any], total: int, desc: str, enabled: bool = True) -> Iterator[Any]:
+    """``results`` passed through, with a progress bar (ETA) of ``total`` units."""
+    bar = tqdm(total=total, desc=desc, unit="unit", dynamic_ncols=True, disable=not enabled or total == 0)
+    try:
+        for result in results:
+            yield result
+            bar.update(1)
+    finally:
+        bar.close()
+
+
+__all__ = ["RunSession", "SEED_RULE", "SERVER_FAILURES_TO_STOP", "package_versions", "progress_iter", "run", "study_manifest"]

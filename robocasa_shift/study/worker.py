@@ -82,6 +82,8 @@ class StudyCache:
         self._renderer: Optional[str] = None
         self._policies: List[Any] = []
         self._envs: Dict[str, List[Any]] = {}
+        # what other jobs keep for the worker's lifetime (a success judge), closed with it
+        self.kept: Dict[Any, Any] = {}
 
     @property
     def policy(self):
@@ -188,6 +190,9 @@ class StudyCache:
         for policy in self._policies:
             policy.close()
         self._policies.clear()
+        for kept in self.kept.values():
+            kept.close()
+        self.kept.clear()
 
 
 class Worker:

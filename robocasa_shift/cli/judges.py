@@ -1,0 +1,166 @@
+"""Success judges under shift: ``export-judge``, ``judge``, ``score-judge``, ``train-judge``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+import click
+
+from robocasa_shift.cli.common import execution_options, handle_errors, parse_policy_options
+from robocasa_shift.config import ExecutionConfig
+
+
+def _options(ctx: click.Context, param: click.Parameter, value: Tuple[str, ...]) -> Dict[str, Any]:
+    return parse_policy_options(value)
+
+
+@click.command(name="export-judge")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Export directory (rerunning resumes it).")
+@click.option("--cameras", type=click.Choice(["third", "wrist", "both"]), default="both", show_default=True,
+              help="Cameras of each sample: the third-person view(s), the wrist view, or both.")
+@click.option("--frames", default=8, show_default=True, type=click.IntRange(1, 256),
+              help="Clip frames at evenly spaced steps over the attempt, before the end frame (a fixed count, "
+                   "so a clip's length does not give its outcome away).")
+@click.option("--size", default=224, show_default=True, type=click.IntRange(16, 1024), help="Image size (pixels).")
+@click.option("--max-per-cell", default=None, type=click.IntRange(min=1),
+              help="At most this many samples per (task, condition), the same base episodes in every cell.")
+@click.option("--seed", default=0, show_default=True, help="Which episodes a --max-per-cell sample takes.")
+@click.option("--policy-option", "policy_options", multiple=True, metavar="KEY=VALUE", callback=_options,
+              help="Policy option for re-running rollouts that have no step log (connection options only from here).")
+@click.option("--trust-run-dir", is_flag=True, help="Take the manifest's connection options for re-runs too.")
+@click.option("--retry-errors", is_flag=True, help="Also redo samples left out because their replay differed.")
+@execution_options
+@handle_errors
+def export_judge_command(run_dir: Path, out: Path, cameras: str, frames: int, size: int, max_per_cell: Optional[int],
+                         seed: int, policy_options, trust_run_dir: bool, retry_errors: bool,
+                         execution: ExecutionConfig) -> None:
+    """A labelled success-judge benchmark from RUN_DIR: one sample per rollout.
+
+    \b
+    Each sample: the instruction, a clip per camera (--frames frames over the
+    attempt plus the end frame; start and end frames named separately), the
+    official label, stage depth (subgoals latched, first incomplete, stratum:
+    success / no_subgoal / mid_task / near_success), condition, task, pair id
+    and episode key, in OUT/manifest.jsonl with PNG files under OUT/media/,
+    content-hashed in OUT/export.json. Frames come from replaying each
+    rollout's logged actions (runs made with --log-steps; no policy involved),
+    checked against the record; rollouts without logs are re-run only when
+    their policy runs here with its own generators.
+
+    \b
+    Example:
+      robocasa-shift export-judge runs/monitors-demo --out runs/judge-set --max-per-cell 8
+    """
+    from robocasa_shift.judging.export import ExportSettings, export_judge
+
+    settings = ExportSettings(cameras=cameras, frames=frames, size=size, max_per_cell=max_per_cell, seed=seed)
+    info = export_judge(run_dir, out, settings, execution, policy_options, trust_run_dir, retry_errors)
+    strata = {}
+    for counts in info["strata"].values():
+        for name, n in counts.items():
+            strata[name] = strata.get(name, 0) + n
+    click.echo(f"{info['samples']} samples ({info['made']} made now), {len(info['excluded'])} left out; strata "
+               f"{strata}; export hash {info['export_hash'][:12]} -> {out}/manifest.jsonl")
+    for item in info["excluded"][:10]:
+        click.echo(f"  left out {item['sample_id']}: {item['reason']}")
+
+
+@click.command(name="judge")
+@click.argument("judge_set", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--judge", "judge_name", default="end-state", show_default=True,
+              help="Registered judge (entry-point group robocasa_shift.judges): end-state, openai, or a plug-in.")
+@click.option("--judge-option", "judge_options", multiple=True, metavar="KEY=VALUE", callback=_options,
+              help="Option for the judge, repeatable, e.g. model=... base_url=http://127.0.0.1:8000/v1 "
+                   "api_key=env:OPENAI_API_KEY (a key is read from the variable, never written).")
+@click.option("--out", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Predictions CSV [default: JUDGE_SET/predictions/<judge>.csv]; rerunning resumes it.")
+@click.option("--chunk", default=16, show_default=True, type=click.IntRange(min=1), help="Samples per job.")
+@execution_options
+@handle_errors
+def judge_command(judge_set: Path, judge_name: str, judge_options, out: Optional[Path], chunk: int,
+                  execution: ExecutionConfig) -> None:
+    """Run a success judge over JUDGE_SET (an export-judge directory) into a predictions CSV.
+
+    The CSV has sample_id, predicted_success (0/1) and confidence (P(success));
+    OUT.json beside it names the judge, its options (secrets never) and the
+    judge set's hash. A killed run resumes; nothing is judged twice.
+
+    \b
+    Example:
+      robocasa-shift judge runs/judge-set --judge end-state
+      robocasa-shift judge runs/judge-set --judge openai --judge-option model=Qwen2.5-VL-7B-Instruct
+    """
+    from robocasa_shift.judging.judges import run_judge
+
+    out = out or judge_set / "predictions" / f"{judge_name}.csv"
+    result = run_judge(judge_set, judge_name, out, judge_options, execution, chunk)
+    click.echo(f"{result['judged']}/{result['samples']} samples judged ({result['judged_now']} now) -> {out}")
+    for error in result["errors"][:10]:
+        click.echo(f"  no verdict for {error}")
+    if result["errors"]:
+        raise SystemExit(1)
+
+
+@click.command(name="score-judge")
+@click.argument("judge_set", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("predictions", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for scores.json/.md, the CSV tables and the figure [default: JUDGE_SET/scores].")
+@click.option("--seed", default=0, show_default=True, help="Bootstrap seed (recorded).")
+@click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=100), help="Bootstrap resamples.")
+@handle_errors
+def score_judge_command(judge_set: Path, predictions, out: Optional[Path], seed: int, n_boot: int) -> None:
+    """Score judges' PREDICTIONS.csv files (sample_id, predicted_success, confidence) on JUDGE_SET.
+
+    \b
+    Balanced accuracy per (task, condition) with bootstrap intervals, macro
+    over two-class subsets and micro pooled (a one-class subset is scored by
+    its recall); false-success rate overall and by stage depth (no_subgoal,
+    mid_task, near_success); error-set IoU between every two judges; on
+    pairs, the verdict flip rate where the outcome held, S->F changes caught
+    and exact McNemar on correctness clean vs perturbed. A length-only
+    baseline is scored beside every judge.
+    """
+    from robocasa_shift.judging.export import NEAR_SUCCESS
+    from robocasa_shift.judging.scoring import score_files
+
+    result = score_files(judge_set, predictions, out, seed=seed, n_boot=n_boot)
+    for name, r in result["judges"].items():
+        macro, micro = r["accuracy"]["macro"], r["accuracy"]["micro"]
+        near = r["success_bias"]["strata"][NEAR_SUCCESS]
+        fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+        click.echo(f"  {name:<14} macro BA {fmt(macro['ba'])}  micro BA {fmt(micro['ba'])}  false-success "
+                   f"{fmt(r['success_bias']['false_success']['rate'])}  near successes judged success "
+                   f"{near['k']}/{near['n']}")
+    click.echo(f"-> {result['out']}/scores.md")
+
+
+@click.command(name="train-judge")
+@click.option("--runs-dir", default=Path("runs/judge-training"), show_default=True,
+              type=click.Path(file_okay=False, path_type=Path),
+              help="Where the training rollouts (one run per policy) and their judge sets go; rerunning resumes.")
+@click.option("--out", default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="Weights folder [default: the package's committed end-state weights].")
+@execution_options
+@handle_errors
+def train_judge_command(runs_dir: Path, out: Optional[Path], execution: ExecutionConfig) -> None:
+    """Regenerate the end-state judge's weights from fixed seeds.
+
+    Records clean rollouts of the reference, expert and random policies on the
+    judge-training seed stream (never evaluated), exports them as judge sets,
+    and trains one small classifier per task on their end frames.
+    """
+    from robocasa_shift.judging.endstate import WEIGHTS_DIR, make_training_sets, train
+
+    sets = make_training_sets(runs_dir, execution)
+    manifest = train(sets, out or WEIGHTS_DIR)
+    for task, entry in manifest["tasks"].items():
+        click.echo(f"  {task:<14} {entry['examples']} examples, held-out BA {entry['held_out_balanced_accuracy']}, "
+                   f"{entry['train_s']} s")
+    click.echo(f"weights -> {out or WEIGHTS_DIR} ({manifest['wall_s']} s training)")
+
+
+COMMANDS = [export_judge_command, judge_command, score_judge_command, train_judge_command]

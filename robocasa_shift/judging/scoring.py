@@ -1,0 +1,360 @@
+"""Scoring success judges on a judge set: accuracy per subset, success bias by stage depth, paired robustness.
+
+Pure pandas/numpy over the judge set's table and predictions frames, so any
+judge run anywhere can be scored. A subset is (task, condition).
+
+- **Balanced accuracy** (mean of the success and failure recalls) per subset,
+  with a stratified bootstrap interval; a subset with one class is scored by
+  that class's recall (Wilson interval) and enters only the micro figure.
+  Macro: the mean over two-class subsets (per condition: over its tasks);
+  micro: the recalls of every sample pooled.
+- **Success bias**: the false-success rate (failures judged successes), overall
+  and per stratum of stage depth: ``no_subgoal``, ``mid_task`` and
+  ``near_success`` (every subgoal latched, the official check failed), each
+  with its count (Wilson intervals; a stratum may be small).
+- **Error-set overlap**: IoU of the samples two judges get wrong, for every two.
+- **Paired robustness**: on pairs whose official outcome did not change (S->S,
+  F->F) a judge's verdict should not change either: the verdict flip rate per
+  condition; on S->F pairs, the share it catches (success on the clean twin,
+  failure on the perturbed one); exact McNemar on the judge's correctness,
+  clean vs perturbed.
+- **length-only**, a baseline beside every table: success iff the attempt
+  ended before the horizon (its confidence 1 - steps / horizon). It reads the
+  duration a clip of fixed frame count hides; what it scores is what a judge
+  shown real-time video could get from duration alone.
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import combinations
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from robocasa_shift.analysis.measures import mcnemar_exact_p, wilson_interval
+from robocasa_shift.judging.export import MID_TASK, NEAR_SUCCESS, NO_SUBGOAL
+
+LENGTH_ONLY = "length-only"
+FAILURE_STRATA = (NO_SUBGOAL, MID_TASK, NEAR_SUCCESS)
+N_BOOT = 2000
+
+
+def length_only(table: pd.DataFrame) -> pd.DataFrame:
+    """The length-only baseline's predictions on a judge set's table."""
+    return pd.DataFrame({"sample_id": table["sample_id"],
+                         "predicted_success": (table["steps"] < table["horizon"]).astype(int),
+                         "confidence": 1.0 - table["steps"] / table["horizon"]})
+
+
+def _recalls(success: np.ndarray, predicted: np.ndarray) -> Dict[str, Any]:
+    pos, neg = success, ~success
+    return {"n": int(len(success)), "successes": int(pos.sum()), "failures": int(neg.sum()),
+            "success_recall": float(predicted[pos].mean()) if pos.any() else None,
+            "failure_recall": float((~predicted[neg]).mean()) if neg.any() else None}
+
+
+def balanced_accuracy(success: np.ndarray, predicted: np.ndarray) -> Optional[float]:
+    """Mean of the two recalls; None unless both classes are present."""
+    r = _recalls(np.asarray(success, bool), np.asarray(predicted, bool))
+    if r["success_recall"] is None or r["failure_recall"] is None:
+        return None
+    return (r["success_recall"] + r["failure_recall"]) / 2
+
+
+def _boot_recall_means(groups: Sequence[tuple], rng: np.random.Generator, n_boot: int) -> np.ndarray:
+    """Bootstrap draws of the mean over groups (success, predicted) of each group's balanced accuracy,
+    resampling each group's successes and failures separately (class counts fixed)."""
+    draws = np.zeros(n_boot)
+    for success, predicted in groups:
+        correct = predicted == success
+        bas = np.zeros(n_boot)
+        for cls in (True, False):
+            hits = correct[success == cls].astype(float)
+            bas += rng.choice(hits, size=(n_boot, len(hits)), replace=True).mean(axis=1) / 2
+        draws += bas / len(groups)
+    return draws
+
+
+def _interval(draws: np.ndarray) -> List[float]:
+    return [float(np.quantile(draws, 0.025)), float(np.quantile(draws, 0.975))]
+
+
+def _ba_with_interval(groups: Sequence[tuple], rng: np.random.Generator, n_boot: int) -> Dict[str, Any]:
+    """Macro balanced accuracy over the two-class groups (success, predicted), with its bootstrap interval."""
+    groups = [(s, p) for s, p in groups if s.any() and (~s).any()]
+    if not groups:
+        return {"ba": None, "ci95": None, "subsets": 0}
+    point = float(np.mean([balanced_accuracy(s, p) for s, p in groups]))
+    return {"ba": point, "ci95": _interval(_boot_recall_means(groups, rng, n_boot)), "subsets": len(groups)}
+
+
+def _rate(k: int, n: int) -> Dict[str, Any]:
+    return {"k": int(k), "n": int(n), "rate": (k / n) if n else None, "ci95": wilson_interval(int(k), int(n))}
+
+
+def judged_table(table: pd.DataFrame, predictions: pd.DataFrame) -> pd.DataFrame:
+    """The judge set's table with a judge's ``predicted`` and ``correct`` columns (judged samples only)."""
+    merged = table.merge(predictions[["sample_id", "predicted_success", "confidence"]], on="sample_id", how="inner")
+    merged["success"] = merged["success"].astype(bool)
+    merged["predicted"] = merged["predicted_success"].astype(bool)
+    merged["correct"] = merged["predicted"] == merged["success"]
+    return merged
+
+
+def accuracy(frame: pd.DataFrame, rng: np.random.Generator, n_boot: int = N_BOOT) -> Dict[str, Any]:
+    """Subset, per-condition, macro and micro balanced accuracy of one judge (see the module docstring)."""
+    subsets = []
+    for (task, condition), cell in frame.groupby(["task", "condition"], sort=True):
+        s, p = cell["success"].to_numpy(), cell["predicted"].to_numpy()
+        row = {"task": task, "condition": condition, **_recalls(s, p)}
+        two_class = row["successes"] > 0 and row["failures"] > 0
+        if two_class:
+            row.update(_ba_with_interval([(s, p)], rng, n_boot), kind="balanced accuracy")
+        else:
+            cls = row["successes"] > 0
+            k = int((p == cls).sum())
+            row.update(ba=k / len(p), ci95=wilson_interval(k, len(p)), subsets=0,
+                       kind="success recall" if cls else "failure recall")
+        row["false_success"] = _rate(int((p & ~s).sum()), int((~s).sum()))
+        subsets.append(row)
+    conditions = {}
+    for condition, part in frame.groupby("condition", sort=False):
+        groups = [(c["success"].to_numpy(), c["predicted"].to_numpy()) for _, c in part.groupby("task")]
+        s, p = part["success"].to_numpy(), part["predicted"].to_numpy()
+        conditions[condition] = {"macro": _ba_with_interval(groups, rng, n_boot),
+                                 "micro": _micro(s, p, rng, n_boot), "n": int(len(part)),
+                                 "false_success": _rate(int((p & ~s).sum()), int((~s).sum()))}
+    groups = [(c["success"].to_numpy(), c["predicted"].to_numpy()) for _, c in frame.groupby(["task", "condition"])]
+    s, p = frame["success"].to_numpy(), frame["predicted"].to_numpy()
+    return {"subsets": subsets, "conditions": conditions, "macro": _ba_with_interval(groups, rng, n_boot),
+            "micro": _micro(s, p, rng, n_boot), "n": int(len(frame))}
+
+
+def _micro(success: np.ndarray, predicted: np.ndarray, rng, n_boot: int) -> Dict[str, Any]:
+    out = _ba_with_interval([(success, predicted)], rng, n_boot)
+    return {"ba": out["ba"], "ci95": out["ci95"]}
+
+
+def success_bias(frame: pd.DataFrame) -> Dict[str, Any]:
+    """False-success rate overall, on clean and perturbed samples, and per failure stratum (with counts)."""
+    failures = frame[~frame["success"]]
+    out = {"false_success": _rate(int(failures["predicted"].sum()), len(failures)),
+           "false_failure": _rate(int((~frame.loc[frame["success"], "predicted"]).sum()), int(frame["success"].sum())),
+           "strata": {}}
+    for name in FAILURE_STRATA:
+        part = failures[failures["stratum"] == name]
+        out["strata"][name] = _rate(int(part["predicted"].sum()), len(part))
+    for name, part in (("clean", failures[failures["condition"] == "clean"]),
+                       ("perturbed", failures[failures["condition"] != "clean"])):
+        out[f"false_success_{name}"] = _rate(int(part["predicted"].sum()), len(part))
+    return out
+
+
+def paired(frame: pd.DataFrame) -> Dict[str, Any]:
+    """Verdict flips on pairs whose outcome held, S->F catches and McNemar on correctness, per condition."""
+    clean = frame[frame["condition"] == "clean"].set_index("pair_id")
+    perturbed = frame[frame["condition"] != "clean"]
+    out: Dict[str, Any] = {}
+    for condition, part in perturbed.groupby("condition", sort=False):
+        part = part[part["pair_id"].isin(clean.index)]
+        twin = clean.loc[part["pair_id"]]
+        c_s, p_s = twin["success"].to_numpy(), part["success"].to_numpy()
+        c_v, p_v = twin["predicted"].to_numpy(), part["predicted"].to_numpy()
+        c_ok, p_ok = twin["correct"].to_numpy(), part["correct"].to_numpy()
+        held = c_s == p_s
+        sf = c_s & ~p_s
+        b, c = int((c_ok & ~p_ok).sum()), int((~c_ok & p_ok).sum())
+        out[condition] = {
+            "pairs": int(len(part)),
+            "outcome_held": int(held.sum()),
+            "verdict_flip": _rate(int((c_v != p_v)[held].sum()), int(held.sum())),
+            "verdict_flip_SS": _rate(int((c_v != p_v)[held & c_s].sum()), int((held & c_s).sum())),
+            "verdict_flip_FF": _rate(int((c_v != p_v)[held & ~c_s].sum()), int((held & ~c_s).sum())),
+            "sf_caught": _rate(int((c_v & ~p_v)[sf].sum()), int(sf.sum())),
+            "mcnemar": {"clean_right_perturbed_wrong": b, "clean_wrong_perturbed_right": c,
+                        "p_exact": mcnemar_exact_p(b, c)},
+        }
+    return out
+
+
+def overlap(frames: Mapping[str, pd.DataFrame]) -> List[Dict[str, Any]]:
+    """IoU of the error sets of every two judges, on the samples both judged."""
+    rows = []
+    for a, b in combinations(frames, 2):
+        both = frames[a][["sample_id", "correct"]].merge(frames[b][["sample_id", "correct"]], on="sample_id")
+        wrong_a, wrong_b = ~both["correct_x"].to_numpy(), ~both["correct_y"].to_numpy()
+        union = int((wrong_a | wrong_b).sum())
+        rows.append({"judge_a": a, "judge_b": b, "samples": int(len(both)), "errors_a": int(wrong_a.sum()),
+                     "errors_b": int(wrong_b.sum()), "both_wrong": int((wrong_a & wrong_b).sum()),
+                     "iou": (int((wrong_a & wrong_b).sum()) / union) if union else None})
+    return rows
+
+
+def score(table: pd.DataFrame, predictions: Mapping[str, pd.DataFrame], seed: int = 0,
+          n_boot: int = N_BOOT, baseline: bool = True) -> Dict[str, Any]:
+    """Every measure of the module docstring for each judge (and the length-only baseline)."""
+    judges = dict(predictions)
+    if baseline:
+        judges[LENGTH_ONLY] = length_only(table)
+    frames = {name: judged_table(table, p) for name, p in judges.items()}
+    result: Dict[str, Any] = {"samples": int(len(table)), "seed": seed, "n_boot": n_boot, "judges": {}}
+    for i, (name, frame) in enumerate(frames.items()):
+        rng = np.random.default_rng([seed, i])
+        result["judges"][name] = {"judged": int(len(frame)), "missing": int(len(table) - len(frame)),
+                                  "baseline": name == LENGTH_ONLY, "accuracy": accuracy(frame, rng, n_boot),
+                                  "success_bias": success_bias(frame), "paired": paired(frame)}
+    result["overlap"] = overlap(frames)
+    counts = table.assign(success=table["success"].astype(bool))
+    result["strata_counts"] = {k: int(v) for k, v in counts.groupby("stratum").size().items()}
+    return result
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _fmt(value: Optional[float], digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _fmt_ci(ci: Optional[Sequence[float]]) -> str:
+    return "" if not ci else f" [{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+def _fmt_rate(rate: Mapping[str, Any]) -> str:
+    return "-" if not rate["n"] else f"{rate['rate']:.2f}{_fmt_ci(rate['ci95'])} ({rate['k']}/{rate['n']})"
+
+
+def tables(result: Mapping[str, Any]) -> Dict[str, pd.DataFrame]:
+    """The tidy CSV tables of a score: subsets, conditions, strata, flips, overlap."""
+    subsets, conditions, strata, flips = [], [], [], []
+    for judge, r in result["judges"].items():
+        for row in r["accuracy"]["subsets"]:
+            fs = row["false_success"]
+            subsets.append({"judge": judge, **{k: row[k] for k in ("task", "condition", "n", "successes", "failures",
+                                                                   "success_recall", "failure_recall", "kind", "ba")},
+                            "ba_lo": (row["ci95"] or [None, None])[0], "ba_hi": (row["ci95"] or [None, None])[1],
+                            "false_success_rate": fs["rate"]})
+        for cond, v in r["accuracy"]["conditions"].items():
+            conditions.append({"judge": judge, "condition": cond, "n": v["n"], "macro_ba": v["macro"]["ba"],
+                               "macro_lo": (v["macro"]["ci95"] or [None])[0],
+                               "macro_hi": (v["macro"]["ci95"] or [None, None])[1],
+                               "micro_ba": v["micro"]["ba"], "false_success_rate": v["false_success"]["rate"]})
+        for name, rate in r["success_bias"]["strata"].items():
+            strata.append({"judge": judge, "stratum": name, "failures": rate["n"], "judged_success": rate["k"],
+                           "false_success_rate": rate["rate"]})
+        for cond, v in r["paired"].items():
+            flips.append({"judge": judge, "condition": cond, "pairs": v["pairs"], "outcome_held": v["outcome_held"],
+                          "flip_rate": v["verdict_flip"]["rate"], "flips": v["verdict_flip"]["k"],
+                          "sf_pairs": v["sf_caught"]["n"], "sf_caught": v["sf_caught"]["k"],
+                          "mcnemar_b": v["mcnemar"]["clean_right_perturbed_wrong"],
+                          "mcnemar_c": v["mcnemar"]["clean_wrong_perturbed_right"], "mcnemar_p": v["mcnemar"]["p_exact"]})
+    return {"subsets": pd.DataFrame(subsets), "conditions": pd.DataFrame(conditions), "strata": pd.DataFrame(strata),
+            "flips": pd.DataFrame(flips), "overlap": pd.DataFrame(result["overlap"])}
+
+
+def markdown(result: Mapping[str, Any]) -> str:
+    """``scores.md``: the headline tables for people."""
+    lines = [f"# Success judges on judge set {result['export_hash'][:12]}", "",
+             f"{result['samples']} samples; balanced accuracy (BA) with 95% intervals (bootstrap for BA, Wilson for "
+             f"rates); `{LENGTH_ONLY}` is the duration baseline (see the scoring module).", "",
+             "| judge | judged | macro BA | micro BA | false-success rate | on near successes |",
+             "|---|---|---|---|---|---|"]
+    for judge, r in result["judges"].items():
+        a, b = r["accuracy"], r["success_bias"]
+        lines.append(f"| {judge} | {r['judged']} | {_fmt(a['macro']['ba'])}{_fmt_ci(a['macro']['ci95'])} | "
+                     f"{_fmt(a['micro']['ba'])}{_fmt_ci(a['micro']['ci95'])} | {_fmt_rate(b['false_success'])} | "
+                     f"{_fmt_rate(b['strata'][NEAR_SUCCESS])} |")
+    lines += ["", "## Per condition: macro BA over tasks, and verdict flips on pairs whose outcome held", ""]
+    names = list(result["judges"])
+    lines += ["| condition | " + " | ".join(f"{n} BA | {n} flips | {n} S->F caught | {n} McNemar p" for n in names) + " |",
+              "|---|" + "---|" * (4 * len(names))]
+    conditions = list(next(iter(result["judges"].values()))["accuracy"]["conditions"]) if names else []
+    for cond in conditions:
+        cells = []
+        for n in names:
+            r = result["judges"][n]
+            acc = r["accuracy"]["conditions"].get(cond, {}).get("macro", {})
+            pair = r["paired"].get(cond)
+            cells += [f"{_fmt(acc.get('ba'))}{_fmt_ci(acc.get('ci95'))}",
+                      _fmt_rate(pair["verdict_flip"]) if pair else "-",
+                      _fmt_rate(pair["sf_caught"]) if pair else "-",
+                      _fmt(pair["mcnemar"]["p_exact"], 3) if pair else "-"]
+        lines.append(f"| {cond} | " + " | ".join(cells) + " |")
+    lines += ["", "## False-success rate by stage depth of the failure", "",
+              "| judge | " + " | ".join(FAILURE_STRATA) + " |", "|---|" + "---|" * len(FAILURE_STRATA)]
+    for judge, r in result["judges"].items():
+        lines.append(f"| {judge} | " + " | ".join(_fmt_rate(r["success_bias"]["strata"][s]) for s in FAILURE_STRATA) + " |")
+    if result["overlap"]:
+        lines += ["", "## Error-set overlap", "", "| judges | samples | errors | both wrong | IoU |", "|---|---|---|---|---|"]
+        for row in result["overlap"]:
+            lines.append(f"| {row['judge_a']} / {row['judge_b']} | {row['samples']} | {row['errors_a']} / "
+                         f"{row['errors_b']} | {row['both_wrong']} | {_fmt(row['iou'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_figure(result: Mapping[str, Any], path: Path) -> None:
+    """Macro BA per condition (with intervals) and verdict flip rate per condition, one line per judge."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_ba, ax_flip) = plt.subplots(1, 2, figsize=(12, 4))
+    for judge, r in result["judges"].items():
+        conds = list(r["accuracy"]["conditions"])
+        ba = [r["accuracy"]["conditions"][c]["macro"]["ba"] for c in conds]
+        ax_ba.plot(conds, [np.nan if v is None else v for v in ba], marker="o", label=judge)
+        pc = list(r["paired"])
+        ax_flip.plot(pc, [np.nan if r["paired"][c]["verdict_flip"]["rate"] is None else r["paired"][c]["verdict_flip"]["rate"]
+                          for c in pc], marker="o", label=judge)
+    ax_ba.axhline(0.5, color="grey", lw=0.8, ls="--")
+    ax_ba.set_ylabel("macro balanced accuracy")
+    ax_flip.set_ylabel("verdict flip rate (outcome held)")
+    for ax in (ax_ba, ax_flip):
+        ax.tick_params(axis="x", rotation=60)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def score_files(judge_set: Path | str, prediction_files: Sequence[Path | str], out: Optional[Path | str] = None,
+                seed: int = 0, n_boot: int = N_BOOT) -> Dict[str, Any]:
+    """Score prediction files on a judge set; write scores.json, scores.md, the CSV tables and a figure in ``out``
+    (default JUDGE_SET/scores). A predictions sidecar naming another judge set is refused."""
+    from robocasa_shift.judging.judges import SIDECAR_SUFFIX, PredictionsError, read_predictions
+    from robocasa_shift.judging.judgeset import JudgeSet
+
+    js = JudgeSet(judge_set)
+    table = js.table()
+    predictions, identities = {}, {}
+    for path in map(Path, prediction_files):
+        sidecar = path.with_name(path.name + SIDECAR_SUFFIX)
+        identity = json.loads(sidecar.read_text()) if sidecar.exists() else {"judge": {"name": path.stem}}
+        if identity.get("export_hash") not in (None, js.export_hash):
+            raise PredictionsError(f"{path}: judged judge set {identity['export_hash'][:12]}, not "
+                                   f"{js.export_hash[:12]} ({js.root}); score it on the set it judged")
+        name = path.stem
+        if name in predictions or name == LENGTH_ONLY:
+            raise PredictionsError(f"{path}: two prediction files are named {name!r}; rename one")
+        predictions[name] = read_predictions(path, known_ids=list(js.by_id))
+        identities[name] = identity
+    result = score(table, predictions, seed=seed, n_boot=n_boot)
+    result.update(export_hash=js.export_hash, judge_set=str(js.root), identities=identities,
+                  source=js.info.get("source"))
+    out = Path(out) if out is not None else js.root / "scores"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scores.json").write_text(json.dumps(result, indent=2, sort_keys=True, default=float) + "\n")
+    (out / "scores.md").write_text(markdown(result))
+    for name, frame in tables(result).items():
+        frame.to_csv(out / f"{name}.csv", index=False)
+    write_figure(result, out / "judges_by_condition.png")
+    result["out"] = str(out)
+    return result
+
+
+__all__ = ["LENGTH_ONLY", "accuracy", "balanced_accuracy", "length_only", "markdown", "overlap", "paired", "score",
+           "score_files", "success_bias", "tables"]
