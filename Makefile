@@ -16,7 +16,7 @@ RUN ?= runs/study
 # Debian's chromium: the report tests open the HTML report in it, headless.
 APT_PACKAGES := libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6 chromium
 
-.PHONY: check-coverage bench setup test test-fast demo branch-demo monitors-demo run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate screen formal audit report setup-lerobot test-lerobot
+.PHONY: check-coverage bench setup test test-fast demo branch-demo monitors-demo judge-demo train-judge run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate screen formal audit report setup-lerobot test-lerobot
 
 setup: $(VENV)/.setup-done
 
@@ -76,6 +76,18 @@ monitors-demo: setup
 	$(CLI) report $(MONITORS_RUN) --videos 0
 	@echo "open $(MONITORS_RUN)/report/index.html (section: Runtime monitors)"
 
+# Success judges under shift (FailBench-style, paired and stage-labelled): the monitors corpus exported
+# as a judge set (frames replayed from the step logs), judged by the built-in end-state classifier and
+# scored beside the length-only baseline (make monitors-demo first; README: measured time).
+JUDGE_SET ?= $(MONITORS_RUN)/judge-set
+JUDGE_ARGS ?=
+judge-demo: setup
+	@test -f $(MONITORS_RUN)/manifest.json || { echo "no run at $(MONITORS_RUN): run make monitors-demo first"; exit 1; }
+	$(CLI) export-judge $(MONITORS_RUN) --out $(JUDGE_SET) --workers $(WORKERS) $(JUDGE_ARGS)
+	$(CLI) judge $(JUDGE_SET) --judge end-state
+	$(CLI) score-judge $(JUDGE_SET) $(JUDGE_SET)/predictions/end-state.csv
+	@echo "open $(JUDGE_SET)/scores/scores.md"
+
 screen: setup
 	$(CLI) screen --backend $(BACKEND) --policy $(POLICY) --workers $(WORKERS) --executor $(EXECUTOR) --run-dir $(RUN)
 
@@ -111,6 +123,10 @@ check-coverage: setup
 # Regenerate the reference policy's weights (data rendering + training, ~30-45 min on 2 cores).
 train-reference: setup
 	$(CLI) train-reference --workers $(WORKERS)
+
+# The end-state judge's weights, from fixed seeds: clean judge-training rollouts of reference, expert and random.
+train-judge: setup
+	$(CLI) train-judge --workers $(WORKERS)
 
 # Protocol steps (PROTOCOL.md sections 3-5); each exits non-zero when a check fails.
 validate-stages: setup

@@ -343,6 +343,27 @@ def test_the_end_state_judge_trains_on_judge_sets_and_judges_every_sample(export
         judge._net("Lift")
 
 
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_export_and_judging_on_worker_processes_equal_the_in_process_results(exported, logged, tmp_path, executor):
+    from robocasa_shift.judging.endstate import TrainConfig, train
+
+    if executor == "ray":
+        pytest.importorskip("ray")
+    parallel = ExecutionConfig(executor=executor, workers=2, progress=False)
+    out = tmp_path / "set"
+    info = export_judge(logged, out, SETTINGS, parallel)
+    assert info["export_hash"] == JudgeSet(exported).export_hash  # the same bytes, wherever they were made
+    train([exported], tmp_path / "weights", TrainConfig(epochs=2))
+    options = {"weights_dir": str(tmp_path / "weights")}
+    run_judge(exported, "end-state", tmp_path / "inline.csv", options, QUIET)
+    run_judge(out, "end-state", tmp_path / "workers.csv", options, parallel, chunk=5)
+    inline, workers = (read_predictions(tmp_path / f"{n}.csv").sort_values("sample_id").reset_index(drop=True)
+                       for n in ("inline", "workers"))
+    assert inline["sample_id"].tolist() == workers["sample_id"].tolist()
+    assert inline["predicted_success"].tolist() == workers["predicted_success"].tolist()
+    assert np.allclose(inline["confidence"], workers["confidence"], atol=1e-5)  # thread counts may differ
+
+
 def test_the_committed_end_state_weights_match_their_manifest():
     from robocasa_shift.judging.endstate import MANIFEST, WEIGHTS_DIR
 

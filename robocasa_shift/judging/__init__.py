@@ -1,0 +1,1 @@
+"""Success judges under shift: a labelled judge benchmark exported from a run, judges, and their scores."""
