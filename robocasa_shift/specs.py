@@ -334,11 +334,19 @@ class Subgoal:
     description: str
     predicate: str
     args: Mapping[str, Any] = field(default_factory=dict)
+    group: Optional[str] = None  # unordered specs: the group (a chain of subgoals) this one belongs to
 
 
 @dataclass(frozen=True)
 class StageSpec:
-    """Ordered subgoals of one task, each a named simulator-state predicate."""
+    """Subgoals of one task, each a named simulator-state predicate.
+
+    Ordered (no subgoal names a ``group``): each latches only after the one before it. Unordered
+    (every subgoal names one): the groups are chains of consecutive subgoals, latched independently
+    of each other (a BDDL goal's conjuncts have no order); within a chain a subgoal that holds
+    latches its unlatched predecessors with it (a placement implies its grasp). The file's order is
+    the canonical order the first incomplete subgoal is read in.
+    """
 
     task: str
     backend: str
@@ -351,6 +359,22 @@ class StageSpec:
     @property
     def names(self) -> List[str]:
         return [g.id for g in self.subgoals]
+
+    @property
+    def unordered(self) -> bool:
+        return self.subgoals[0].group is not None
+
+    def chains(self) -> List[List[int]]:
+        """Subgoal indices per chain: one chain of all of them when ordered, one per group otherwise."""
+        if not self.unordered:
+            return [list(range(len(self.subgoals)))]
+        chains: List[List[int]] = []
+        for i, goal in enumerate(self.subgoals):
+            if i and goal.group == self.subgoals[i - 1].group:
+                chains[-1].append(i)
+            else:
+                chains.append([i])
+        return chains
 
 
 def load_stage_spec(backend: str, task: str, directory: Path | str | None = None) -> StageSpec:
@@ -376,17 +400,28 @@ def load_stage_spec(backend: str, task: str, directory: Path | str | None = None
         args = item.get("args", {}) or {}
         if not isinstance(args, dict):
             raise SpecError(path, prefix + "args", f"expected a mapping, got {args!r}")
+        group = item.get("group")
+        if group is not None and not isinstance(group, str):
+            raise SpecError(path, prefix + "group", f"expected a string, got {group!r}")
         subgoals.append(
             Subgoal(
                 id=_require(item, path, "id", str, prefix),
                 description=_require(item, path, "description", str, prefix),
                 predicate=_require(item, path, "predicate", str, prefix),
                 args=args,
+                group=group,
             )
         )
     ids = [g.id for g in subgoals]
     if len(set(ids)) != len(ids):
         raise SpecError(path, "subgoals", f"subgoal ids must be unique, got {ids}")
+    grouped = [g.group is not None for g in subgoals]
+    if any(grouped) and not all(grouped):
+        first = grouped.index(False) if grouped[0] else grouped.index(True)
+        raise SpecError(path, f"subgoals[{first}].group", "either every subgoal names a group (unordered groups) or none")
+    runs = [g.group for i, g in enumerate(subgoals) if g.group is not None and (i == 0 or subgoals[i - 1].group != g.group)]
+    if len(set(runs)) != len(runs):
+        raise SpecError(path, "subgoals", f"a group's subgoals must be consecutive; groups in order: {runs}")
     return StageSpec(
         task=task,
         backend=backend,

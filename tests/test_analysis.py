@@ -487,3 +487,14 @@ def test_write_analysis_writes_summary_and_tables(tmp_path, table):
     assert set(tables(returned)) == {"sr", "dsr", "transitions", "stages", "first_incomplete", "trend"}
     # the original columns of dsr.csv come first and unchanged; the new ones follow
     assert list(dsr.columns[:6]) == ["task", "condition", "n_pairs", "dsr", "ci_lo", "ci_hi"]
+
+
+def test_unordered_stage_specs_may_leave_an_earlier_subgoal_open_but_never_point_past_the_latched():
+    from robocasa_shift.analysis.measures import normalize
+
+    rows = [rollout("Alpha", 0, "clean", False, 2, 4), rollout("Alpha", 1, "clean", True, 4, 4)]
+    rows[0]["first_incomplete"] = 1  # a second conjunct done, the first still open: allowed
+    assert normalize(pd.DataFrame(rows))["first_incomplete"].tolist()[0] == 1
+    rows[0]["first_incomplete"] = 4  # beyond stages_completed + 1: impossible under either kind of spec
+    with pytest.raises(AnalysisError, match="first_incomplete outside"):
+        normalize(pd.DataFrame(rows))

@@ -165,6 +165,24 @@ def test_a_changed_manifest_or_image_is_refused(exported, tmp_path):
         JudgeSet(out)
 
 
+def test_a_forged_manifest_naming_a_file_outside_the_set_is_refused(exported, tmp_path):
+    out = tmp_path / "set"
+    shutil.copytree(exported, out)
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(b"not yours")
+    rows = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    camera = next(iter(rows[0]["end"]))
+    rows[0]["end"][camera] = "../secret.png"
+    rows[0]["media_sha256"]["../secret.png"] = hashlib.sha256(b"not yours").hexdigest()
+    text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
+    (out / "manifest.jsonl").write_text(text)
+    info = json.loads((out / "export.json").read_text())
+    info["export_hash"] = hashlib.sha256(text.encode()).hexdigest()  # a consistent forgery
+    (out / "export.json").write_text(json.dumps(info))
+    with pytest.raises(JudgeSetError, match="outside the set"):
+        JudgeSet(out).sample(rows[0]["sample_id"])
+
+
 # --------------------------------------------------------------------------- scoring, on a hand-made table
 
 

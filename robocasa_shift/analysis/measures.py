@@ -299,9 +299,11 @@ def _check_stage_columns(frame: pd.DataFrame) -> None:
     problems = {
         "n_stages missing or < 1": k.isna() | (k.fillna(0) < 1),
         "stages_completed missing or outside 0..n_stages": done.isna() | (done.fillna(-1) < 0) | (done > k).fillna(False),
-        # Latching makes the first incomplete subgoal g_{k+1}, or `complete` when all K latched.
-        "first_incomplete != stages_completed + 1 (empty only when all subgoals latched)": (
-            (first.isna() & (done != k).fillna(True)) | (first.notna() & (first != done + 1).fillna(True))
+        # Ordered latching makes the first incomplete subgoal g_{k+1}; unordered groups (BDDL conjuncts) may
+        # leave an earlier one open. Either way it is empty exactly when all K latched.
+        "first_incomplete outside 1..stages_completed + 1 (empty only when all subgoals latched)": (
+            (first.isna() & (done != k).fillna(True))
+            | (first.notna() & ((first < 1) | (first > done + 1) | (done == k)).fillna(True))
         ),
     }
     for problem, mask in problems.items():

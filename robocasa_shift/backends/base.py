@@ -47,6 +47,18 @@ class TaskInfo:
     randomization: str = ""
 
 
+@dataclass(frozen=True)
+class BaseEpisode:
+    """Which base episode a reset starts: its seed stream (phase) and index.
+
+    A backend that draws initial states from the seed ignores it; one with a fixed list of
+    initial states per task (LIBERO) picks one from it.
+    """
+
+    phase: str
+    index: int
+
+
 @runtime_checkable
 class Env(Protocol):
     """One live environment of a backend, kept across rollouts of one task.
@@ -63,8 +75,9 @@ class Env(Protocol):
     action_dim: int
     action_layout: ActionLayout  # where the arm, gripper and fixed entries of an action are
 
-    def reset(self, seed: int) -> None:
-        """Restore the nominal model, then reset to the initial state of ``seed``."""
+    def reset(self, seed: int, episode: Optional[BaseEpisode] = None) -> None:
+        """Restore the nominal model, then reset to the initial state of ``seed`` (and ``episode``, where the
+        backend's initial states are a fixed list)."""
 
     def step(self, action: np.ndarray) -> None:
         """One control step with an ``(action_dim,)`` action in the embodiment's layout."""

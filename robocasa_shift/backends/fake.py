@@ -187,7 +187,7 @@ class FakeEnv(PerturbableModel):
 
     # ------------------------------------------------------------------ reset, step, success
 
-    def reset(self, seed: int) -> None:
+    def reset(self, seed: int, episode=None) -> None:
         """Restore the nominal model, then draw the episode of ``seed`` (bit-identical in any process)."""
         self.restore_nominal()
         rng = np.random.default_rng(seed)
@@ -516,12 +516,12 @@ class FakePolicy(NumpySeededPolicy):
         self.api_token = api_token
         self._memory: Dict[str, np.ndarray] = {}
 
-    def reset(self, seed: int) -> None:
+    def reset(self, seed: int, episode=None) -> None:
         if seed == self.crash_on_seed:
             os.kill(os.getpid(), signal.SIGKILL)
         if seed == self.hang_on_seed:
             time.sleep(24 * 3600)
-        super().reset(seed)
+        super().reset(seed, episode)
         self._memory = {}
 
     def get_state(self) -> Dict[str, np.ndarray]:

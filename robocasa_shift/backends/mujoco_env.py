@@ -1,10 +1,12 @@
-"""What the MuJoCo-based backends (robosuite, RoboCasa) share: state, fingerprint, lights, cameras, rendering.
+"""What the MuJoCo-based backends (robosuite, RoboCasa, LIBERO) share: state, fingerprint, lights, cameras, rendering.
 
 A subclass builds its robosuite environment into ``self.raw``, sets
 ``render_profile``, the camera tuples and ``BASE_JOINTS``, and calls
 :meth:`MujocoEnv.bind` whenever the MuJoCo model is (re)built. It implements
 ``reset``, ``step``, ``is_success``, ``proprio``, ``privileged_state`` and the
 base-offset hooks, which differ between the embedded scenes and kitchens.
+robosuite 1.5 (robosuite, RoboCasa) and 1.4 (LIBERO) differ in how a robot holds
+its gripper, grasp site and controllers; :meth:`bind` reads either.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ PERTURBABLE = PerturbableTable(
     )
 )
 LIGHT_FIELDS = tuple(name for name in PERTURBABLE.names if "light_" in name)
+# A base offset is invalid if it creates a robot contact that penetrates deeper than this.
+PENETRATION_TOL_M = 1e-4
 
 
 def check_render_profile(render_profile: str) -> None:
@@ -58,7 +62,8 @@ class MujocoEnv(PerturbableModel):
     third_person_cameras: Sequence[str] = ()
     wrist_cameras: Sequence[str] = ()
     render_profile = "fast"
-    action_layout = LAYOUT  # PandaOmron's 12-D action, in both backends
+    action_layout = LAYOUT  # PandaOmron's 12-D action (robosuite, RoboCasa); LIBERO's fixed Panda has its own
+    BASE_JOINTS: Sequence[str] = BASE_JOINTS  # the mobile base's joints (none on a fixed base)
 
     def bind(self) -> None:
         """Read the handles of the current MuJoCo model (after construction, or after a model rebuild)."""
@@ -69,9 +74,13 @@ class MujocoEnv(PerturbableModel):
         self.model = self.sim.model._model
         self.data = self.sim.data._data
         self.robot = self.raw.robots[0]
-        self.gripper = self.robot.gripper["right"]
+        gripper, site = self.robot.gripper, self.robot.eef_site_id
+        # robosuite 1.5 keys them by arm ("right"); 1.4 holds the one arm's directly
+        self.gripper = gripper["right"] if isinstance(gripper, dict) else gripper
+        self._eef_site = site["right"] if isinstance(site, dict) else site
         self._cam_ids = {c: self.sim.model.camera_name2id(c) for c in tuple(self.third_person_cameras) + tuple(self.wrist_cameras)}
-        self._base_qpos_adr = [self.model.jnt_qposadr[self.sim.model.joint_name2id(j)] for j in BASE_JOINTS]
+        self._base_qpos_adr = [self.model.jnt_qposadr[self.sim.model.joint_name2id(j)] for j in self.BASE_JOINTS]
+        self._robot_root = self.sim.model.body_name2id(self.robot.robot_model.root_body)
         self._watch_last_substep()
 
     # ------------------------------------------------------------------ stepping
@@ -89,7 +98,7 @@ class MujocoEnv(PerturbableModel):
         self._substep: Optional[int] = None
         self._before_last: Optional[tuple] = None  # (control step, integration state)
         self._substeps = int(self.raw.control_timestep / self.raw.model_timestep)  # robosuite's own count
-        for name in ("step", "step2"):
+        for name in [n for n in ("step", "step2") if hasattr(type(self.sim), n)]:  # 1.4 has no step2
             original = getattr(type(self.sim), name).__get__(self.sim)
 
             def integrate(*args, _original=original, **kwargs):
@@ -153,12 +162,13 @@ class MujocoEnv(PerturbableModel):
 
     def eef_pos(self) -> np.ndarray:
         """The gripper's grasp site in the world frame (a live view)."""
-        return self.data.site_xpos[self.robot.eef_site_id["right"]]
+        return self.data.site_xpos[self._eef_site]
 
     # ------------------------------------------------------------------ state: snapshot, restore, fingerprint
 
     def _controllers(self):
-        return self.robot.composite_controller.part_controllers.items()
+        composite = getattr(self.robot, "composite_controller", None)  # robosuite 1.5; 1.4 has one arm controller
+        return composite.part_controllers.items() if composite is not None else [("arm", self.robot.controller)]
 
     def _controller_state(self, full: bool) -> Dict[str, np.ndarray]:
         """Controller state: ``full`` copies every numeric attribute (snapshots); otherwise the
@@ -299,3 +309,33 @@ class MujocoEnv(PerturbableModel):
         """Write the camera's orientation; camera poses update only in ``mj_forward``."""
         self.model.cam_quat[self._cam_ids[camera]] = quat
         self._mujoco.mj_forward(self.model, self.data)
+
+    # ------------------------------------------------------------------ hook: base (a collision check both use)
+
+    def _robot_contacts(self) -> Dict[tuple, float]:
+        m, d = self.model, self.data
+        out: Dict[tuple, float] = {}
+        for i in range(d.ncon):
+            c = d.contact[i]
+            roots = (m.body_rootid[m.geom_bodyid[c.geom1]], m.body_rootid[m.geom_bodyid[c.geom2]])
+            if (roots[0] == self._robot_root) != (roots[1] == self._robot_root):
+                key = (min(c.geom1, c.geom2), max(c.geom1, c.geom2))
+                out[key] = min(out.get(key, 0.0), float(c.dist))
+        return out
+
+    def base_offset_problem(self, offset: Mapping[str, float]) -> Optional[str]:
+        """Why ``offset`` gives an invalid initial state (robot in collision), or None; leaves the state (and the
+        model, where the offset moves a body) as it was."""
+        saved, model = self.get_state(), self.model_values()
+        before = self._robot_contacts()
+        try:
+            self.set_base_offset(offset)
+            after = self._robot_contacts()
+        finally:
+            self.PERTURBABLE.restore(self.model, model)
+            self.set_state(saved)
+        for key, dist in after.items():
+            if dist < -PENETRATION_TOL_M and dist < before.get(key, 0.0) - PENETRATION_TOL_M:
+                g1, g2 = (self.sim.model.geom_id2name(g) or f"geom{g}" for g in key)
+                return f"robot in collision: {g1} / {g2} penetrate {-dist * 1000:.1f} mm"
+        return None

@@ -413,7 +413,7 @@ class RobocasaEnv(MujocoEnv):
 
     # ------------------------------------------------------------------ reset, step, success
 
-    def reset(self, seed: int) -> None:
+    def reset(self, seed: int, episode=None) -> None:
         """Reset to the initial state of ``seed`` (bit-identical for one seed, in any process)."""
         self._seed = int(seed)
         self._reset(None)

@@ -39,8 +39,6 @@ THIRD_PERSON_CAMERAS = ("robot0_robotview",)
 WRIST_CAMERAS = ("robot0_eye_in_hand",)
 # robosuite macros (global settings, overridable by a private file) that change rollouts.
 MACROS_THAT_CHANGE_ROLLOUTS = ("SIMULATION_TIMESTEP", "ENABLE_NUMBA", "USING_INSTANCE_RANDOMIZATION", "IMAGE_CONVENTION")
-# A base offset is invalid if it creates a robot contact that penetrates deeper than this.
-PENETRATION_TOL_M = 1e-4
 
 
 def _import_robosuite():
@@ -87,12 +85,11 @@ class RobosuiteEnv(MujocoEnv):
         self._context = None
         self._obs: Dict[str, np.ndarray] = {}
         self._nominal = self.model_values()
-        self._robot_root = self.sim.model.body_name2id(self.robot.robot_model.root_body)
         self.steps = 0
 
     # ------------------------------------------------------------------ reset, step, success
 
-    def reset(self, seed: int) -> None:
+    def reset(self, seed: int, episode=None) -> None:
         """Reset to the initial state of ``seed``: the same seed gives a bit-identical state in any process."""
         self.restore_nominal()
         rng = np.random.default_rng(seed)
@@ -189,33 +186,6 @@ class RobosuiteEnv(MujocoEnv):
         self.data.qpos[self._base_qpos_adr] = [offset["forward_m"], offset["side_m"], np.deg2rad(offset["yaw_deg"])]
         self._mujoco.mj_forward(self.model, self.data)
         self._obs = self.raw._get_observations(force_update=True)
-
-    def _robot_contacts(self) -> Dict[tuple, float]:
-        m, d = self.model, self.data
-        out: Dict[tuple, float] = {}
-        for i in range(d.ncon):
-            c = d.contact[i]
-            roots = (m.body_rootid[m.geom_bodyid[c.geom1]], m.body_rootid[m.geom_bodyid[c.geom2]])
-            if (roots[0] == self._robot_root) != (roots[1] == self._robot_root):
-                key = (min(c.geom1, c.geom2), max(c.geom1, c.geom2))
-                out[key] = min(out.get(key, 0.0), float(c.dist))
-        return out
-
-    def base_offset_problem(self, offset: Mapping[str, float]) -> Optional[str]:
-        """Why ``offset`` gives an invalid initial state (robot in collision), or None; leaves the state as it was."""
-        saved = self.get_state()
-        before = self._robot_contacts()
-        try:
-            self.set_base_offset(offset)
-            after = self._robot_contacts()
-        finally:
-            self.set_state(saved)
-        for key, dist in after.items():
-            if dist < -PENETRATION_TOL_M and dist < before.get(key, 0.0) - PENETRATION_TOL_M:
-                g1, g2 = (self.sim.model.geom_id2name(g) or f"geom{g}" for g in key)
-                return f"robot in collision: {g1} / {g2} penetrate {-dist * 1000:.1f} mm"
-        return None
-
 
 class RobosuiteBackend(TaskTable):
     """Tasks Lift, Stack, PickPlaceCan and NutAssemblySquare on PandaOmron."""

@@ -109,7 +109,7 @@ def validate_stages(
                 break
         rows, initial_holds = [], []
         for key, path, demo in demos:
-            env.reset(demo["meta"]["env_seed"])
+            prepare_episode(env, protocol, key)  # the demo's key: the same initial state it was recorded from
             initial_ok = np.array_equal(env.get_state()["integration"], demo["states"][0])
             env.set_physics_state(demo["states"][0])
             holds, initial_errors = StageTracker(spec).evaluate_all(env, 0)
@@ -117,7 +117,7 @@ def validate_stages(
             replay = replay_states(env, spec, demo["states"])
             replay["holding_errors"] = initial_errors + replay["holding_errors"]
             # the actions reproduce the states bit for bit from the seeded reset
-            env.reset(demo["meta"]["env_seed"])
+            prepare_episode(env, protocol, key)
             exact = initial_ok
             for t, action in enumerate(demo["actions"], start=1):
                 env.step(action)
@@ -227,11 +227,13 @@ def validate_pairing(
         env = b.make(task)
         spec = specs.load_stage_spec(backend, task)
         fingerprints: Dict[int, List[str]] = {}
-        for ep in episodes:
+        for i, ep in enumerate(episodes):
             key = RolloutKey(phase, task, ep, "clean")
             first = prepare_episode(env, protocol, key)
-            # disturb: another episode, and a perturbed rollout that edits the model
-            prepare_episode(env, protocol, RolloutKey(phase, task, ep + 1000, "clean"))
+            # disturb: another episode of the phase (a fixed list of initial states may hold no other one
+            # far away), and a perturbed rollout that edits the model
+            other = episodes[(i + 1) % len(episodes)] if len(episodes) > 1 else ep + 1
+            prepare_episode(env, protocol, RolloutKey(phase, task, other, "clean"))
             run_rollout(env, pol, RolloutKey(phase, task, ep, "camera:L3"), protocol, spec, backend, horizon=5)
             run_rollout(env, pol, RolloutKey(phase, task, ep, "illumination:L3"), protocol, spec, backend, horizon=5)
             fingerprints[ep] = [first, prepare_episode(env, protocol, key), prepare_episode(env, protocol, key)]

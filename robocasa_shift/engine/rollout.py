@@ -21,7 +21,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from robocasa_shift import seeding
-from robocasa_shift.backends.base import cameras_for_roles
+from robocasa_shift.backends.base import BaseEpisode, cameras_for_roles
 from robocasa_shift.engine.perturbations import applied_perturbation, factor_kind
 from robocasa_shift.engine.records import Record, RolloutKey
 from robocasa_shift.engine.stages import StageTracker
@@ -59,7 +59,7 @@ class Observer:
 
 def prepare_episode(env, protocol: Protocol, key: RolloutKey) -> str:
     """Reset to the key's base episode; return the pre-perturbation fingerprint."""
-    env.reset(seeding.env_seed(protocol.study_seed, key.task, key.phase, key.episode))
+    env.reset(seeding.env_seed(protocol.study_seed, key.task, key.phase, key.episode), BaseEpisode(key.phase, key.episode))
     return env.fingerprint()
 
 

@@ -1,10 +1,16 @@
-"""StageTracker: ordered, latched subgoals evaluated on the post-step simulator state.
+"""StageTracker: latched subgoals evaluated on the post-step simulator state.
 
 After every ``env.step`` the tracker evaluates the predicate of the current
 subgoal; when it holds, the subgoal latches with that step as its completion
 step and the next subgoal is evaluated on the same state (several may latch
 in one step). Latched subgoals are never re-evaluated, so the result is the
-deepest milestone reached. Predicates are side-effect-free functions of the
+deepest milestone reached.
+
+A spec of unordered groups (``StageSpec.unordered``: a BDDL goal's conjuncts)
+tracks each group's chain on its own: every step, the deepest unlatched member
+of each chain that holds latches, with its chain's unlatched predecessors (a
+placement implies its grasp). Depth is the number of subgoals latched; the
+first incomplete subgoal is the first unlatched one in the spec's order. Predicates are side-effect-free functions of the
 simulator state, registered by name per backend and referenced from stage
 spec files. An exception in a predicate stops the tracker and is recorded as
 a StageTracker error; it is never read as False.
@@ -54,8 +60,8 @@ class StageResult:
 
     @property
     def first_incomplete(self) -> Optional[int]:
-        """1-based index of the first incomplete subgoal; None when all latched."""
-        return None if self.completed == self.n_stages else self.completed + 1
+        """1-based index of the first incomplete subgoal (in the spec's order); None when all latched."""
+        return next((i + 1 for i, s in enumerate(self.stage_steps) if s is None), None)
 
     @property
     def progress(self) -> float:
@@ -119,6 +125,8 @@ class StageTracker:
 
     def update(self, env, step: int) -> List[str]:
         """Evaluate on the post-step state of control step ``step``; return the subgoals that latched."""
+        if self.spec.unordered:
+            return self._update_groups(env, step)
         latched = []
         while self.error is None and self._next < len(self.functions):
             holds, self.error = self._evaluate(self._next, env, step)
@@ -128,6 +136,22 @@ class StageTracker:
             latched.append(self.spec.subgoals[self._next].id)
             self._next += 1
         return latched
+
+    def _update_groups(self, env, step: int) -> List[str]:
+        latched: List[int] = []
+        for chain in self.spec.chains():
+            for index in reversed([i for i in chain if self.stage_steps[i] is None]):
+                if self.error is not None:
+                    return [self.spec.subgoals[i].id for i in sorted(latched)]
+                holds, self.error = self._evaluate(index, env, step)
+                if holds:
+                    for earlier in chain[: chain.index(index) + 1]:
+                        if self.stage_steps[earlier] is None:
+                            self.stage_steps[earlier] = step
+                            latched.append(earlier)
+                    break
+        self._next = sum(s is not None for s in self.stage_steps)
+        return [self.spec.subgoals[i].id for i in sorted(latched)]
 
     def evaluate_all(self, env, step: Optional[int] = None) -> Tuple[Dict[str, Optional[bool]], List[str]]:
         """Evaluate every predicate on the current state, independently of latching, with the errors.
