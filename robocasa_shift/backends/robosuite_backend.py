@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from importlib import metadata
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping
 
 import numpy as np
 
