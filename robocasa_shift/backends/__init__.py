@@ -7,6 +7,7 @@ from robocasa_shift.registry import Registry
 BACKENDS: Registry[type] = Registry("backend", "robocasa_shift.backends")
 BACKENDS.register("robosuite", "robocasa_shift.backends.robosuite_backend:RobosuiteBackend")
 BACKENDS.register("robocasa", "robocasa_shift.backends.robocasa_backend:RobocasaBackend")
+BACKENDS.register("libero", "robocasa_shift.backends.libero_backend:LiberoBackend")  # in .venv-libero
 BACKENDS.register("fake", "robocasa_shift.backends.fake:FakeBackend")  # the testing backend (no simulator)
 
 

@@ -127,8 +127,19 @@ class MujocoEnv(PerturbableModel):
     # ------------------------------------------------------------------ rendering
 
     def _render_context(self):
-        """The offscreen context frames are rendered with."""
-        raise NotImplementedError
+        """The harness's own offscreen context (robosuite's binding), built on first use with the render profile's flags."""
+        if self._context is None:
+            from robosuite.utils.binding_utils import MjRenderContextOffscreen
+
+            profile = RENDER_PROFILES[self.render_profile]
+            if profile["offsamples"] is not None:
+                # read when the offscreen framebuffer is created, so set it first
+                self.model.vis.quality.offsamples = profile["offsamples"]
+            self._context = MjRenderContextOffscreen(self.sim, device_id=-1)
+            flags = self._context.scn.flags
+            flags[self._mujoco.mjtRndFlag.mjRND_SHADOW] = int(profile["shadows"])
+            flags[self._mujoco.mjtRndFlag.mjRND_REFLECTION] = int(profile["reflections"])
+        return self._context
 
     def render(self, camera: str, size: int) -> np.ndarray:
         """One RGB frame (uint8, size x size x 3, top row first) of the current state."""

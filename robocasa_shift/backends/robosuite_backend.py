@@ -25,7 +25,7 @@ from typing import Any, Dict, Mapping
 import numpy as np
 
 from robocasa_shift.backends.base import TaskTable
-from robocasa_shift.backends.mujoco_env import RENDER_PROFILES, MujocoEnv, check_render_profile
+from robocasa_shift.backends.mujoco_env import MujocoEnv, check_render_profile
 from robocasa_shift.backends.robosuite_tasks import TASKS, RobosuiteTask
 from robocasa_shift.engine.stages import predicate
 from robocasa_shift.errors import BackendUnavailable
@@ -111,21 +111,6 @@ class RobosuiteEnv(MujocoEnv):
         return bool(self.raw._check_success())
 
     # ------------------------------------------------------------------ observations
-
-    def _render_context(self):
-        """The harness's own offscreen context, built on first use with the render profile's flags."""
-        if self._context is None:
-            from robosuite.utils.binding_utils import MjRenderContextOffscreen
-
-            profile = RENDER_PROFILES[self.render_profile]
-            if profile["offsamples"] is not None:
-                # read when the offscreen framebuffer is created, so set it first
-                self.model.vis.quality.offsamples = profile["offsamples"]
-            self._context = MjRenderContextOffscreen(self.sim, device_id=-1)
-            flags = self._context.scn.flags
-            flags[self._mujoco.mjtRndFlag.mjRND_SHADOW] = int(profile["shadows"])
-            flags[self._mujoco.mjtRndFlag.mjRND_REFLECTION] = int(profile["reflections"])
-        return self._context
 
     def proprio(self) -> Dict[str, np.ndarray]:
         """The robot's own sensing, in robosuite's names (quaternions x, y, z, w)."""

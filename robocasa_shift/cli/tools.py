@@ -90,4 +90,27 @@ def bench_command(repeats: int, steps: int, rollouts: int, policy: str, out: Pat
     click.echo(f"wrote {out}")
 
 
-COMMANDS = [freeze_command, train_reference_command, bench_command]
+@click.command(name="libero-stage-specs")
+@click.option("--task", "task_opts", multiple=True, default=("all",), show_default=True,
+              help="LIBERO task(s), e.g. spatial-0 or long-3 (comma list); 'all': Spatial, Object, Goal and 10.")
+@click.option("--out", default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder [default: stage_specs/libero].")
+@handle_errors
+def libero_stage_specs_command(task_opts, out: Optional[Path]) -> None:
+    """Generate LIBERO stage specs from the tasks' BDDL goals (in .venv-libero).
+
+    Each goal conjunct becomes an unordered group: a grasp (or touch) of the object it
+    moves, then the conjunct by LIBERO's own predicate. A spec already there with
+    other content is refused, never overwritten.
+    """
+    from robocasa_shift.backends.libero_stages import generate
+    from robocasa_shift.backends.libero_tasks import task_names
+    from robocasa_shift.specs import STAGE_SPECS_DIR
+
+    names = [n.strip() for v in task_opts for n in v.split(",") if n.strip()]
+    tasks = list(task_names()) if names in ([], ["all"]) else names
+    for task, what in generate(tasks, out or STAGE_SPECS_DIR / "libero").items():
+        click.echo(f"  {task:<12} {what}")
+
+
+COMMANDS = [freeze_command, train_reference_command, bench_command, libero_stage_specs_command]

@@ -188,6 +188,7 @@ class Rollout:
                 step=self.step_index,
                 privileged=self.env.privileged_state() if self.policy.privileged else None,
                 task=self.key.task,
+                action_layout=self.env.action_layout,
             )
             self.timing["render_s"] += time.perf_counter() - t0
             return obs

@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from robocasa_shift.embodiments import ActionLayout
 from robocasa_shift.errors import StateUnsupported
 from robocasa_shift.seeding import rng_state_hash
 
@@ -33,6 +34,8 @@ class Observation:
             that act per task (``expert``, ``reference``) read it instead of guessing
             the task from the instruction or the scene. Keyword-only, so a
             positional construction written before it existed fails loudly.
+        action_layout: the embodiment's action layout (PandaOmron's 12-D when None):
+            what a generic policy (``random``) builds its actions in.
     """
 
     images: Dict[str, np.ndarray]
@@ -42,6 +45,7 @@ class Observation:
     step: int
     privileged: Optional[Dict[str, np.ndarray]] = None
     task: str = field(kw_only=True)
+    action_layout: Optional[ActionLayout] = field(default=None, kw_only=True)
 
 
 class Policy:

@@ -7,7 +7,17 @@ from typing import Callable, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from robocasa_shift.embodiments.panda_omron import ACTION_DIM, ARM_MODE, ARM_POS, ARM_ROT, CLOSE, GRIPPER, MODE, OPEN
+from robocasa_shift.embodiments.panda_omron import (
+    ACTION_DIM,
+    ARM_MODE,
+    ARM_POS,
+    ARM_ROT,
+    CLOSE,
+    GRIPPER,
+    LAYOUT,
+    MODE,
+    OPEN,
+)
 from robocasa_shift.geometry import quat_xyzw_to_mat, wrap
 from robocasa_shift.policies.base import NumpySeededPolicy, Observation, Policy, pack_arrays, unpack_arrays
 
@@ -257,14 +267,16 @@ class ExpertPolicy(Policy):
 
 
 class RandomPolicy(NumpySeededPolicy):
-    """Uniform random arm and gripper actions; the base stays still. A negative control."""
+    """Uniform random arm and gripper actions, in the embodiment's layout; a mobile base stays still.
+    A negative control."""
 
     name = "random"
 
     def act(self, obs: Observation) -> np.ndarray:
-        action = np.zeros(ACTION_DIM)
-        action[ARM_POS] = self.rng.uniform(-1.0, 1.0, 3)
-        action[ARM_ROT] = self.rng.uniform(-1.0, 1.0, 3)
-        action[GRIPPER] = self.rng.choice([OPEN, CLOSE])
-        action[MODE] = ARM_MODE
+        layout = obs.action_layout or LAYOUT
+        action = np.zeros(layout.dim)
+        action[list(layout.arm_continuous)] = self.rng.uniform(-1.0, 1.0, len(layout.arm_continuous))
+        action[layout.gripper] = self.rng.choice([layout.open, layout.close])
+        for index, value in layout.fixed.items():
+            action[index] = value
         return action[None]

