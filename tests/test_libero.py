@@ -12,8 +12,13 @@ import pytest
 import yaml
 
 from robocasa_shift.backends.libero_stages import stage_spec_content, write_stage_spec
-from robocasa_shift.backends.libero_tasks import (INITIAL_STATES, PHASE_SHARES, initial_state_index, parse_task,
-                                                  task_names)
+from robocasa_shift.backends.libero_tasks import (
+    INITIAL_STATES,
+    PHASE_SHARES,
+    initial_state_index,
+    parse_task,
+    task_names,
+)
 from robocasa_shift.errors import BadInput, FrozenSpecError
 from robocasa_shift.specs import STAGE_SPECS_DIR, load_stage_spec
 
