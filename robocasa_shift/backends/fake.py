@@ -516,12 +516,12 @@ class FakePolicy(NumpySeededPolicy):
         self.api_token = api_token
         self._memory: Dict[str, np.ndarray] = {}
 
-    def reset(self, seed: int, episode=None) -> None:
+    def reset(self, seed: int) -> None:
         if seed == self.crash_on_seed:
             os.kill(os.getpid(), signal.SIGKILL)
         if seed == self.hang_on_seed:
             time.sleep(24 * 3600)
-        super().reset(seed, episode)
+        super().reset(seed)
         self._memory = {}
 
     def get_state(self) -> Dict[str, np.ndarray]:
