@@ -52,6 +52,7 @@ from robocasa_shift.backends.mujoco_env import MujocoEnv, check_render_profile
 from robocasa_shift.embodiments.panda import LAYOUT, NO_OP
 from robocasa_shift.engine.stages import predicate
 from robocasa_shift.errors import BackendUnavailable, BadInput, UnknownNameError
+from robocasa_shift.geometry import axis_angle_quat, quat_mul
 
 CONTROL_FREQ_HZ = 20
 THIRD_PERSON_CAMERAS = ("agentview",)
@@ -83,18 +84,6 @@ def _libero_task(task: LiberoTask):
     suite = benchmark.get_benchmark_dict()[task.benchmark]()
     record = suite.get_task(task.index)
     return suite, record, os.path.join(get_libero_path("bddl_files"), record.problem_folder, record.bddl_file)
-
-
-def _quat_z(yaw_rad: float) -> np.ndarray:
-    """A rotation about the vertical (w, x, y, z)."""
-    return np.array([np.cos(yaw_rad / 2), 0.0, 0.0, np.sin(yaw_rad / 2)])
-
-
-def _quat_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    w1, x1, y1, z1 = a
-    w2, x2, y2, z2 = b
-    return np.array([w1 * w2 - x1 * x2 - y1 * y2 - z1 * z2, w1 * x2 + x1 * w2 + y1 * z2 - z1 * y2,
-                     w1 * y2 - x1 * z2 + y1 * w2 + z1 * x2, w1 * z2 + x1 * y2 - y1 * x2 + z1 * w2])
 
 
 def _yaw_of(quat: np.ndarray) -> float:
@@ -188,13 +177,34 @@ class LiberoEnv(MujocoEnv):
 
     def privileged_state(self) -> Dict[str, np.ndarray]:
         """Object and region poses read from the simulator (only the ``expert`` sees them): ``<name>_pos`` for
-        every object, fixture and site of the scene, ``<name>_quat`` (w, x, y, z) for bodies."""
+        every object, fixture and site of the scene, ``<name>_quat`` (w, x, y, z) for bodies; and, for the
+        goal's first two-argument conjunct (``On``/``In``: what to move where), ``goal_object_*`` and
+        ``goal_target_*``: ``pos`` and the world-aligned box ``min``/``max`` around their geoms."""
         out: Dict[str, np.ndarray] = {}
         for name in self.raw.object_states_dict:
             out[f"{name}_pos"] = self.point(name).copy()
         for name, body in self.raw.obj_body_id.items():
             out[f"{name}_quat"] = self.data.xquat[body].copy()
+        binary = next((c for c in self.goal if len(c) == 3), None)
+        if binary is not None:
+            for role, name in (("goal_object", binary[1]), ("goal_target", binary[2])):
+                low, high = self.extent(name)
+                out.update({f"{role}_pos": self.point(name).copy(), f"{role}_min": low, f"{role}_max": high})
         return out
+
+    def extent(self, name: str):
+        """The world-aligned box (min, max corners) around the object's collision geoms (a region: its parent's)."""
+        m, d = self.model, self.data
+        body = self.sim.model.body_name2id(self.object_of(name).root_body)
+        root = m.body_rootid[body]
+        corners = []
+        collides = (m.geom_contype != 0) | (m.geom_conaffinity != 0)
+        for g in np.flatnonzero((m.body_rootid[m.geom_bodyid] == root) & collides):
+            centre, half = m.geom_aabb[g, :3], m.geom_aabb[g, 3:]
+            local = centre + half * np.array([[x, y, z] for x in (-1, 1) for y in (-1, 1) for z in (-1, 1)])
+            corners.append(d.geom_xpos[g] + local @ d.geom_xmat[g].reshape(3, 3).T)
+        points = np.concatenate(corners)
+        return points.min(axis=0), points.max(axis=0)
 
     def point(self, name: str) -> np.ndarray:
         """World position of an object, fixture or region site named in the BDDL file."""
@@ -229,7 +239,8 @@ class LiberoEnv(MujocoEnv):
         """Move the robot's root body by (forward, side) in its own frame and turn it by yaw about the vertical."""
         pos0, quat0, forward, side = self._root_frame()
         self.model.body_pos[self._robot_root] = pos0 + offset["forward_m"] * forward + offset["side_m"] * side
-        self.model.body_quat[self._robot_root] = _quat_mul(_quat_z(np.deg2rad(offset["yaw_deg"])), quat0)
+        turn = axis_angle_quat((0.0, 0.0, 1.0), np.deg2rad(offset["yaw_deg"]))
+        self.model.body_quat[self._robot_root] = quat_mul(turn, quat0)
         self._mujoco.mj_forward(self.model, self.data)
         self._obs = self.raw._get_observations(force_update=True)
 

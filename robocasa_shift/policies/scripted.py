@@ -8,14 +8,9 @@ from typing import Callable, Dict, List, Mapping, Optional
 import numpy as np
 
 from robocasa_shift.embodiments.panda_omron import (
-    ACTION_DIM,
-    ARM_MODE,
-    ARM_POS,
     ARM_ROT,
     CLOSE,
-    GRIPPER,
     LAYOUT,
-    MODE,
     OPEN,
 )
 from robocasa_shift.geometry import quat_xyzw_to_mat, wrap
@@ -38,15 +33,14 @@ def yaw_of_wxyz(q: np.ndarray) -> float:
     return float(np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z)))
 
 
-def arm_action(proprio: Dict[str, np.ndarray], target_world: np.ndarray, grip: float, yaw_rate: float = 0.0) -> np.ndarray:
-    """An arm-mode action moving the gripper toward a world-frame target (the controller reads the base frame)."""
-    base_rot = quat_xyzw_to_mat(proprio["robot0_base_quat"])
-    delta = base_rot.T @ (np.asarray(target_world) - proprio["robot0_eef_pos"])
-    action = np.zeros(ACTION_DIM)
-    action[ARM_POS] = np.clip(POS_GAIN * delta, -1.0, 1.0)
-    action[ARM_ROT] = [0.0, 0.0, np.clip(yaw_rate, -1.0, 1.0)]
-    action[GRIPPER] = grip
-    action[MODE] = ARM_MODE
+def arm_action(proprio: Dict[str, np.ndarray], target_world: np.ndarray, grip: float, yaw_rate: float = 0.0,
+               layout=LAYOUT) -> np.ndarray:
+    """An arm action moving the gripper toward a world-frame target, in ``layout``: PandaOmron's controller
+    reads its base frame; a fixed Panda's (LIBERO) reads the world frame. ``grip``: +1 close, -1 open."""
+    rotation = quat_xyzw_to_mat(proprio["robot0_base_quat"]) if "robot0_base_quat" in proprio else np.eye(3)
+    delta = rotation.T @ (np.asarray(target_world) - proprio["robot0_eef_pos"])
+    action = layout.arm_action(np.clip(POS_GAIN * delta, -1.0, 1.0), layout.close if grip == CLOSE else layout.open)
+    action[ARM_ROT.stop - 1] = np.clip(yaw_rate, -1.0, 1.0)  # the hand's yaw: index 5 in both layouts
     return action
 
 
@@ -91,6 +85,7 @@ class ExpertPolicy(Policy):
             "PickPlaceCan": self._pick("can", lift_to=0.30) + self._place_on_point(self._bin_target, "can", high=0.32),
             "NutAssemblySquare": self._nut_plan(),
         }
+        self._goal_plan = self._pick_and_place_goal()  # LIBERO: the goal's first On/In conjunct
         self.reset(0)
 
     def reset(self, seed: int) -> None:
@@ -244,15 +239,86 @@ class ExpertPolicy(Policy):
             Phase("retreat", away, OPEN, after(10**6)),
         ]
 
+    @staticmethod
+    def _pick_and_place_goal() -> List[Phase]:
+        """Pick ``goal_object`` and put it on or in ``goal_target`` (LIBERO-Spatial and -Object: one On/In goal).
+
+        Read live from the scene's boxes (``goal_*_min``/``max``): a bowl (wider than the fingers open)
+        is taken by its rim where the fingers' closing axis crosses it; anything narrower, from above
+        its centre, 2.5 cm below its top. It is carried 15 cm above the higher of the two and let go
+        3 cm above the target's top.
+        """
+        opening_m = 0.07  # what the Panda's fingers span, with a margin
+
+        def grasp_point(obs, memo):
+            p = obs.privileged
+            low, high = p["goal_object_min"], p["goal_object_max"]
+            centre = (low + high) / 2
+            axis = quat_xyzw_to_mat(obs.proprio["robot0_eef_quat"])[:, 1]
+            axis = np.array([axis[0], axis[1], 0.0]) / max(np.linalg.norm(axis[:2]), 1e-9)
+            half = float(np.abs(axis[:2]) @ ((high - low)[:2] / 2))
+            point = np.array([centre[0], centre[1], high[2] - min(0.025, 0.4 * (high[2] - low[2]))])
+            if 2 * half > opening_m:  # a rim: the near wall along the closing axis
+                side = np.sign(axis[:2] @ (obs.proprio["robot0_eef_pos"][:2] - centre[:2])) or 1.0
+                point[:2] += side * (half - 0.012) * axis[:2]
+                point[2] = high[2] - 0.015
+            memo.setdefault("grasp_offset", point - p["goal_object_pos"])
+            return p["goal_object_pos"] + memo["grasp_offset"]
+
+        def above(obs, memo):
+            return grasp_point(obs, memo) + [0, 0, 0.10]
+
+        def hold(obs, memo):
+            memo.setdefault("hold", obs.proprio["robot0_eef_pos"].copy())
+            return memo["hold"]
+
+        def carry_z(obs, memo):
+            p = obs.privileged
+            return memo.setdefault("carry_z", np.array([max(p["goal_object_max"][2], p["goal_target_max"][2]) + 0.15]))[0]
+
+        def up(obs, memo):
+            xy = memo["hold"]
+            return np.array([xy[0], xy[1], carry_z(obs, memo)])
+
+        def drop_point(obs, memo):
+            p = obs.privileged
+            # the held object's bottom 3 cm above the target's top, its centre over the target
+            lift = p["goal_object_pos"][2] - p["goal_object_min"][2]
+            point = np.array([p["goal_target_pos"][0], p["goal_target_pos"][1], p["goal_target_max"][2] + 0.03 + lift])
+            return point + (obs.proprio["robot0_eef_pos"] - p["goal_object_pos"])
+
+        def over(obs, memo):
+            t = drop_point(obs, memo)
+            return np.array([t[0], t[1], carry_z(obs, memo)])
+
+        def release_hold(obs, memo):
+            memo.setdefault("release_at", obs.proprio["robot0_eef_pos"].copy())
+            return memo["release_at"]
+
+        def away(obs, memo):
+            return memo["release_at"] + [0, 0, 0.10]
+
+        return [
+            Phase("approach", above, OPEN, reached(0.01, 0.02, max_steps=80)),
+            Phase("descend", grasp_point, OPEN, reached(0.006, 0.006, max_steps=40)),
+            Phase("close", hold, CLOSE, after(12)),
+            Phase("lift", up, CLOSE, reached(0.02, 0.02, max_steps=60)),
+            Phase("carry", over, CLOSE, reached(0.01, 0.03, max_steps=100)),
+            Phase("lower", drop_point, CLOSE, reached(0.008, 0.008, max_steps=50)),
+            Phase("release", release_hold, OPEN, after(10)),
+            Phase("retreat", away, OPEN, after(10**6)),
+        ]
+
     # -------------------------------------------------------------- acting
 
     def act(self, obs: Observation) -> np.ndarray:
         if obs.privileged is None:
             raise ValueError("the expert policy needs privileged state")
-        plan = self._plans.get(obs.task)
+        plan = self._plans.get(obs.task) or (self._goal_plan if "goal_object_pos" in obs.privileged else None)
         if plan is None:
             raise ValueError(f"the expert has no plan for task {obs.task!r}; it has plans for: "
-                             f"{', '.join(sorted(self._plans))}")
+                             f"{', '.join(sorted(self._plans))} and for scenes that name a goal object and target "
+                             f"(LIBERO's On/In goals)")
         while True:
             phase = plan[self._phase]
             self._memo["target"] = phase.target(obs, self._memo)
@@ -263,7 +329,7 @@ class ExpertPolicy(Policy):
             break
         self._steps_in_phase += 1
         yaw_rate = phase.yaw(obs, self._memo) if phase.yaw else 0.0
-        return arm_action(obs.proprio, self._memo["target"], phase.grip, yaw_rate)[None]
+        return arm_action(obs.proprio, self._memo["target"], phase.grip, yaw_rate, obs.action_layout or LAYOUT)[None]
 
 
 class RandomPolicy(NumpySeededPolicy):
