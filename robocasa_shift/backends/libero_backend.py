@@ -30,6 +30,9 @@ to the robot's own frame, with the same collision rejection as elsewhere
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
 import logging
 import os
 from importlib import metadata
@@ -77,11 +80,20 @@ def _import_libero():
     logging.getLogger("robosuite_logs").setLevel(logging.ERROR)
 
 
+@functools.lru_cache(maxsize=None)
+def _suite(benchmark_name: str):
+    """LIBERO's benchmark object of a suite, built once per process (it prints its task order: kept off the console)."""
+    from libero.libero import benchmark
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        return benchmark.get_benchmark_dict()[benchmark_name]()
+
+
 def _libero_task(task: LiberoTask):
     """LIBERO's own task record (name, language, BDDL file) and its bddl path."""
-    from libero.libero import benchmark, get_libero_path
+    from libero.libero import get_libero_path
 
-    suite = benchmark.get_benchmark_dict()[task.benchmark]()
+    suite = _suite(task.benchmark)
     record = suite.get_task(task.index)
     return suite, record, os.path.join(get_libero_path("bddl_files"), record.problem_folder, record.bddl_file)
 
