@@ -172,3 +172,44 @@ def test_a_paired_libero_run_audits_clean(tmp_path):
     assert records["illumination:L3"]["success"] and records["camera:L3"]["success"]
     result = audit_run(tmp_path / "run")
     assert result.passed, result.markdown
+
+
+@needs_libero
+def test_paired_libero_rollouts_through_the_openpi_client_with_the_libero_preset():
+    from test_openpi import StandInServer
+
+    from robocasa_shift import specs
+    from robocasa_shift.backends import get_backend
+    from robocasa_shift.engine.records import RolloutKey
+    from robocasa_shift.engine.rollout import Observer, run_rollout
+    from robocasa_shift.policies.openpi import OpenpiPolicy
+
+    class Recorder(Observer):
+        def on_start(self, env):
+            self.actions = []
+
+        def on_step(self, step, action, env, latched):
+            self.actions.append(np.array(action))
+
+    env = get_backend("libero").make("spatial-0")
+    server = StandInServer().start()
+    policy = OpenpiPolicy(host="127.0.0.1", port=server.port, preset="libero", timeout_s=10.0)
+    protocol, spec = specs.load_protocol(), load_stage_spec("libero", "spatial-0")
+    runs = {}
+    try:
+        for name, condition in (("clean", "clean"), ("camera", "camera:L3"), ("again", "clean")):
+            recorder = Recorder()
+            record = run_rollout(env, policy, RolloutKey("formal", "spatial-0", 0, condition), protocol, spec, "libero",
+                                 observer=recorder, horizon=15)
+            assert record.valid, record.error
+            runs[name] = (record, np.array(recorder.actions))
+    finally:
+        policy.close()
+        server.stop()
+        env.close()
+    clean, camera, again = (runs[k][0] for k in ("clean", "camera", "again"))
+    assert clean.env_fingerprint == camera.env_fingerprint == again.env_fingerprint
+    assert clean.policy_rng_fingerprint == camera.policy_rng_fingerprint == again.policy_rng_fingerprint
+    assert runs["clean"][1].shape == (15, 7) and clean.policy_calls == 3  # 5 of each 10-step chunk
+    assert np.array_equal(runs["clean"][1], runs["again"][1])
+    assert not np.array_equal(runs["clean"][1], runs["camera"][1])  # the rotated agentview reaches the model

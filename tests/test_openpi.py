@@ -28,6 +28,7 @@ from openpi_client import msgpack_numpy  # noqa: E402
 from robocasa_shift.errors import ActionFormatError, PolicyServerError, PolicyServerTimeout  # noqa: E402
 from robocasa_shift.policies.base import Observation  # noqa: E402
 from robocasa_shift.policies.openpi import (  # noqa: E402
+    PRESETS,
     RESET_MESSAGE_KEY,
     SEEDED_RESET_KEY,
     OpenpiPolicy,
@@ -55,6 +56,12 @@ def standin_infer(obs, rng):
         raise RuntimeError("stand-in model failure")
     if obs["prompt"] == "bad shape":
         return {"actions": np.zeros((CHUNK, 7), np.float32)}
+    if obs["observation/state"].shape == (8,):  # openpi's LIBERO example: 7-D actions, gripper -1/+1
+        brightness = obs["observation/image"].mean() / 255.0
+        actions = np.zeros((CHUNK, 7), np.float32)
+        actions[:, :3] = np.clip([0.2 * brightness, 0.0, 0.25], -1, 1) + 0.1 * rng.standard_normal((CHUNK, 3))
+        actions[:, 6] = np.where(rng.standard_normal(CHUNK) > 0, 1.0, -1.0)
+        return {"actions": actions}
     assert obs["observation/state"].dtype == np.float32 and obs["observation/state"].shape == (16,)
     brightness = obs["observation/image"].mean() / 255.0
     noise = rng.standard_normal((CHUNK, 7))
@@ -242,6 +249,40 @@ def test_action_layouts_place_every_column():
         flat_to_actions(chunk, ACTION_LAYOUTS["robocasa-lerobot"], 11)
     with pytest.raises(ActionFormatError, match="non-finite"):
         flat_to_actions(np.full((2, 12), np.nan), ACTION_LAYOUTS["robocasa-lerobot"])
+
+
+def libero_obs(size=8):
+    from robocasa_shift.embodiments.panda import LAYOUT
+
+    rng = np.random.default_rng(5)
+    images = {"agentview": rng.integers(0, 256, (size, size, 3), dtype=np.uint8),
+              "robot0_eye_in_hand": rng.integers(0, 256, (size, size, 3), dtype=np.uint8)}
+    proprio = {"robot0_eef_pos": np.array([-0.2, 0.0, 1.1]), "robot0_eef_axis_angle": np.array([3.1, 0.0, 0.1]),
+               "robot0_gripper_qpos": np.array([0.039, -0.039]), "robot0_eef_quat": np.array([1.0, 0, 0, 0])}
+    roles = {"agentview": "third_person", "robot0_eye_in_hand": "wrist"}
+    return Observation(images, roles, proprio, "put the bowl on the plate", 0, task="spatial-0", action_layout=LAYOUT)
+
+
+def test_the_libero_preset_sends_openpi_s_libero_observation_and_takes_7d_actions(server):
+    obs = libero_obs()
+    payload = observation_to_openpi(obs, **{k: v for k, v in PRESETS["libero"].items() if k != "action_layout"})
+    assert set(payload) == {"observation/image", "observation/wrist_image", "observation/state", "prompt"}
+    # robosuite's frames rotated by 180 degrees, as openpi's example feeds them: the upright frame mirrored
+    assert np.array_equal(payload["observation/image"], obs.images["agentview"][:, ::-1])
+    assert np.array_equal(payload["observation/wrist_image"], obs.images["robot0_eye_in_hand"][:, ::-1])
+    assert payload["observation/state"].dtype == np.float32
+    assert payload["observation/state"].tolist() == pytest.approx([-0.2, 0.0, 1.1, 3.1, 0.0, 0.1, 0.039, -0.039])
+    policy = policy_for(server, preset="libero")
+    policy.reset(4)
+    chunk = policy.act(obs)
+    assert chunk.shape == (5, 7) and set(chunk[:, 6]) <= {-1.0, 1.0}
+    assert policy.identity()["preset"] == "libero" and policy.identity()["action_layout"] == "libero"
+    with pytest.raises(ActionFormatError, match="makes 12-D actions; this environment takes 7-D ones: use "
+                                                "action_layout=libero"):
+        policy_for(server, preset="libero", action_layout="robocasa-lerobot").act(obs)
+    with pytest.raises(KeyError, match="openpi preset"):
+        policy_for(server, preset="droid")
+    policy.close()
 
 
 # --------------------------------------------------------------------------- server

@@ -104,8 +104,11 @@ def test_the_panda_omron_action_layout_is_defined_once():
     assert panda_omron.PART_RANGES == {"right": (0, 6), "torso": (6, 7), "base": (7, 10), "right_gripper": (10, 11)}
     assert panda_omron.BASE_MOTION == (7, 8, 9, 6)
     assert sorted(i for slot in ACTION_LAYOUT for i in slot.targets) == list(range(panda_omron.ACTION_DIM))
-    for name, layout in ACTION_LAYOUTS.items():
-        assert sorted(i for slot in layout for i in slot.targets) == list(range(panda_omron.ACTION_DIM)), name
+    from robocasa_shift.embodiments import panda
+
+    for name, layout in ACTION_LAYOUTS.items():  # each fills one embodiment's action exactly (LIBERO's: 7-D)
+        dim = panda.ACTION_DIM if name == "libero" else panda_omron.ACTION_DIM
+        assert sorted(i for slot in layout for i in slot.targets) == list(range(dim)), name
     # no policy or backend module defines the indices again
     layout_names = {"ACTION_DIM", "ARM_POS", "ARM_ROT", "GRIPPER", "MODE", "HARNESS_ACTION_LAYOUT"}
     # (the fake backend is an embodiment of its own: a 3-D point gripper)

@@ -98,6 +98,16 @@ def _libero_task(task: LiberoTask):
     return suite, record, os.path.join(get_libero_path("bddl_files"), record.problem_folder, record.bddl_file)
 
 
+def quat_to_axis_angle(quat_xyzw: np.ndarray) -> np.ndarray:
+    """An (x, y, z, w) quaternion as an axis-angle vector, exactly as openpi's and LeRobot's LIBERO code computes it."""
+    q = np.array(quat_xyzw, dtype=np.float64)
+    q[3] = min(max(q[3], -1.0), 1.0)
+    den = np.sqrt(1.0 - q[3] * q[3])
+    if np.isclose(den, 0.0):
+        return np.zeros(3)
+    return (q[:3] * 2.0 * np.arccos(q[3])) / den
+
+
 def _yaw_of(quat: np.ndarray) -> float:
     w, x, y, z = quat
     return float(np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z)))
@@ -168,6 +178,10 @@ class LiberoEnv(MujocoEnv):
         self.gripper.current_action = np.zeros_like(self.gripper.current_action)
         for _ in range(SETTLE_STEPS):
             self._raw_step(np.asarray(NO_OP))
+        # derived quantities of the settled state itself (a step leaves those of the state before its last
+        # substep): the first render of a process builds its context, which runs mj_forward; it must find
+        # nothing to change, or a process's first episode would look different from every later one
+        self._mujoco.mj_forward(self.model, self.data)
         self._obs = self.raw._get_observations(force_update=True)
         self.initial_state = index
         self.steps = 0
@@ -184,8 +198,11 @@ class LiberoEnv(MujocoEnv):
     # ------------------------------------------------------------------ observations
 
     def proprio(self) -> Dict[str, np.ndarray]:
-        """The robot's own sensing, in robosuite's names (quaternions x, y, z, w)."""
-        return {k: np.array(v) for k, v in self._obs.items() if k.startswith("robot0_")}
+        """The robot's own sensing, in robosuite's names (quaternions x, y, z, w), and ``robot0_eef_axis_angle``:
+        the end effector's orientation as LIBERO checkpoints' 8-D state has it (openpi's ``_quat2axisangle``)."""
+        out = {k: np.array(v) for k, v in self._obs.items() if k.startswith("robot0_")}
+        out["robot0_eef_axis_angle"] = quat_to_axis_angle(out["robot0_eef_quat"])
+        return out
 
     def privileged_state(self) -> Dict[str, np.ndarray]:
         """Object and region poses read from the simulator (only the ``expert`` sees them): ``<name>_pos`` for

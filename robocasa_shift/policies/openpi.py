@@ -63,9 +63,10 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from robocasa_shift.errors import ActionFormatError, PolicyServerError, PolicyServerTimeout
+from robocasa_shift.errors import ActionFormatError, PolicyServerError, PolicyServerTimeout, UnknownNameError
 from robocasa_shift.policies.base import Observation
 from robocasa_shift.policies.remote import (
+    LIBERO_STATE,
     ROBOCASA_STATE,
     CameraMapLike,
     LayoutLike,
@@ -75,6 +76,7 @@ from robocasa_shift.policies.remote import (
     as_secret,
     as_state_layout,
     canonical,
+    check_layout_fits,
     checked_image,
     content_hash,
     flat_to_actions,
@@ -100,6 +102,16 @@ DEFAULT_CAMERA_MAP: Dict[str, Tuple[str, ...]] = {
     "robot0_agentview_left": ("observation/image",),  # RoboCasa
     "robot0_eye_in_hand": ("observation/wrist_image",),
 }
+# What a checkpoint's training data looked like, by benchmark (``preset``); explicit options override a preset.
+# ``libero`` follows openpi's examples/libero: agentview and wrist images at 224, each rotated by 180 degrees
+# from robosuite's bottom-up frame (which is the upright frame this harness renders, mirrored left-right),
+# the 8-D state (end effector position, axis-angle, finger joints) and 7-D actions, 5 of each chunk run.
+PRESETS: Dict[str, Dict[str, Any]] = {
+    "robocasa": {"camera_map": DEFAULT_CAMERA_MAP, "state_layout": ROBOCASA_STATE, "action_layout": "robocasa-lerobot",
+                 "mirror_images": False},
+    "libero": {"camera_map": {"agentview": ("observation/image",), "robot0_eye_in_hand": ("observation/wrist_image",)},
+               "state_layout": LIBERO_STATE, "action_layout": "libero", "mirror_images": True},
+}
 
 
 def observation_to_openpi(
@@ -109,6 +121,7 @@ def observation_to_openpi(
     state_layout: Sequence[Tuple[str, int]] = ROBOCASA_STATE,
     prompt_key: str = "prompt",
     instruction: Optional[str] = None,
+    mirror_images: bool = False,
 ) -> Dict[str, Any]:
     """The observation dict sent to an openpi server (one frame, no batch dimension)."""
     payload: Dict[str, Any] = {}
@@ -116,7 +129,8 @@ def observation_to_openpi(
         for key in camera_map.get(camera, (f"observation/{camera}",)):
             if key in payload:
                 raise ValueError(f"two cameras map to '{key}'; give camera_map one key per camera")
-            payload[key] = checked_image(camera, image)
+            image = checked_image(camera, image)
+            payload[key] = np.ascontiguousarray(image[:, ::-1]) if mirror_images else image
     if state_key:
         payload[state_key] = proprio_vector(obs, state_layout)
     payload[prompt_key] = str(instruction if instruction is not None else obs.instruction)
@@ -358,6 +372,8 @@ class OpenpiPolicy(RemotePolicy):
 
     Args:
         host, port: the server (``host`` may be a full ``ws://`` or ``wss://`` URI, then ``port=None``).
+        preset: ``robocasa`` (RoboCasa's LeRobot layouts) or ``libero`` (openpi's LIBERO example: keys,
+            mirrored images, 8-D state, 7-D actions); the options below override it.
         api_key: sent as ``Authorization: Api-Key ...`` when the server wants one (kept as a ``Secret``).
         timeout_s: for each reply; connect_timeout_s: for the handshake and the metadata.
         camera_map: harness camera -> openpi observation key(s); a dict or its JSON.
@@ -365,6 +381,7 @@ class OpenpiPolicy(RemotePolicy):
             (proprio key, dimension) list, a list or its JSON.
         prompt_key: where the instruction goes; instruction: replaces the task's.
         action_layout: a name in ``remote.ACTION_LAYOUTS`` or a list of slots (see ``remote.resolve_layout``).
+        mirror_images: mirror every image left-right before sending it (see ``PRESETS``).
         actions_key: the reply key holding the (T, D) chunk.
         n_action_steps: steps of each chunk executed before the next observation (None: all).
         image_size: square render size (openpi's models take 224 x 224).
@@ -388,16 +405,24 @@ class OpenpiPolicy(RemotePolicy):
         state_layout: StateLayoutLike = None,
         prompt_key: str = "prompt",
         instruction: Optional[str] = None,
-        action_layout: LayoutLike = "robocasa-lerobot",
+        action_layout: Optional[LayoutLike] = None,
         actions_key: str = "actions",
         n_action_steps: Optional[int] = 5,
         image_size: int = 224,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        preset: str = "robocasa",
+        mirror_images: Optional[bool] = None,
     ):
-        self.camera_map = as_camera_map(camera_map, DEFAULT_CAMERA_MAP)
-        self.state_key, self.state_layout = state_key, as_state_layout(state_layout)
+        if preset not in PRESETS:
+            raise UnknownNameError("openpi preset", preset, sorted(PRESETS))
+        chosen = PRESETS[preset]
+        self.preset = preset
+        self.camera_map = as_camera_map(camera_map, chosen["camera_map"])
+        self.state_key = state_key
+        self.state_layout = as_state_layout(state_layout) if state_layout is not None else chosen["state_layout"]
         self.prompt_key, self.instruction = prompt_key, instruction
-        self.layout = resolve_layout(action_layout)
+        self.layout = resolve_layout(action_layout if action_layout is not None else chosen["action_layout"])
+        self.mirror_images = bool(chosen["mirror_images"] if mirror_images is None else mirror_images)
         self.actions_key = actions_key
         self.n_action_steps = None if n_action_steps is None else int(n_action_steps)
         self.image_size = int(image_size)
@@ -417,8 +442,9 @@ class OpenpiPolicy(RemotePolicy):
         self.seeded(self.client.reset_seed(seed), self.client.uri)
 
     def act(self, obs: Observation) -> np.ndarray:
+        check_layout_fits(self.layout, obs)
         payload = observation_to_openpi(obs, self.camera_map, self.state_key, self.state_layout, self.prompt_key,
-                                        self.instruction)
+                                        self.instruction, self.mirror_images)
         reply = self.client.infer(payload)
         if self.actions_key not in reply:
             raise ActionFormatError(f"the server's reply has no '{self.actions_key}'; it has: "
@@ -430,6 +456,8 @@ class OpenpiPolicy(RemotePolicy):
         return {
             "name": self.name,
             "endpoint": self.client.uri,
+            "preset": self.preset,
+            "mirror_images": self.mirror_images,
             "server_metadata": canonical(server_metadata),
             "server_metadata_sha256": content_hash(server_metadata),
             "seeded_reset": self.client.seeded,

@@ -28,6 +28,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import numpy as np
 
 from robocasa_shift.config import SECRET_PLACEHOLDER, is_secret_option
+from robocasa_shift.embodiments.panda import LAYOUT as PANDA
 from robocasa_shift.embodiments.panda_omron import (
     ACTION_DIM,
     ARM_POS,
@@ -37,6 +38,7 @@ from robocasa_shift.embodiments.panda_omron import (
     MODE,
     indices,
 )
+from robocasa_shift.embodiments.panda_omron import LAYOUT as PANDA_OMRON
 from robocasa_shift.errors import ActionFormatError, PolicyServerError, UnknownNameError
 from robocasa_shift.policies.base import Observation, Policy
 from robocasa_shift.seeding import rng_state_hash
@@ -56,6 +58,14 @@ ROBOCASA_CAMERAS: Dict[str, Tuple[str, ...]] = {
     "robot0_agentview_left": ("robot0_agentview_left",),
     "robot0_agentview_right": ("robot0_agentview_right",),
 }
+
+# LIBERO's 8-D state as openpi's and LeRobot's LIBERO evaluations build it: end effector position, its
+# orientation as an axis-angle vector (the libero backend's derived proprio key), the two finger joints.
+LIBERO_STATE: Tuple[Tuple[str, int], ...] = (
+    ("robot0_eef_pos", 3),
+    ("robot0_eef_axis_angle", 3),
+    ("robot0_gripper_qpos", 2),
+)
 
 # (proprio key, dimension) in the order of RoboCasa's LeRobot ``observation.state`` (16-D).
 ROBOCASA_STATE: Tuple[Tuple[str, int], ...] = (
@@ -335,11 +345,11 @@ def binarize(values: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class FlatSlot:
-    """Where some columns of a flat model action go in the 12-D PandaOmron action."""
+    """Where some columns of a flat model action go in the embodiment's action (12-D PandaOmron, 7-D Panda)."""
 
     name: str
     columns: Tuple[int, ...]  # model action columns
-    targets: Tuple[int, ...]  # PandaOmron action index of each column
+    targets: Tuple[int, ...]  # the embodiment's action index of each column
     binary: bool = False  # read through ``binarize``
 
 
@@ -362,9 +372,13 @@ ACTION_LAYOUTS: Dict[str, Tuple[FlatSlot, ...]] = {
     ),
     # the environment's own action, unchanged
     "panda-omron": (FlatSlot("action", tuple(range(ACTION_DIM)), tuple(range(ACTION_DIM))),),
+    # LIBERO's fixed Panda (OSC_POSE delta, axis-angle, gripper -1 open / +1 close), as LIBERO checkpoints emit it
+    "libero": (FlatSlot("action", tuple(range(7)), tuple(range(7))),),
 }
 
 LayoutLike = Union[str, Sequence[Union[FlatSlot, Mapping[str, Any]]]]
+# The embodiments a layout may fill, by their action's length.
+EMBODIMENT_DIMS = {PANDA_OMRON.name: PANDA_OMRON.dim, PANDA.name: PANDA.dim}
 
 
 def resolve_layout(layout: LayoutLike) -> Tuple[FlatSlot, ...]:
@@ -372,7 +386,7 @@ def resolve_layout(layout: LayoutLike) -> Tuple[FlatSlot, ...]:
 
     Raises:
         UnknownNameError: an unknown layout name.
-        ValueError: the slots do not fill each of the 12 action indices exactly once.
+        ValueError: the slots do not fill each index of an action exactly once.
     """
     if isinstance(layout, str) and not layout.lstrip().startswith("["):
         if layout not in ACTION_LAYOUTS:
@@ -383,10 +397,29 @@ def resolve_layout(layout: LayoutLike) -> Tuple[FlatSlot, ...]:
     slots = tuple(s if isinstance(s, FlatSlot) else FlatSlot(str(s["name"]), tuple(s["columns"]), tuple(s["targets"]),
                                                              bool(s.get("binary", False))) for s in layout)
     targets = sorted(t for s in slots for t in s.targets)
-    if targets != list(range(ACTION_DIM)) or any(len(s.columns) != len(s.targets) for s in slots):
-        raise ValueError(f"an action layout must map one column to each of the {ACTION_DIM} PandaOmron action "
-                         f"indices exactly once; got targets {targets}")
+    if (len(targets) not in EMBODIMENT_DIMS.values() or targets != list(range(len(targets)))
+            or any(len(s.columns) != len(s.targets) for s in slots)):
+        raise ValueError(f"an action layout must map one column to each index of the embodiment's action (0-11 "
+                         f"for PandaOmron, 0-6 for LIBERO's Panda) exactly once; got targets {targets}")
     return slots
+
+
+def layout_dim(slots: Sequence[FlatSlot]) -> int:
+    """The length of the action a layout fills."""
+    return sum(len(s.targets) for s in slots)
+
+
+def check_layout_fits(slots: Sequence[FlatSlot], obs: Observation) -> None:
+    """Refuse a layout whose actions the environment cannot take (a 12-D layout on LIBERO's 7-D Panda).
+
+    Raises:
+        ActionFormatError: naming both lengths and the layouts that fit.
+    """
+    wanted = obs.action_layout.dim if obs.action_layout is not None else ACTION_DIM
+    if layout_dim(slots) != wanted:
+        fits = sorted(n for n, known in ACTION_LAYOUTS.items() if layout_dim(known) == wanted)
+        raise ActionFormatError(f"action layout {layout_name(slots) or 'custom'} makes {layout_dim(slots)}-D actions; "
+                                f"this environment takes {wanted}-D ones: use action_layout={' or '.join(fits)}")
 
 
 def layout_name(slots: Sequence[FlatSlot]) -> Optional[str]:
@@ -396,7 +429,7 @@ def layout_name(slots: Sequence[FlatSlot]) -> Optional[str]:
 
 def flat_to_actions(chunk: Any, layout: Sequence[FlatSlot], n_action_steps: Optional[int] = None,
                     source: str = "actions") -> np.ndarray:
-    """The (steps, 12) PandaOmron chunk of a flat (T, D) model action chunk.
+    """The (steps, A) chunk in the embodiment's action (A = 12 PandaOmron, 7 Panda) of a flat (T, D) model chunk.
 
     Args:
         chunk: (T, D) or one (D,) step.
@@ -419,7 +452,7 @@ def flat_to_actions(chunk: Any, layout: Sequence[FlatSlot], n_action_steps: Opti
     if not np.all(np.isfinite(value)):
         raise ActionFormatError(f"'{source}' has non-finite values")
     steps = chunk_length(len(value), n_action_steps, f" in '{source}'")
-    actions = np.zeros((steps, ACTION_DIM))
+    actions = np.zeros((steps, layout_dim(layout)))
     for slot in layout:
         part = value[:steps, list(slot.columns)]
         actions[:, list(slot.targets)] = binarize(part) if slot.binary else part
