@@ -149,7 +149,7 @@ class LiberoEnv(MujocoEnv):
         self.initial_state: Optional[int] = None
         self.steps = 0
 
-    # ------------------------------------------------------------------ reset, step, success
+    # ------------------------------------------------------------------ reset (step and success: MujocoEnv)
 
     def reset(self, seed: int, episode: Optional[BaseEpisode] = None) -> None:
         """Reset to the base episode's fixed initial state, after ``SETTLE_STEPS`` no-op steps (module docstring).
@@ -185,15 +185,6 @@ class LiberoEnv(MujocoEnv):
         self._obs = self.raw._get_observations(force_update=True)
         self.initial_state = index
         self.steps = 0
-
-    def step(self, action: np.ndarray) -> None:
-        """One control step of LIBERO's ``env.step`` (7-D Panda action)."""
-        self._obs, _, _, _ = self._raw_step(np.asarray(action, dtype=np.float64))
-        self.steps += 1
-
-    def is_success(self) -> bool:
-        """LIBERO's own success check: every conjunct of the BDDL goal holds."""
-        return bool(self.raw._check_success())
 
     # ------------------------------------------------------------------ observations
 

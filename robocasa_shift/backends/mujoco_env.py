@@ -110,6 +110,15 @@ class MujocoEnv(PerturbableModel):
 
             setattr(self.sim, name, integrate)
 
+    def step(self, action: np.ndarray) -> None:
+        """One control step of robosuite's ``env.step`` (the embodiment's action: 12-D PandaOmron, 7-D Panda)."""
+        self._obs, _, _, _ = self._raw_step(np.asarray(action, dtype=np.float64))
+        self.steps += 1
+
+    def is_success(self) -> bool:
+        """The environment's own success check: the official outcome (LIBERO's: every conjunct of the BDDL goal)."""
+        return bool(self.raw._check_success())
+
     def _raw_step(self, action: np.ndarray):
         """robosuite's ``env.step``, watching its substeps (see :meth:`_watch_last_substep`)."""
         self._substep = 0

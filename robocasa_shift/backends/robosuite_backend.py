@@ -87,7 +87,7 @@ class RobosuiteEnv(MujocoEnv):
         self._nominal = self.model_values()
         self.steps = 0
 
-    # ------------------------------------------------------------------ reset, step, success
+    # ------------------------------------------------------------------ reset (step and success: MujocoEnv)
 
     def reset(self, seed: int, episode=None) -> None:
         """Reset to the initial state of ``seed``: the same seed gives a bit-identical state in any process."""
@@ -100,15 +100,6 @@ class RobosuiteEnv(MujocoEnv):
             sub.rng = rng
         self._obs = self.raw.reset()
         self.steps = 0
-
-    def step(self, action: np.ndarray) -> None:
-        """One control step of robosuite's ``env.step`` (12-D PandaOmron action)."""
-        self._obs, _, _, _ = self._raw_step(np.asarray(action, dtype=np.float64))
-        self.steps += 1
-
-    def is_success(self) -> bool:
-        """The environment's own success check (the official outcome)."""
-        return bool(self.raw._check_success())
 
     # ------------------------------------------------------------------ observations
 
