@@ -213,3 +213,11 @@ def test_paired_libero_rollouts_through_the_openpi_client_with_the_libero_preset
     assert runs["clean"][1].shape == (15, 7) and clean.policy_calls == 3  # 5 of each 10-step chunk
     assert np.array_equal(runs["clean"][1], runs["again"][1])
     assert not np.array_equal(runs["clean"][1], runs["camera"][1])  # the rotated agentview reaches the model
+
+
+def test_the_libero_pool_is_the_four_suites_in_libero_s_order():
+    from robocasa_shift.checks.screening import load_pool
+
+    pool = load_pool("libero")
+    assert list(pool.candidates) == list(task_names()) and pool.initial + pool.reserve == 40
+    assert pool.extended <= PHASE_SHARES["screening"]  # extended screening fits the screening share
