@@ -244,6 +244,21 @@ def test_the_audit_fails_a_tampered_blur_measurement(run_copy):
     assert bad[1].endswith("no measurement of the delivered images")
 
 
+def test_a_blur_rollout_of_a_policy_that_reads_no_camera_passes_but_one_that_rendered_must_be_measured(tmp_path):
+    from robocasa_shift.config import ExecutionConfig, StudyConfig
+    from robocasa_shift.study.runner import run
+
+    run(tmp_path / "run", ["Reach"], ["clean", "blur:L2"], [0], StudyConfig(backend="fake", policy="fake-random"),
+        ExecutionConfig(workers=1, progress=False))
+    path = record_file(tmp_path / "run", 0, "blur:L2")
+    rec = read(path)
+    assert rec["frames_rendered"] == 0 and rec["perturbation"]["measured"]["cameras"] == {}
+    assert audit_run(tmp_path / "run").passed  # nothing was delivered, so nothing was left unmeasured
+    edit(path, lambda r: r.update(frames_rendered=4))  # images went to the policy, yet none was measured
+    bad = failing(audit_run(tmp_path / "run"))["invalid_perturbation_records"]
+    assert len(bad) == 1 and "no camera's delivered image was measured" in bad[0]
+
+
 # --------------------------------------------------------------------------- defect 5: one phase per audit
 
 

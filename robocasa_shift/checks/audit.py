@@ -114,7 +114,9 @@ def _expected_perturbation(rec: Dict[str, Any], protocol: specs.Protocol,
             if not _close([values.get("yaw_deg"), values.get("pitch_deg")], scaled):
                 problems.append(f"{cam} offset is not the scaled draw of the seed stream")
     if kind.side == "obs":
-        problems += kind.measured_problems(spec, level, pert.get("measured"))
+        # a policy that reads no camera gets no image to transform (frames_rendered 0): nothing to measure
+        delivered = not (isinstance(rec.get("frames_rendered"), int) and rec["frames_rendered"] == 0)
+        problems += kind.measured_problems(spec, level, pert.get("measured"), images_delivered=delivered)
     return problems
 
 

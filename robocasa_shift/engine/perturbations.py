@@ -110,8 +110,9 @@ class FactorKind:
         """What an observation-side kind measures on one delivered image beside its unperturbed render."""
         return {}
 
-    def measured_problems(self, spec, level: str, measured: Any) -> List[str]:
-        """Problems with a record's ``measured`` entry against the frozen spec ([] for kinds that measure nothing)."""
+    def measured_problems(self, spec, level: str, measured: Any, images_delivered: bool = True) -> List[str]:
+        """Problems with a record's ``measured`` entry against the frozen spec ([] for kinds that measure nothing);
+        ``images_delivered``: whether the rollout rendered any image for its policy."""
         return []
 
 
@@ -341,8 +342,12 @@ class GaussianBlur(FactorKind):
             raise SpecError(spec.path, "options.kernel_sigma_rtol", f"expected a number in (0, 1), got {rtol!r}")
         return (float(bounds[0]), float(bounds[1])), float(rtol)
 
-    def measured_problems(self, spec, level, measured):
-        """Kernel width within the frozen tolerance of ``sigma_px``; every camera's ratio inside the frozen range."""
+    def measured_problems(self, spec, level, measured, images_delivered: bool = True):
+        """Kernel width within the frozen tolerance of ``sigma_px``; every camera's ratio inside the frozen range.
+
+        A rollout that rendered no image (its policy reads no camera: ``expert``, ``random``) delivered
+        nothing to blur, so it has no camera to measure; one that rendered images must have them measured.
+        """
         (low, high), rtol = self.frozen_checks(spec, level)
         if not isinstance(measured, dict):
             return ["no measurement of the delivered images"]
@@ -353,7 +358,7 @@ class GaussianBlur(FactorKind):
             problems.append(f"measured kernel sigma {kernel.get('sigma_px')!r} px is not the frozen "
                             f"{sigma:g} px (tolerance {rtol:g})")
         cameras = measured.get("cameras")
-        if not isinstance(cameras, dict) or not cameras:
+        if not isinstance(cameras, dict) or (not cameras and images_delivered):
             problems.append("no camera's delivered image was measured")
             cameras = {}
         for cam, m in sorted(cameras.items()):
