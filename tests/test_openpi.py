@@ -264,12 +264,19 @@ def libero_obs(size=8):
 
 
 def test_the_libero_preset_sends_openpi_s_libero_observation_and_takes_7d_actions(server):
-    obs = libero_obs()
-    payload = observation_to_openpi(obs, **{k: v for k, v in PRESETS["libero"].items() if k != "action_layout"})
+    from openpi_client import image_tools
+
+    obs = libero_obs(size=256)  # the preset renders at LIBERO_ENV_RESOLUTION, as openpi's example does
+    sent = {k: v for k, v in PRESETS["libero"].items() if k not in ("action_layout", "image_size")}
+    payload = observation_to_openpi(obs, **sent)
     assert set(payload) == {"observation/image", "observation/wrist_image", "observation/state", "prompt"}
-    # robosuite's frames rotated by 180 degrees, as openpi's example feeds them: the upright frame mirrored
-    assert np.array_equal(payload["observation/image"], obs.images["agentview"][:, ::-1])
-    assert np.array_equal(payload["observation/wrist_image"], obs.images["robot0_eye_in_hand"][:, ::-1])
+    # robosuite's frames rotated by 180 degrees, as openpi's example feeds them (the upright frame mirrored),
+    # then resized with padding to 224
+    for key, camera in (("observation/image", "agentview"), ("observation/wrist_image", "robot0_eye_in_hand")):
+        want = image_tools.convert_to_uint8(image_tools.resize_with_pad(obs.images[camera][:, ::-1], 224, 224))
+        assert payload[key].shape == (224, 224, 3) and np.array_equal(payload[key], want)
+    assert not np.array_equal(payload["observation/image"],
+                              image_tools.resize_with_pad(obs.images["agentview"], 224, 224))  # mirrored
     assert payload["observation/state"].dtype == np.float32
     assert payload["observation/state"].tolist() == pytest.approx([-0.2, 0.0, 1.1, 3.1, 0.0, 0.1, 0.039, -0.039])
     policy = policy_for(server, preset="libero")
@@ -277,6 +284,7 @@ def test_the_libero_preset_sends_openpi_s_libero_observation_and_takes_7d_action
     chunk = policy.act(obs)
     assert chunk.shape == (5, 7) and set(chunk[:, 6]) <= {-1.0, 1.0}
     assert policy.identity()["preset"] == "libero" and policy.identity()["action_layout"] == "libero"
+    assert policy.image_size == 256 and policy.identity()["model_image_size"] == 224
     with pytest.raises(ActionFormatError, match="makes 12-D actions; this environment takes 7-D ones: use "
                                                 "action_layout=libero"):
         policy_for(server, preset="libero", action_layout="robocasa-lerobot").act(obs)

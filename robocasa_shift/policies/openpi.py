@@ -103,14 +103,16 @@ DEFAULT_CAMERA_MAP: Dict[str, Tuple[str, ...]] = {
     "robot0_eye_in_hand": ("observation/wrist_image",),
 }
 # What a checkpoint's training data looked like, by benchmark (``preset``); explicit options override a preset.
-# ``libero`` follows openpi's examples/libero: agentview and wrist images at 224, each rotated by 180 degrees
-# from robosuite's bottom-up frame (which is the upright frame this harness renders, mirrored left-right),
-# the 8-D state (end effector position, axis-angle, finger joints) and 7-D actions, 5 of each chunk run.
+# ``libero`` follows openpi's examples/libero: agentview and wrist images rendered at 256 (its
+# LIBERO_ENV_RESOLUTION), each rotated by 180 degrees from robosuite's bottom-up frame (which is the upright
+# frame this harness renders, mirrored left-right) and resized with padding to 224 (openpi_client's
+# image_tools); the 8-D state (end effector position, axis-angle, finger joints); 7-D actions, 5 of each chunk run.
 PRESETS: Dict[str, Dict[str, Any]] = {
     "robocasa": {"camera_map": DEFAULT_CAMERA_MAP, "state_layout": ROBOCASA_STATE, "action_layout": "robocasa-lerobot",
-                 "mirror_images": False},
+                 "mirror_images": False, "image_size": 224, "model_image_size": None},
     "libero": {"camera_map": {"agentview": ("observation/image",), "robot0_eye_in_hand": ("observation/wrist_image",)},
-               "state_layout": LIBERO_STATE, "action_layout": "libero", "mirror_images": True},
+               "state_layout": LIBERO_STATE, "action_layout": "libero", "mirror_images": True, "image_size": 256,
+               "model_image_size": 224},
 }
 
 
@@ -122,6 +124,7 @@ def observation_to_openpi(
     prompt_key: str = "prompt",
     instruction: Optional[str] = None,
     mirror_images: bool = False,
+    model_image_size: Optional[int] = None,
 ) -> Dict[str, Any]:
     """The observation dict sent to an openpi server (one frame, no batch dimension)."""
     payload: Dict[str, Any] = {}
@@ -130,7 +133,14 @@ def observation_to_openpi(
             if key in payload:
                 raise ValueError(f"two cameras map to '{key}'; give camera_map one key per camera")
             image = checked_image(camera, image)
-            payload[key] = np.ascontiguousarray(image[:, ::-1]) if mirror_images else image
+            if mirror_images:
+                image = np.ascontiguousarray(image[:, ::-1])
+            if model_image_size is not None:
+                from openpi_client import image_tools
+
+                image = image_tools.convert_to_uint8(image_tools.resize_with_pad(image, model_image_size,
+                                                                                 model_image_size))
+            payload[key] = image
     if state_key:
         payload[state_key] = proprio_vector(obs, state_layout)
     payload[prompt_key] = str(instruction if instruction is not None else obs.instruction)
@@ -382,9 +392,11 @@ class OpenpiPolicy(RemotePolicy):
         prompt_key: where the instruction goes; instruction: replaces the task's.
         action_layout: a name in ``remote.ACTION_LAYOUTS`` or a list of slots (see ``remote.resolve_layout``).
         mirror_images: mirror every image left-right before sending it (see ``PRESETS``).
+        model_image_size: resize each image with padding to this size before sending it (openpi's
+            ``image_tools.resize_with_pad``); None sends the rendered size.
         actions_key: the reply key holding the (T, D) chunk.
         n_action_steps: steps of each chunk executed before the next observation (None: all).
-        image_size: square render size (openpi's models take 224 x 224).
+        image_size: square render size (the preset's: 224, or LIBERO's 256 before resizing).
         max_message_bytes: longest message accepted from the server (the connection closes beyond it).
     """
 
@@ -408,10 +420,11 @@ class OpenpiPolicy(RemotePolicy):
         action_layout: Optional[LayoutLike] = None,
         actions_key: str = "actions",
         n_action_steps: Optional[int] = 5,
-        image_size: int = 224,
+        image_size: Optional[int] = None,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         preset: str = "robocasa",
         mirror_images: Optional[bool] = None,
+        model_image_size: Optional[int] = None,
     ):
         if preset not in PRESETS:
             raise UnknownNameError("openpi preset", preset, sorted(PRESETS))
@@ -423,9 +436,10 @@ class OpenpiPolicy(RemotePolicy):
         self.prompt_key, self.instruction = prompt_key, instruction
         self.layout = resolve_layout(action_layout if action_layout is not None else chosen["action_layout"])
         self.mirror_images = bool(chosen["mirror_images"] if mirror_images is None else mirror_images)
+        self.model_image_size = chosen["model_image_size"] if model_image_size is None else int(model_image_size)
         self.actions_key = actions_key
         self.n_action_steps = None if n_action_steps is None else int(n_action_steps)
-        self.image_size = int(image_size)
+        self.image_size = int(chosen["image_size"] if image_size is None else image_size)
         self.client = make_client(host, port, api_key, timeout_s, connect_timeout_s, max_message_bytes)
 
     def reset(self, seed: int) -> None:
@@ -444,7 +458,7 @@ class OpenpiPolicy(RemotePolicy):
     def act(self, obs: Observation) -> np.ndarray:
         check_layout_fits(self.layout, obs)
         payload = observation_to_openpi(obs, self.camera_map, self.state_key, self.state_layout, self.prompt_key,
-                                        self.instruction, self.mirror_images)
+                                        self.instruction, self.mirror_images, self.model_image_size)
         reply = self.client.infer(payload)
         if self.actions_key not in reply:
             raise ActionFormatError(f"the server's reply has no '{self.actions_key}'; it has: "
@@ -458,6 +472,7 @@ class OpenpiPolicy(RemotePolicy):
             "endpoint": self.client.uri,
             "preset": self.preset,
             "mirror_images": self.mirror_images,
+            "model_image_size": self.model_image_size,
             "server_metadata": canonical(server_metadata),
             "server_metadata_sha256": content_hash(server_metadata),
             "seeded_reset": self.client.seeded,
