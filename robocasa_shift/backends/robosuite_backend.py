@@ -19,12 +19,11 @@ Design choices that make rollouts exact and cheap:
 from __future__ import annotations
 
 import logging
-from importlib import metadata
 from typing import Any, Dict, Mapping
 
 import numpy as np
 
-from robocasa_shift.backends.base import TaskTable
+from robocasa_shift.backends.base import TaskTable, installed_versions
 from robocasa_shift.backends.mujoco_env import MujocoEnv, check_render_profile
 from robocasa_shift.backends.robosuite_tasks import TASKS, RobosuiteTask
 from robocasa_shift.engine.stages import predicate
@@ -193,13 +192,7 @@ class RobosuiteBackend(TaskTable):
     def versions(self) -> Dict[str, str]:
         """Versions of the simulator packages the records depend on."""
 
-        out = {}
-        for pkg in ("robosuite", "mujoco", "numpy", "opencv-python"):
-            try:
-                out[pkg] = metadata.version(pkg)
-            except metadata.PackageNotFoundError:
-                out[pkg] = "not installed"
-        return out
+        return installed_versions(("robosuite", "mujoco", "numpy", "opencv-python"))
 
 
 # ---------------------------------------------------------------------- stage predicates
