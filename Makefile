@@ -25,7 +25,7 @@ if [ -n "$$missing" ]; then \
 fi
 endef
 
-.PHONY: check-coverage bench setup test test-fast demo branch-demo monitors-demo judge-demo train-judge run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate screen formal audit report setup-lerobot test-lerobot setup-libero test-libero
+.PHONY: check-coverage bench setup test test-fast demo branch-demo monitors-demo judge-demo train-judge run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate screen formal audit report setup-lerobot test-lerobot setup-libero test-libero setup-libero-lerobot
 
 setup: $(VENV)/.setup-done
 
@@ -195,18 +195,23 @@ LEROBOT_REQUIREMENTS := torch==2.9.1 torchvision==0.24.1 \
   draccus==0.10.0 "gymnasium>=1.1.1,<2.0.0" "deepdiff>=7.0.1,<9.0.0" "imageio[ffmpeg]>=2.34.0,<3.0.0" \
   "termcolor>=2.4.0,<4.0.0" "pyarrow<26"
 
+# $(call INSTALL_LEROBOT,PYTHON,EXTRA): LeRobot 0.4.4 and its requirements (above) into PYTHON's venv, with EXTRA.
+define INSTALL_LEROBOT
+@index=""; \
+if $(1) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=10)" 2>/dev/null; then \
+  index="--extra-index-url $(TORCH_CPU_INDEX)"; echo "torch from $(TORCH_CPU_INDEX)"; \
+else echo "$(TORCH_CPU_INDEX) unreachable: torch from PyPI"; fi; \
+set -x; $(1) -m pip install -q $$index $(2) $(LEROBOT_REQUIREMENTS)
+$(1) -m pip install -q --no-deps lerobot==0.4.4
+endef
+
 setup-lerobot: $(LEROBOT_VENV)/.setup-done
 
 $(LEROBOT_VENV)/.setup-done: setup.cfg pyproject.toml
 	$(INSTALL_APT_PACKAGES)
 	test -x $(LEROBOT_PY) || python3 -m venv $(LEROBOT_VENV)
 	$(LEROBOT_PY) -m pip install -q --upgrade pip setuptools wheel
-	@index=""; \
-	if $(LEROBOT_PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=10)" 2>/dev/null; then \
-	  index="--extra-index-url $(TORCH_CPU_INDEX)"; echo "torch from $(TORCH_CPU_INDEX)"; \
-	else echo "$(TORCH_CPU_INDEX) unreachable: torch from PyPI"; fi; \
-	set -x; $(LEROBOT_PY) -m pip install -q $$index -e ".[sim,test]" $(LEROBOT_REQUIREMENTS)
-	$(LEROBOT_PY) -m pip install -q --no-deps lerobot==0.4.4
+	$(call INSTALL_LEROBOT,$(LEROBOT_PY),-e ".[sim,test]")
 	$(LEROBOT_PY) -c "import importlib.util as u, os; d=os.path.dirname(u.find_spec('robosuite').origin); p=os.path.join(d,'macros_private.py'); os.path.exists(p) or open(p,'w').write('# robocasa-shift set-up: quieter console, no behaviour change\nCONSOLE_LOGGING_LEVEL = \"ERROR\"\n')"
 	touch $@
 
@@ -235,3 +240,13 @@ $(LIBERO_VENV)/.setup-done: setup.cfg pyproject.toml
 
 test-libero: setup-libero
 	$(LIBERO_VENV)/bin/pytest -q -p no:cacheprovider tests/test_libero.py
+
+# The `lerobot` policy on LIBERO: LeRobot 0.4.4 into .venv-libero (its tests in test-libero skip without it).
+# LIBERO's robosuite 1.4.0 must stay; torch 2.9.1 as in .venv-lerobot (about 5 min; kept out of CI).
+setup-libero-lerobot: $(LIBERO_VENV)/.lerobot-done
+
+$(LIBERO_VENV)/.lerobot-done: $(LIBERO_VENV)/.setup-done
+	$(call INSTALL_LEROBOT,$(LIBERO_PY),)
+	$(LIBERO_PY) -c "import robosuite, lerobot; assert robosuite.__version__ == '1.4.0', robosuite.__version__"
+	$(LIBERO_PY) -m pip freeze > $(LIBERO_VENV)/versions.txt
+	touch $@

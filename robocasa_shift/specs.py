@@ -112,7 +112,12 @@ class FactorSpec:
 
 @dataclass(frozen=True)
 class Protocol:
-    """The frozen study: seed, factors and levels. ``spec_hash`` identifies it."""
+    """The frozen study: seed, factors and levels. ``spec_hash`` identifies it.
+
+    ``factors`` holds every factor; the ``optional_factors`` among them are outside the
+    matrix (``conditions``, what ``--condition all`` means) and run only when named, on the
+    backends that can apply them (LIBERO-PRO's instruction paraphrases, for one).
+    """
 
     version: int
     study_seed: int
@@ -121,11 +126,22 @@ class Protocol:
     file_hashes: Mapping[str, str]
     spec_hash: str
     directory: str
+    optional_factors: Tuple[str, ...] = ()
+
+    def factor_conditions(self, factor: str) -> List[str]:
+        """``factor:level`` for each level the factor defines, in the frozen level order."""
+        spec = self.factor(factor)
+        return [f"{factor}:{lv}" for lv in self.level_names if lv in spec.levels]
 
     @property
     def conditions(self) -> List[str]:
-        """``clean`` followed by every ``factor:level``, in the frozen order."""
-        return [CLEAN] + [f"{f}:{lv}" for f in self.factors for lv in self.level_names]
+        """The matrix: ``clean`` followed by every ``factor:level`` of the non-optional factors, in the frozen order."""
+        return [CLEAN] + [c for f in self.factors if f not in self.optional_factors for c in self.factor_conditions(f)]
+
+    @property
+    def known_conditions(self) -> List[str]:
+        """The matrix followed by the optional factors' conditions: every condition a rollout may have."""
+        return self.conditions + [c for f in self.optional_factors for c in self.factor_conditions(f)]
 
     def factor(self, name: str) -> FactorSpec:
         if name not in self.factors:
@@ -133,7 +149,8 @@ class Protocol:
         return self.factors[name]
 
 
-def _load_factor(path: Path, level_names: Tuple[str, ...]) -> FactorSpec:
+def _load_factor(path: Path, level_names: Tuple[str, ...], optional: bool = False) -> FactorSpec:
+    """One factor file; a factor of the matrix defines every level, an optional one a leading subset of them."""
     content = _read_yaml(path)
     factor = _require(content, path, "factor", str)
     version = _require(content, path, "version", int)
@@ -144,10 +161,14 @@ def _load_factor(path: Path, level_names: Tuple[str, ...]) -> FactorSpec:
     options = content.get("options", {}) or {}
     if not isinstance(options, dict):
         raise SpecError(path, "options", f"expected a mapping, got {options!r}")
-    if sorted(levels) != sorted(level_names):
+    if optional:
+        wanted = list(level_names[:len(levels)])
+        if not levels or sorted(levels) != sorted(wanted):
+            raise SpecError(path, "levels", f"an optional factor defines the first of {list(level_names)} "
+                            f"(e.g. {wanted or level_names[:1]}), got {list(levels)}")
+    elif sorted(levels) != sorted(level_names):
         raise SpecError(path, "levels", f"expected exactly {list(level_names)}, got {list(levels)}")
-
-
+    level_names = tuple(level_names[:len(levels)])
     try:
         kind_cls = FACTOR_KINDS.get(kind)
     except KeyError as exc:
@@ -234,12 +255,20 @@ def load_protocol(directory: Path | str | None = None, verify: bool = True) -> P
     version = _require(study, study_path, "version", int)
     study_seed = _require(study, study_path, "study_seed", int)
     level_names = tuple(_require(study, study_path, "levels", list))
-    factor_order = _require(study, study_path, "factors", list)
+    matrix_factors = _require(study, study_path, "factors", list)
+    optional = study.get("optional_factors", []) or []
+    if not (isinstance(optional, list) and all(isinstance(f, str) for f in optional)):
+        raise SpecError(study_path, "optional_factors", f"expected a list of factor names, got {optional!r}")
+    both = sorted(set(optional) & set(matrix_factors))
+    if both:
+        raise SpecError(study_path, "optional_factors", f"{both} also listed in 'factors'")
+    factor_order = list(matrix_factors) + list(optional)
     file_hashes = {"study.yaml": canonical_hash(study)}
 
     by_name: Dict[str, FactorSpec] = {}
     for path in factor_paths:
-        spec = _load_factor(path, level_names)
+        peek = _read_yaml(path).get("factor")
+        spec = _load_factor(path, level_names, optional=peek in optional)
         if spec.factor in by_name:
             raise SpecError(path, "factor", f"'{spec.factor}' is also defined in {by_name[spec.factor].path}")
         by_name[spec.factor] = spec
@@ -266,6 +295,7 @@ def load_protocol(directory: Path | str | None = None, verify: bool = True) -> P
         file_hashes=file_hashes,
         spec_hash=canonical_hash(file_hashes),
         directory=str(directory),
+        optional_factors=tuple(optional),
     )
 
 
@@ -317,8 +347,8 @@ def _write_lock(directory: Path, lock: Mapping[str, Mapping[str, str]]) -> None:
 
 def parse_condition(condition: str, protocol: Protocol) -> Tuple[Optional[str], Optional[str]]:
     """``'clean'`` -> (None, None); ``'camera:L2'`` -> ('camera', 'L2'). Unknown names list the valid ones."""
-    if condition not in protocol.conditions:
-        raise UnknownNameError("condition", condition, protocol.conditions)
+    if condition not in protocol.known_conditions:
+        raise UnknownNameError("condition", condition, protocol.known_conditions)
     if condition == CLEAN:
         return None, None
     factor, level = condition.split(":")

@@ -464,6 +464,7 @@ def analyze(
     bootstrap_seed: int = 0,
     factor_order: Sequence[str] = DEFAULT_FACTOR_ORDER,
     min_effect: float = stats.MIN_EFFECT,
+    variant_of: Optional[Mapping[str, str]] = None,
 ) -> Dict[str, Any]:
     """Every measure of PROTOCOL.md section 7 for one phase, as a JSON-ready summary.
 
@@ -476,6 +477,8 @@ def analyze(
         factor_order: display order of the factors.
         min_effect: the declared margin of the verdicts: NO CHANGE DETECTED
             needs the calibrated interval inside [-min_effect, +min_effect].
+        variant_of: scene-variant task -> the task it changes (LIBERO-PRO's); where both are in the
+            table, ``unpaired_variants`` compares their clean success rates, unpaired.
 
     Returns:
         The summary of DESIGN.md (``tasks``, ``conditions``) plus the extra keys
@@ -567,7 +570,29 @@ def analyze(
         "invalid_pair_reasons": list(INVALID_PAIR_REASONS),
         "wilson_z": WILSON_Z,
         "noise_floor": _noise_floor(rows, tasks),
+        "unpaired_variants": _unpaired_variants(paired_rows, variant_of or {}, n_boot, bootstrap_seed),
     }
+
+
+def _unpaired_variants(rows: pd.DataFrame, variant_of: Mapping[str, str], n_boot: int, seed: int) -> List[Dict[str, Any]]:
+    """Clean success of each scene variant minus its original's, with an unpaired bootstrap interval.
+
+    A variant has its own scene and initial states, so no rollout of it has a twin: each group is
+    resampled on its own (two-sample percentile bootstrap), never as pairs.
+    """
+    clean = rows[(rows["condition"] == CLEAN) & rows["valid"]]
+    out = []
+    for variant, original in sorted(variant_of.items()):
+        a = clean[clean["task"] == variant]["success"].to_numpy(dtype=float)
+        b = clean[clean["task"] == original]["success"].to_numpy(dtype=float)
+        if not (len(a) and len(b)):
+            continue
+        rng = _condition_rng(seed, "unpaired", variant)
+        boot = rng.choice(a, (n_boot, len(a))).mean(axis=1) - rng.choice(b, (n_boot, len(b))).mean(axis=1)
+        out.append({"task": variant, "original": original, "pairing": "UNPAIRED", "n_variant": len(a),
+                    "n_original": len(b), "sr_variant": float(a.mean()), "sr_original": float(b.mean()),
+                    "difference": float(a.mean() - b.mean()), "ci95": _percentile_interval(boot)})
+    return out
 
 
 INVALID_PAIR_REASONS = ("missing_twin", "fingerprint_mismatch", "perturbed_invalid", "clean_invalid")

@@ -538,6 +538,18 @@ def _known_conditions(df: pd.DataFrame) -> Tuple[pd.DataFrame, List[str]]:
     return df[~df["condition"].astype(str).isin(unknown)].reset_index(drop=True), unknown
 
 
+def _variants(backend: Optional[str], formal: pd.DataFrame) -> Dict[str, str]:
+    """Scene-variant task -> its original, for the run's tasks (backends with such variants: ``variant_of``)."""
+    from robocasa_shift.backends import get_backend
+
+    try:
+        variant_of = getattr(get_backend(backend), "variant_of", None) if backend else None
+    except UnknownNameError:
+        return {}
+    pairs = {t: variant_of(t) for t in sorted(set(formal["task"]))} if variant_of else {}
+    return {t: o for t, o in pairs.items() if o is not None}
+
+
 def build_report(run_dir: Path | str, videos_per_kind: int = 2, bootstrap_seed: int = 0, n_boot: int = 10000,
                  min_effect: float = 0.10, policy_options: Optional[Mapping[str, Any]] = None,
                  trust_run_dir: bool = False) -> Path:
@@ -581,7 +593,7 @@ def build_report(run_dir: Path | str, videos_per_kind: int = 2, bootstrap_seed: 
     videos: List[Dict[str, Any]] = []
     if not formal.empty:
         summary = write_analysis(formal, run_dir / "analysis", n_boot=n_boot, bootstrap_seed=bootstrap_seed,
-                                 min_effect=min_effect)
+                                 min_effect=min_effect, variant_of=_variants(manifest.get("backend"), formal))
         stage_names = {t: json.loads(formal[formal.task == t].stage_names.iloc[0]) for t in summary["tasks"]}
         fig_macro_dsr(summary, out / "macro_dsr.png")
         fig_task_dsr(summary, out / "task_dsr.png")
@@ -616,6 +628,15 @@ def build_report(run_dir: Path | str, videos_per_kind: int = 2, bootstrap_seed: 
             _subgoal_legend(stage_names),
             _first_incomplete_table(summary, stage_names),
         ]
+        if summary.get("unpaired_variants"):
+            parts += ["<h2>Scene variants against their originals (UNPAIRED)</h2>",
+                      "<p class='small'>A scene variant has its own objects or positions and its own initial states, "
+                      "so none of its rollouts has a twin: clean success rates are compared as two samples, with a "
+                      "two-sample percentile bootstrap. The perturbation tables above stay paired within each task.</p>",
+                      _html_table(["variant", "original", "SR variant (n)", "SR original (n)", "difference", "95% CI"],
+                                  [[r["task"], r["original"], f"{r['sr_variant']:.3f} ({r['n_variant']})",
+                                    f"{r['sr_original']:.3f} ({r['n_original']})", f"{r['difference']:+.3f}",
+                                    _ci(r["ci95"])] for r in summary["unpaired_variants"]])]
         if summary.get("noise_floor") and summary["noise_floor"]["macro_flip_rate"] is not None:
             nf = summary["noise_floor"]
             parts.append(f"<p>Clean-vs-clean flip rate (noise floor, replicate 1): macro {nf['macro_flip_rate']:.3f}</p>")

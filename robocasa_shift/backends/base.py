@@ -174,8 +174,16 @@ class MobileBase(Protocol):
         """Why ``offset`` gives an invalid initial state (e.g. robot in collision), or None; state unchanged."""
 
 
+@runtime_checkable
+class Instructions(Protocol):
+    """Hook for instruction paraphrases: other wordings of the task's instruction, scene untouched."""
+
+    def instruction_paraphrases(self) -> List[str]:
+        """The task's paraphrases, in their source's order ([] when it has none)."""
+
+
 # Hook name (as factor kinds declare it in ``requires``) -> protocol.
-HOOKS: Dict[str, type] = {"lights": Lights, "cameras": Cameras, "base": MobileBase}
+HOOKS: Dict[str, type] = {"lights": Lights, "cameras": Cameras, "base": MobileBase, "instructions": Instructions}
 
 
 def missing_hooks(env: Any, requires: Iterable[str]) -> List[str]:

@@ -36,7 +36,7 @@ import signal
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -143,6 +143,7 @@ class FakeTask:
     description: str
     randomization: str
     horizon: int = HORIZON
+    paraphrases: Tuple[str, ...] = ()  # the language factor's levels, in order
 
     def info(self) -> TaskInfo:
         return TaskInfo(self.name, self.horizon, self.instruction, self.description, self.randomization)
@@ -152,10 +153,11 @@ TASKS: Dict[str, FakeTask] = {
     t.name: t
     for t in [
         FakeTask("Reach", "touch the red object", "Success: the gripper within 2.5 cm of the object.",
-                 "object position on the table; gripper start (+-1 cm)"),
+                 "object position on the table; gripper start (+-1 cm)", paraphrases=("reach out and touch the red thing",)),
         FakeTask("PickPlace", "put the red object on the green target",
                  "Success: the object released within 3 cm of the target's centre.",
-                 "object and target positions (at least 15 cm apart); gripper start (+-1 cm)"),
+                 "object and target positions (at least 15 cm apart); gripper start (+-1 cm)",
+                 paraphrases=("place the red item onto the green goal",)),
     ]
 }
 
@@ -303,6 +305,9 @@ class FakeEnv(PerturbableModel):
         r = dist(self.eef_world())
         out[(r >= inner) & (r < outer)] = SURFACES.index("gripper")
         return out
+
+    def instruction_paraphrases(self) -> List[str]:
+        return list(self.spec.paraphrases)
 
     def proprio(self) -> Dict[str, np.ndarray]:
         """The gripper's position in the base frame, whether it is closed and whether it holds something."""

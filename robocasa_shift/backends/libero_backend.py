@@ -44,6 +44,7 @@ from robocasa_shift.backends.libero_tasks import (
     DEFAULT_SUITES,
     SETTLE_STEPS,
     SUITES,
+    VARIANTS,
     LiberoTask,
     initial_state_index,
     parse_task,
@@ -53,7 +54,7 @@ from robocasa_shift.backends.mujoco_env import PERTURBABLE as MUJOCO_PERTURBABLE
 from robocasa_shift.backends.mujoco_env import MujocoEnv, check_render_profile
 from robocasa_shift.embodiments.panda import LAYOUT, NO_OP
 from robocasa_shift.engine.stages import predicate
-from robocasa_shift.errors import BackendUnavailable, BadInput, UnknownNameError
+from robocasa_shift.errors import BackendUnavailable, BadInput, PerturbationError, UnknownNameError
 from robocasa_shift.geometry import axis_angle_quat, quat_mul
 
 CONTROL_FREQ_HZ = 20
@@ -97,6 +98,50 @@ def _libero_task(task: LiberoTask):
     return suite, record, os.path.join(get_libero_path("bddl_files"), record.problem_folder, record.bddl_file)
 
 
+def _task_info(task: LiberoTask, record, goal: str) -> TaskInfo:
+    """The task's metadata; a LIBERO-PRO scene variant says it is compared with its original unpaired."""
+    randomization = "one of LIBERO's 50 fixed initial states (a per-phase share)"
+    if task.variant is not None:
+        randomization += (f"; LIBERO-PRO variant of {task.variant_of} ({VARIANTS[task.variant]}) with its own "
+                          f"scene and initial states: compared with {task.variant_of} UNPAIRED")
+    return TaskInfo(task.name, task.horizon, _instruction(task, record),
+                    f"{goal} ({task.benchmark} task {task.index}: {record.name})", randomization)
+
+
+def _instruction(task: LiberoTask, record) -> str:
+    """The instruction openpi's and LeRobot's LIBERO evaluations send (and LIBERO's demos carry).
+
+    That is the benchmark table's, not the BDDL's ``(:language ...)``, which words it otherwise
+    ("Pick the akita black bowl ..."). A LIBERO-PRO variant keeps its file name, so where its BDDL
+    states another instruction than the original's (the ``task`` variants: "... put the cream cheese
+    inside"), that instruction is the task's.
+    """
+    if task.variant is None:
+        return record.language
+    own_path = _libero_task(task)[2]
+    original_path = _libero_task(parse_task(task.variant_of))[2]
+    own = _bddl_language(_read_text(own_path), own_path)
+    return record.language if own == _bddl_language(_read_text(original_path), original_path) else own
+
+
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def _without_language(bddl: str) -> List[str]:
+    return [line for line in bddl.splitlines() if "(:language" not in line]
+
+
+def _bddl_language(bddl: str, path: str) -> str:
+    """The text of a BDDL file's ``(:language ...)`` line."""
+    for line in bddl.splitlines():
+        text = line.strip()
+        if text.startswith("(:language") and text.endswith(")"):
+            return text[len("(:language"):-1].strip()
+    raise PerturbationError(f"{path} has no (:language ...) line")
+
+
 def quat_to_axis_angle(quat_xyzw: np.ndarray) -> np.ndarray:
     """An (x, y, z, w) quaternion as an axis-angle vector, exactly as openpi's and LeRobot's LIBERO code computes it."""
     q = np.array(quat_xyzw, dtype=np.float64)
@@ -137,9 +182,7 @@ class LiberoEnv(MujocoEnv):
             camera_names=list(THIRD_PERSON_CAMERAS + WRIST_CAMERAS))
         self.raw = self.control.env
         self.goal = [list(state) for state in self.raw.parsed_problem["goal_state"]]
-        self.task = TaskInfo(task.name, task.horizon, self.control.language_instruction,
-                             f"LIBERO's BDDL goal {self.goal} ({task.benchmark} task {task.index}: {record.name})",
-                             "one of LIBERO's 50 fixed initial states (a per-phase share)")
+        self.task = _task_info(task, record, f"LIBERO's BDDL goal {self.goal}")
         self.bind()
         self.action_dim = int(self.raw.action_spec[0].shape[0])
         self._context = None
@@ -147,6 +190,27 @@ class LiberoEnv(MujocoEnv):
         self._nominal = self.model_values()
         self.initial_state: Optional[int] = None
         self.steps = 0
+
+    def instruction_paraphrases(self) -> List[str]:
+        """LIBERO-PRO's paraphrase of the instruction: the `(:language ...)` of the task's ``*_lan`` BDDL file.
+
+        Refused unless that file equals the task's own in everything but its language line (a
+        paraphrase that moved an object would not be a pure language factor). LIBERO-PRO's ``*_lan``
+        suites also ship initial states of their own; the factor ignores them: a pair starts from the
+        task's own state.
+        """
+        from libero.libero import get_libero_path
+
+        if self.spec.variant is not None:
+            return []
+        _, record, _ = _libero_task(self.spec)
+        path = os.path.join(get_libero_path("bddl_files"), record.problem_folder + "_lan", record.bddl_file)
+        if not os.path.exists(path):
+            return []
+        own, lan = (_read_text(p) for p in (self.bddl_path, path))
+        if _without_language(own) != _without_language(lan):
+            raise PerturbationError(f"{path} differs from {self.bddl_path} beyond its (:language ...) line")
+        return [_bddl_language(lan, path)]
 
     # ------------------------------------------------------------------ reset (step and success: MujocoEnv)
 
@@ -280,8 +344,11 @@ class LiberoBackend(TaskTable):
             raise UnknownNameError("task", name, [f"{s}-<0..{SUITES[s][2] - 1}>" for s in SUITES]) from None
         _import_libero()
         _, record, _ = _libero_task(task)
-        return TaskInfo(name, task.horizon, record.language, f"{task.benchmark} task {task.index}: {record.name}",
-                        "one of LIBERO's 50 fixed initial states (a per-phase share)")
+        return _task_info(task, record, "LIBERO's BDDL goal")
+
+    def variant_of(self, task: str) -> Optional[str]:
+        """The LIBERO task a LIBERO-PRO scene variant changes (reported unpaired against it), or None."""
+        return parse_task(task).variant_of
 
     def make(self, task: str, render_profile: str = "fast") -> LiberoEnv:
         self.task(task)

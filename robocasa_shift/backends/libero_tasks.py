@@ -14,7 +14,7 @@ control steps after ``SETTLE_STEPS`` no-op steps that let objects come to rest
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
@@ -30,6 +30,15 @@ SUITES: Dict[str, Tuple[str, int, int]] = {
     "90": ("libero_90", 400, 90),
 }
 DEFAULT_SUITES = ("spatial", "object", "goal", "long")  # 90 only on request (--task 90-...)
+# LIBERO-PRO's variants that change the scene: new objects (`object`), swapped positions (`swap`),
+# a changed task (`task`). Each has its own BDDL files and initial states, so its rollouts cannot be
+# paired by state with the original task's: `<suite>_<variant>-<i>` is a task of its own (on request),
+# and it is compared with `<suite>-<i>` only unpaired (``variant_of``). The factors still pair within it.
+VARIANTS = {"object": "objects replaced", "swap": "object positions swapped", "task": "task changed"}
+for _suite in DEFAULT_SUITES:
+    _benchmark, _horizon, _n = SUITES[_suite]
+    for _variant in VARIANTS:
+        SUITES[f"{_suite}_{_variant}"] = (f"{_benchmark}_{_variant}", _horizon, _n)
 INITIAL_STATES = 50
 # Each phase's share of a task's initial states, in permutation order.
 PHASE_SHARES = {"validation": 5, "screening": 20, "formal": 25}
@@ -46,6 +55,12 @@ class LiberoTask:
     benchmark: str
     index: int
     horizon: int
+    variant: Optional[str] = None  # a LIBERO-PRO scene variant (``VARIANTS``), or None for LIBERO's own task
+
+    @property
+    def variant_of(self) -> Optional[str]:
+        """The LIBERO task a scene variant changes (compare unpaired), or None."""
+        return None if self.variant is None else f"{self.suite.rsplit('_', 1)[0]}-{self.index}"
 
 
 def task_names(suites=DEFAULT_SUITES) -> Tuple[str, ...]:
@@ -64,7 +79,8 @@ def parse_task(name: str) -> LiberoTask:
         raise BadInput(f"unknown libero task {name!r}: tasks are <suite>-<index> with suites "
                        + ", ".join(f"{s} (0-{SUITES[s][2] - 1})" for s in SUITES))
     benchmark, horizon, _ = SUITES[suite]
-    return LiberoTask(name, suite, benchmark, int(index), horizon)
+    variant = suite.rsplit("_", 1)[1] if "_" in suite and suite.rsplit("_", 1)[1] in VARIANTS else None
+    return LiberoTask(name, suite, benchmark, int(index), horizon, variant)
 
 
 def initial_state_index(task: str, phase: str, episode: int) -> int:
@@ -87,4 +103,4 @@ def initial_state_index(task: str, phase: str, episode: int) -> int:
 
 
 __all__ = ["DEFAULT_SUITES", "INITIAL_STATES", "LiberoTask", "PHASE_SHARES", "SETTLE_STEPS", "SUITES",
-           "initial_state_index", "parse_task", "task_names"]
+           "VARIANTS", "initial_state_index", "parse_task", "task_names"]

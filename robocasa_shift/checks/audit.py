@@ -117,6 +117,8 @@ def _expected_perturbation(rec: Dict[str, Any], protocol: specs.Protocol,
         # a policy that reads no camera gets no image to transform (frames_rendered 0): nothing to measure
         delivered = not (isinstance(rec.get("frames_rendered"), int) and rec["frames_rendered"] == 0)
         problems += kind.measured_problems(spec, level, pert.get("measured"), images_delivered=delivered)
+    elif kind.side == "instruction":
+        problems += kind.measured_problems(spec, level, pert.get("measured"))
     return problems
 
 

@@ -15,7 +15,7 @@ current ones.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
@@ -64,7 +64,7 @@ def in_place_offsets(nominal: np.ndarray, current: np.ndarray, vertical: np.ndar
 class FactorKind:
     """How one kind of factor is drawn, applied and read back."""
 
-    side = "env"  # "env": edits the simulator; "obs": transforms images
+    side = "env"  # "env": edits the simulator; "obs": transforms images; "instruction": replaces the words
     draw_kind = "none"
     level_params: tuple = ()
     requires: tuple = ()  # backend hooks the kind calls (names in ``backends.base.HOOKS``)
@@ -369,34 +369,92 @@ class GaussianBlur(FactorKind):
         return problems
 
 
+@FACTOR_KINDS.register("instruction_paraphrase")
+class InstructionParaphrase(FactorKind):
+    """The instruction the policy receives replaced by the task's ``paraphrase``-th paraphrase.
+
+    Nothing in the simulator changes, so the pair shares scene, initial state and physics and
+    differs only in words. The backend supplies the paraphrases (``instructions`` hook); the read-back
+    is whether the delivered text differs from the task's instruction (1) or not (0), and the
+    record keeps both texts (``measured``), which the audit checks.
+    """
+
+    side = "instruction"
+    level_params = ("paraphrase",)
+    requires = ("instructions",)
+
+    def apply(self, env, params, draw):
+        n = params["paraphrase"]
+        paraphrases = list(env.instruction_paraphrases())
+        if n != int(n) or not 1 <= n <= len(paraphrases):
+            raise PerturbationError(f"paraphrase {n:g} asked for, but task '{env.task.name}' has "
+                                    f"{len(paraphrases)} paraphrase(s) of its instruction")
+        text = paraphrases[int(n) - 1]
+        return {"applied": {"changed": float(text != env.task.instruction)}, "expected": {"changed": 1.0},
+                "measured": self.measure_instruction(env.task.instruction, text)}
+
+    @staticmethod
+    def measure_instruction(clean: str, delivered: str) -> Dict[str, Any]:
+        import hashlib
+
+        return {"instruction": delivered, "clean_instruction": clean,
+                "instruction_sha256": hashlib.sha256(delivered.encode()).hexdigest()}
+
+    def readback(self, env):
+        return {"changed": None}
+
+    def measured_problems(self, spec, level, measured, images_delivered: bool = True):
+        """The delivered text: present, other than the task's instruction, and the one its hash names."""
+        if not isinstance(measured, dict) or not isinstance(measured.get("instruction"), str):
+            return ["no delivered instruction recorded"]
+        problems = []
+        text = measured["instruction"]
+        if not text.strip() or text == measured.get("clean_instruction"):
+            problems.append(f"delivered instruction {text!r} is empty or the task's own instruction")
+        if measured != self.measure_instruction(str(measured.get("clean_instruction")), text):
+            problems.append("delivered instruction does not match its recorded sha256")
+        return problems
+
+
+def delivered_instruction(instruction: str, perturbation: Optional[Dict[str, Any]]) -> str:
+    """The instruction a rollout's policy received: the task's own, or the one an instruction-side factor delivered."""
+    measured = (perturbation or {}).get("measured")
+    if isinstance(measured, dict) and isinstance(measured.get("instruction"), str):
+        return measured["instruction"]
+    return instruction
+
+
 def factor_kind(spec) -> FactorKind:
     """An instance of the kind a factor spec names."""
     return FACTOR_KINDS.get(spec.kind)()
 
 
-def required_hooks(protocol) -> Dict[str, Tuple[str, ...]]:
-    """Factor name -> the backend hooks its kind requires, for every factor of the protocol."""
-    return {name: tuple(FACTOR_KINDS.get(spec.kind).requires) for name, spec in protocol.factors.items()}
+def required_hooks(protocol, factors: Optional[Iterable[str]] = None) -> Dict[str, Tuple[str, ...]]:
+    """Factor name -> the backend hooks its kind requires, for ``factors`` (default: the matrix's)."""
+    names = [f for f in protocol.factors if f not in protocol.optional_factors] if factors is None else factors
+    return {name: tuple(FACTOR_KINDS.get(protocol.factor(name).kind).requires) for name in names}
 
 
 def describe_conditions(protocol) -> List[Dict[str, Any]]:
-    """The conditions with their frozen parameters, for listings."""
+    """The conditions with their frozen parameters, for listings (optional factors last, marked)."""
     rows: List[Dict[str, Any]] = [{"condition": "clean", "factor": None, "level": None, "params": {}}]
-    for name, spec in protocol.factors.items():
-        for level in protocol.level_names:
-            rows.append(
-                {
-                    "condition": f"{name}:{level}",
-                    "factor": name,
-                    "level": level,
-                    "params": spec.level(level),
-                    "kind": spec.kind,
-                    "side": FACTOR_KINDS.get(spec.kind).side,
-                    "draw": spec.draw,
-                    "spec_version": spec.version,
-                    "spec_sha256": spec.content_hash,
-                }
-            )
+    for condition in protocol.known_conditions[1:]:
+        name, level = condition.split(":")
+        spec = protocol.factor(name)
+        rows.append(
+            {
+                "condition": condition,
+                "factor": name,
+                "level": level,
+                "params": spec.level(level),
+                "kind": spec.kind,
+                "side": FACTOR_KINDS.get(spec.kind).side,
+                "draw": spec.draw,
+                "optional": name in protocol.optional_factors,
+                "spec_version": spec.version,
+                "spec_sha256": spec.content_hash,
+            }
+        )
     return rows
 
 
@@ -408,6 +466,7 @@ def applied_perturbation(
     params = spec.level(level)
     result = kind.apply(env, params, draw or {"draw": None, "draws_rejected": 0})
     error = max_abs_difference(result["applied"], result["expected"])
+    extra = {"measured": result["measured"]} if "measured" in result else {}
     return {
         "factor": spec.factor,
         "level": level,
@@ -419,4 +478,5 @@ def applied_perturbation(
         "expected": result["expected"],
         "max_abs_error": error,
         "ok": bool(error <= READBACK_ATOL),
+        **extra,
     }

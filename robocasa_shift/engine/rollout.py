@@ -22,7 +22,7 @@ import numpy as np
 
 from robocasa_shift import seeding
 from robocasa_shift.backends.base import BaseEpisode, cameras_for_roles
-from robocasa_shift.engine.perturbations import applied_perturbation, factor_kind
+from robocasa_shift.engine.perturbations import applied_perturbation, delivered_instruction, factor_kind
 from robocasa_shift.engine.records import Record, RolloutKey
 from robocasa_shift.engine.stages import StageTracker
 from robocasa_shift.errors import PerturbationError, RendererError, RolloutError
@@ -137,6 +137,7 @@ class Rollout:
                     f"applied parameters differ from the spec by {record.perturbation['max_abs_error']:.3g}"
                 )
             self.obs_transform = None
+            self.instruction = delivered_instruction(self.env.task.instruction, record.perturbation)
             if record.perturbation is not None:
                 spec = self.protocol.factor(record.perturbation["factor"])
                 kind = factor_kind(spec)
@@ -184,7 +185,7 @@ class Rollout:
                 images=images,
                 camera_roles=self.roles,
                 proprio=self.env.proprio(),
-                instruction=self.env.task.instruction,
+                instruction=self.instruction,
                 step=self.step_index,
                 privileged=self.env.privileged_state() if self.policy.privileged else None,
                 task=self.key.task,

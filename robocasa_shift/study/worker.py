@@ -119,6 +119,10 @@ class StudyCache:
             specs.parse_condition(cond, self.protocol)
         # a backend whose simulator or assets may be missing says so here, not in every rollout's record
         self.backend.check_available()
+        # the matrix's hooks are checked on every environment made; an optional factor's only when asked for
+        optional = sorted({c.split(":")[0] for c in conditions} & set(self.protocol.optional_factors))
+        if optional and tasks:
+            check_hooks(self.env(tasks[0]), required_hooks(self.protocol, optional), self.config.backend)
 
     def stage_spec(self, task: str) -> specs.StageSpec:
         """The frozen stage spec of ``task`` on this backend."""
