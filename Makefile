@@ -47,14 +47,17 @@ test-fast: setup
 
 # The main job: a small, real paired study on the embedded default backend, end to end:
 # screening, severity calibration, a reduced formal run, the integrity audit and the report.
-DEMO_RUN ?= runs/demo
+# BACKEND=libero runs it in .venv-libero on LIBERO-Spatial (pools/libero-spatial.yaml), e.g. with POLICY=expert.
+DEMO_RUN ?= runs/demo$(if $(filter-out robosuite,$(BACKEND)),-$(BACKEND))
 DEMO_EPISODES ?= 0-2
-demo: setup
-	$(CLI) screen --policy $(POLICY) --run-dir $(DEMO_RUN)
-	$(CLI) calibrate --task suite --episodes 0 --run-dir $(DEMO_RUN)
-	$(CLI) formal --policy $(POLICY) --episodes $(DEMO_EPISODES) --run-dir $(DEMO_RUN) --log-steps
-	$(CLI) audit $(DEMO_RUN)
-	$(CLI) report $(DEMO_RUN)
+DEMO_CLI = $(if $(filter libero,$(BACKEND)),$(LIBERO_VENV),$(VENV))/bin/robocasa-shift
+DEMO_POOL = $(if $(filter libero,$(BACKEND)),--pool pools/libero-spatial.yaml)
+demo: $(if $(filter libero,$(BACKEND)),setup-libero,setup)
+	$(DEMO_CLI) screen --backend $(BACKEND) --policy $(POLICY) $(DEMO_POOL) --run-dir $(DEMO_RUN)
+	$(DEMO_CLI) calibrate --backend $(BACKEND) --task suite --episodes 0 --run-dir $(DEMO_RUN)
+	$(DEMO_CLI) formal --backend $(BACKEND) --policy $(POLICY) --episodes $(DEMO_EPISODES) --run-dir $(DEMO_RUN) --log-steps
+	$(DEMO_CLI) audit $(DEMO_RUN)
+	$(DEMO_CLI) report $(DEMO_RUN)
 	@echo "open $(DEMO_RUN)/report/index.html"
 
 # Counterfactual branching on the demo's run (make demo first): where could the failures the shift

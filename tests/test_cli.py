@@ -5,7 +5,7 @@ import pytest
 from helpers import cli
 
 
-def test_conditions_json_lists_the_thirteen_frozen_conditions():
+def test_conditions_json_lists_the_thirteen_of_the_matrix_then_the_optional_ones():
     out = json.loads(cli("conditions", "--json").stdout)
     rows = {r["condition"]: r["params"] for r in out["conditions"]}
     assert list(rows) == [
@@ -14,7 +14,10 @@ def test_conditions_json_lists_the_thirteen_frozen_conditions():
         "camera:L1", "camera:L2", "camera:L3",
         "base:L1", "base:L2", "base:L3",
         "blur:L1", "blur:L2", "blur:L3",
+        "language:L1",
     ]
+    assert [r["condition"] for r in out["conditions"] if r.get("optional")] == ["language:L1"]
+    assert rows["language:L1"] == {"paraphrase": 1.0}
     assert rows["illumination:L3"] == {"alpha": 0.4}
     assert rows["camera:L2"] == {"theta_max_deg": 6.0}
     assert rows["base:L3"] == {"sigma_xy_m": 0.1, "sigma_psi_deg": 10.0}

@@ -15,6 +15,8 @@ from robocasa_shift.backends.libero_stages import stage_spec_content, write_stag
 from robocasa_shift.backends.libero_tasks import (
     INITIAL_STATES,
     PHASE_SHARES,
+    SUITES,
+    VARIANTS,
     initial_state_index,
     parse_task,
     task_names,
@@ -68,10 +70,12 @@ def test_a_bddl_goal_becomes_unordered_groups_of_grasp_then_conjunct(tmp_path):
     assert yaml.safe_load((tmp_path / "libero" / "long-0.yaml").read_text()) == content
 
 
-def test_the_committed_libero_stage_specs_cover_the_four_suites_and_load():
+def test_the_committed_libero_stage_specs_cover_the_four_suites_and_their_variants_and_load():
     folder = Path(STAGE_SPECS_DIR) / "libero"
-    assert sorted(p.stem for p in folder.glob("*.yaml")) == sorted(task_names())
-    for task in task_names():
+    variants = [s for s in SUITES if "_" in s and s.rsplit("_", 1)[1] in VARIANTS]
+    assert len(variants) == 12 and parse_task("goal_task-3").variant_of == "goal-3"
+    assert sorted(p.stem for p in folder.glob("*.yaml")) == sorted(task_names() + task_names(variants))
+    for task in task_names() + task_names(variants):
         spec = load_stage_spec("libero", task)
         assert spec.unordered and len(spec.subgoals) % 2 == 0
         assert len(yaml.safe_load((folder / f"{task}.yaml").read_text())["source"]["sha256"]) == 64
@@ -221,3 +225,136 @@ def test_the_libero_pool_is_the_four_suites_in_libero_s_order():
     pool = load_pool("libero")
     assert list(pool.candidates) == list(task_names()) and pool.initial + pool.reserve == 40
     assert pool.extended <= PHASE_SHARES["screening"]  # extended screening fits the screening share
+
+
+@needs_libero
+def test_the_instruction_is_libero_s_benchmark_table_s_and_a_task_variant_s_own():
+    """openpi and LeRobot send the benchmark table's instruction, not the BDDL's differently worded one."""
+    from libero.libero import benchmark
+
+    from robocasa_shift.backends import get_backend
+
+    backend = get_backend("libero")
+    table = benchmark.get_benchmark_dict()["libero_spatial"]().get_task(0).language
+    live = backend.make("spatial-0")
+    try:
+        assert live.task.instruction == backend.task("spatial-0").instruction == table
+        assert "akita" not in table and "akita" in live.control.language_instruction  # the BDDL's own wording
+    finally:
+        live.close()
+    assert backend.task("goal_task-3").instruction == "Open the top layer of the drawer and put the cream cheese inside"
+    assert backend.task("goal_swap-3").instruction == backend.task("goal-3").instruction
+    assert "UNPAIRED" in backend.task("goal_swap-3").randomization and backend.variant_of("goal_swap-3") == "goal-3"
+
+
+@needs_libero
+def test_the_language_factor_pairs_a_libero_pro_paraphrase_with_the_task_s_own_state(env):
+    from robocasa_shift import specs
+    from robocasa_shift.backends import get_backend
+    from robocasa_shift.engine.records import RolloutKey
+    from robocasa_shift.engine.rollout import Observer, run_rollout
+    from robocasa_shift.policies import make_policy
+
+    class Seen(Observer):
+        def on_start(self, env):
+            self.instructions = []
+
+        def before_act(self, rollout, obs):
+            self.instructions.append(obs.instruction)
+
+    protocol, spec = specs.load_protocol(), load_stage_spec("libero", "spatial-0")
+    policy = make_policy("expert")
+    records = {}
+    for condition in ("clean", "language:L1"):
+        seen = Seen()
+        record = run_rollout(env, policy, RolloutKey("formal", "spatial-0", 1, condition), protocol, spec, "libero",
+                             observer=seen, horizon=30)
+        assert record.valid, record.error
+        records[condition] = (record, set(seen.instructions))
+    (clean, clean_seen), (lang, lang_seen) = records["clean"], records["language:L1"]
+    assert clean_seen == {"pick up the black bowl between the plate and the ramekin and place it on the plate"}
+    assert lang_seen == {"lift the black bowl between the plate and ramekin and set it on the plate"}  # its *_lan BDDL
+    assert lang.env_fingerprint == clean.env_fingerprint and lang.stage_steps == clean.stage_steps
+    # a scene variant has no paraphrase: its language rollout is an invalid record that says so
+    variant = get_backend("libero").make("spatial_swap-0")
+    try:
+        record = run_rollout(variant, policy, RolloutKey("formal", "spatial_swap-0", 1, "language:L1"), protocol,
+                             load_stage_spec("libero", "spatial_swap-0"), "libero", horizon=5)
+    finally:
+        variant.close()
+    assert not record.valid and "0 paraphrase(s)" in record.error
+    assert record.env_fingerprint != clean.env_fingerprint  # its own initial states: compared unpaired only
+
+
+HAVE_LEROBOT = importlib.util.find_spec("lerobot") is not None
+
+
+@needs_libero
+@pytest.mark.skipif(not HAVE_LEROBOT, reason="lerobot is not installed in .venv-libero: run `make setup-libero-lerobot`")
+def test_paired_libero_rollouts_through_a_lerobot_checkpoint_with_libero_s_features(tmp_path):
+    """A tiny saved ACT checkpoint with LeRobot's LIBERO feature names: image, image2, 8-D state, 7-D actions."""
+    import torch
+    from lerobot.configs.types import FeatureType, PolicyFeature
+    from lerobot.policies.act.configuration_act import ACTConfig
+    from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+
+    from robocasa_shift import specs
+    from robocasa_shift.backends import get_backend
+    from robocasa_shift.engine.records import RolloutKey
+    from robocasa_shift.engine.rollout import Observer, run_rollout
+    from robocasa_shift.policies.lerobot import LeRobotPolicy
+    from robocasa_shift.policies.remote import LIBERO_STATE, proprio_vector
+
+    size = 64
+    inputs = {f"observation.images.{c}": PolicyFeature(FeatureType.VISUAL, (3, size, size)) for c in ("image", "image2")}
+    inputs["observation.state"] = PolicyFeature(FeatureType.STATE, (8,))
+    config = ACTConfig(input_features=inputs, output_features={"action": PolicyFeature(FeatureType.ACTION, (7,))},
+                       device="cpu", pretrained_backbone_weights=None, chunk_size=10, n_action_steps=5, dim_model=32,
+                       n_heads=2, dim_feedforward=64, n_encoder_layers=1, n_decoder_layers=1, use_vae=False)
+    stats = {"observation.state": {"mean": torch.zeros(8), "std": torch.ones(8)},
+             "action": {"mean": torch.zeros(7), "std": torch.full((7,), 0.3)}}
+    for c in ("image", "image2"):
+        stats[f"observation.images.{c}"] = {"mean": torch.full((3, 1, 1), 0.45), "std": torch.full((3, 1, 1), 0.25)}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = get_policy_class("act")(config)
+    model.save_pretrained(tmp_path / "act")
+    for processor in make_pre_post_processors(config, dataset_stats=stats):
+        processor.save_pretrained(tmp_path / "act")
+
+    class Recorder(Observer):
+        def on_start(self, env):
+            self.actions, self.batches = [], []
+
+        def before_act(self, rollout, obs):
+            self.batches.append((obs, policy.batch(obs)))
+
+        def on_step(self, step, action, env, latched):
+            self.actions.append(np.array(action))
+
+    policy = LeRobotPolicy(tmp_path / "act", preset="libero", mode="chunk")
+    env = get_backend("libero").make("spatial-0")
+    protocol, spec = specs.load_protocol(), load_stage_spec("libero", "spatial-0")
+    runs = {}
+    try:
+        for name, condition in (("clean", "clean"), ("camera", "camera:L3"), ("again", "clean")):
+            recorder = Recorder()
+            record = run_rollout(env, policy, RolloutKey("formal", "spatial-0", 0, condition), protocol, spec, "libero",
+                                 observer=recorder, horizon=10)
+            assert record.valid, record.error
+            runs[name] = (record, np.array(recorder.actions), recorder.batches)
+    finally:
+        env.close()
+    clean, camera, again = (runs[k][0] for k in ("clean", "camera", "again"))
+    assert clean.env_fingerprint == camera.env_fingerprint == again.env_fingerprint
+    assert runs["clean"][1].shape == (10, 7) and clean.policy_calls == 2
+    assert np.array_equal(runs["clean"][1], runs["again"][1])
+    assert not np.array_equal(runs["clean"][1], runs["camera"][1])  # the rotated agentview reaches the model
+    obs, batch = runs["clean"][2][0]
+    # LeRobot's LIBERO frame: robosuite's raw render rotated 180 degrees = this harness's upright one, mirrored
+    for camera_name, key in (("agentview", "image"), ("robot0_eye_in_hand", "image2")):
+        sent = batch[f"observation.images.{key}"][0].permute(1, 2, 0).numpy()
+        assert np.allclose(sent, obs.images[camera_name][:, ::-1] / 255.0, atol=1e-6)
+    state = batch["observation.state"][0].numpy()
+    assert state.shape == (8,) and np.allclose(state, proprio_vector(obs, LIBERO_STATE), atol=1e-6)
+    assert policy.identity()["preset"] == "libero" and policy.identity()["action_layout"] == "libero"

@@ -17,7 +17,8 @@ from robocasa_shift.policies import POLICIES
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @handle_errors
 def conditions_command(as_json: bool) -> None:
-    """List the 13 conditions with their frozen parameters and spec hash."""
+    """List the 13 conditions of the matrix with their frozen parameters and spec hash, then the
+    optional factors' conditions (run only when named, e.g. --condition language:L1)."""
     protocol = specs.load_protocol(verify=True)
     rows = describe_conditions(protocol)
     if as_json:
@@ -31,6 +32,7 @@ def conditions_command(as_json: bool) -> None:
     for row in rows:
         params = ", ".join(f"{k}={v:g}" for k, v in row["params"].items())
         extra = f"  draw: {row['draw']}" if row.get("draw", "none") != "none" else ""
+        extra += "  (optional: only when named)" if row.get("optional") else ""
         click.echo(f"  {row['condition']:<18} {params}{extra}")
 
 

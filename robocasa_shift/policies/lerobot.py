@@ -23,6 +23,12 @@ the checkpoint's ``input_features`` list are sent, rendered at their size. The
 embedded backend's third-person ``robot0_robotview`` feeds both
 ``robot0_agentview_left`` and ``robot0_agentview_right``.
 
+On LIBERO (``preset="libero"``, the features of LeRobot's LIBERO env and its
+``LiberoProcessorStep``): ``observation.images.image`` (agentview) and
+``observation.images.image2`` (wrist), rotated 180 degrees from robosuite's raw
+frame, i.e. this harness's upright render mirrored left-right; ``observation.state``
+8-D (end effector position, axis-angle, finger joints); 7-D actions.
+
 Actions: 12-D in LeRobot's RoboCasa order (base motion 4, control mode 1, end
 effector position 3, rotation 3, gripper 1) -> the PandaOmron action
 (``remote.ACTION_LAYOUTS``). ``mode="step"`` calls ``select_action`` at every
@@ -50,16 +56,19 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 import numpy as np
 
+from robocasa_shift.errors import UnknownNameError
 from robocasa_shift.policies.base import Observation, Policy
 from robocasa_shift.policies.remote import (
     NOT_RESET,
     ROBOCASA_CAMERAS,
+    LIBERO_STATE,
     CameraMapLike,
     LayoutLike,
     StateLayoutLike,
     TorchSessionRNG,
     as_camera_map,
     as_state_layout,
+    check_layout_fits,
     checked_image,
     flat_to_actions,
     layout_name,
@@ -71,6 +80,17 @@ IMAGE_PREFIX = "observation.images."
 STATE_KEY = "observation.state"
 # Harness camera -> LeRobot camera names (the part after "observation.images.").
 DEFAULT_CAMERA_MAP: Dict[str, Tuple[str, ...]] = dict(ROBOCASA_CAMERAS)
+# What a checkpoint's training data looked like, by benchmark (``preset``); explicit options override a preset.
+# ``libero`` is LeRobot's LIBERO env and its LiberoProcessorStep (lerobot/envs/libero.py,
+# lerobot/processor/env_processor.py): agentview -> ``image``, wrist -> ``image2``, each rotated by 180
+# degrees from robosuite's bottom-up frame (the upright frame this harness renders, mirrored left-right);
+# the 8-D state (end effector position, axis-angle, finger joints); 7-D actions.
+PRESETS: Dict[str, Dict[str, Any]] = {
+    "robocasa": {"camera_map": DEFAULT_CAMERA_MAP, "state_layout": None, "action_layout": "robocasa-lerobot",
+                 "mirror_images": False},
+    "libero": {"camera_map": {"agentview": ("image",), "robot0_eye_in_hand": ("image2",)},
+               "state_layout": LIBERO_STATE, "action_layout": "libero", "mirror_images": True},
+}
 # Policies whose predict_action_chunk stacks an observation history kept by select_action.
 HISTORY_TYPES = frozenset({"diffusion", "tdmpc", "vqbet"})
 
@@ -100,6 +120,9 @@ class LeRobotPolicy(Policy):
         action_layout: a name in ``remote.ACTION_LAYOUTS`` or a list of slots.
         instruction: replaces the task's instruction (sent as ``task``).
         image_size: render size (default: the size of the checkpoint's image features).
+        preset: ``robocasa`` (LeRobot's RoboCasa features) or ``libero`` (LeRobot's LIBERO features:
+            ``image`` / ``image2``, mirrored images, 8-D state, 7-D actions); the options above override it.
+        mirror_images: mirror every image left-right before the model sees it (see ``PRESETS``).
     """
 
     name = "lerobot"
@@ -114,10 +137,14 @@ class LeRobotPolicy(Policy):
         n_action_steps: Optional[int] = None,
         camera_map: CameraMapLike = None,
         state_layout: StateLayoutLike = None,
-        action_layout: LayoutLike = "robocasa-lerobot",
+        action_layout: LayoutLike = None,
         instruction: Optional[str] = None,
         image_size: Optional[int] = None,
+        preset: str = "robocasa",
+        mirror_images: Optional[bool] = None,
     ):
+        if preset not in PRESETS:
+            raise UnknownNameError("lerobot preset", preset, sorted(PRESETS))
         try:
             import lerobot
             import torch
@@ -158,9 +185,12 @@ class LeRobotPolicy(Policy):
             raise ValueError(f"a '{config.type}' policy keeps an observation history in select_action; "
                              "run it with mode='step'")
         self.n_action_steps = int(n_action_steps or getattr(config, "n_action_steps", 1))
-        self.camera_map = as_camera_map(camera_map, DEFAULT_CAMERA_MAP)
-        self.state_layout = as_state_layout(state_layout)
-        self.layout = resolve_layout(action_layout)
+        chosen = PRESETS[preset]
+        self.preset = preset
+        self.camera_map = as_camera_map(camera_map, chosen["camera_map"])
+        self.state_layout = as_state_layout(state_layout if state_layout is not None else chosen["state_layout"])
+        self.layout = resolve_layout(action_layout if action_layout is not None else chosen["action_layout"])
+        self.mirror_images = bool(chosen["mirror_images"] if mirror_images is None else mirror_images)
         self.instruction = instruction
         self.image_keys = list(config.image_features)
         bad = [k for k in self.image_keys if not k.startswith(IMAGE_PREFIX)]
@@ -203,7 +233,8 @@ class LeRobotPolicy(Policy):
         for camera, image in obs.images.items():
             for name in self.camera_map.get(camera, (camera,)):
                 if name in wanted:
-                    pixels[name] = checked_image(camera, image)
+                    image = checked_image(camera, image)
+                    pixels[name] = np.ascontiguousarray(image[:, ::-1]) if self.mirror_images else image
         missing = sorted(wanted - set(pixels))
         if missing:
             raise KeyError(f"the checkpoint reads cameras {missing}, which no rendered camera maps to "
@@ -218,6 +249,7 @@ class LeRobotPolicy(Policy):
     def act(self, obs: Observation) -> np.ndarray:
         if self.rng is None:
             raise RuntimeError("the lerobot policy was never reset: call reset(seed) before act")
+        check_layout_fits(self.layout, obs)
         torch = self.torch
 
         def infer():
@@ -252,4 +284,6 @@ class LeRobotPolicy(Policy):
             "state_layout": [list(s) for s in self.state_layout] if self.uses_state else None,
             "action_layout": layout_name(self.layout) or [asdict(s) for s in self.layout],
             "instruction": self.instruction,
+            "preset": self.preset,
+            "mirror_images": self.mirror_images,
         }
