@@ -46,7 +46,8 @@ def test_builtin_registries_know_their_names():
 
     assert "robosuite" in BACKENDS.names()
     assert {"expert", "random"} <= set(POLICIES.names())
-    assert FACTOR_KINDS.names() == ["base_offset", "camera_rotation", "gaussian_blur", "light_scale"]
+    assert FACTOR_KINDS.names() == ["base_offset", "camera_rotation", "gaussian_blur", "instruction_paraphrase",
+                                    "light_scale"]
 
 
 def test_package_api_is_lazy_and_complete():
