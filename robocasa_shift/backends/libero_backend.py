@@ -166,6 +166,11 @@ class LiberoEnv(MujocoEnv):
     third_person_cameras = THIRD_PERSON_CAMERAS
     wrist_cameras = WRIST_CAMERAS
     action_layout = LAYOUT
+    # LIBERO's contact predicates (On, In, grasps) read the contacts MuJoCo found at the start of a step's
+    # last substep; a restored state gives those of the state itself (measured: a demo whose final step
+    # succeeds by LIBERO's check reads False after restoring that step's state), so demonstrations are
+    # replayed by stepping their actions (checks.validation.replay_states).
+    replay_by_stepping = True
 
     def __init__(self, task: LiberoTask, render_profile: str = "fast"):
         check_render_profile(render_profile)

@@ -112,7 +112,9 @@ class MujocoEnv(PerturbableModel):
 
     def step(self, action: np.ndarray) -> None:
         """One control step of robosuite's ``env.step`` (the embodiment's action: 12-D PandaOmron, 7-D Panda)."""
-        self._obs, _, _, _ = self._raw_step(np.asarray(action, dtype=np.float64))
+        # a copy: robosuite 1.5's mobile-base controller rotates the base command of the array it is given in
+        # place (and keeps it as its goal), which would change the caller's action, and the step log's
+        self._obs, _, _, _ = self._raw_step(np.array(action, dtype=np.float64))
         self.steps += 1
 
     def is_success(self) -> bool:

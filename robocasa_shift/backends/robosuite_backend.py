@@ -26,6 +26,7 @@ import numpy as np
 from robocasa_shift.backends.base import TaskTable, installed_versions
 from robocasa_shift.backends.mujoco_env import MujocoEnv, check_render_profile
 from robocasa_shift.backends.robosuite_tasks import TASKS, RobosuiteTask
+from robocasa_shift.backends import robosuite_fastpath
 from robocasa_shift.engine.stages import predicate
 from robocasa_shift.errors import BackendUnavailable
 
@@ -80,6 +81,7 @@ class RobosuiteEnv(MujocoEnv):
             seed=MAKE_SEED,
         )
         self.bind()
+        self.fastpath = robosuite_fastpath.enable(self.raw)  # bit-identical shortcuts (see that module)
         self.action_dim = int(self.raw.action_spec[0].shape[0])
         self._context = None
         self._obs: Dict[str, np.ndarray] = {}

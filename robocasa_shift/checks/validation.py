@@ -35,19 +35,40 @@ def _finish(run_dir: Path | str, check: str, name: str, report: Dict[str, Any], 
 # --------------------------------------------------------------------------- stages
 
 
-def replay_states(env, spec: specs.StageSpec, states: np.ndarray) -> Dict[str, Any]:
+def _stepper(env, states: np.ndarray, actions: np.ndarray):
+    """``replay_step`` for an environment whose predicates read what only its step leaves behind: step the
+    recorded action from the previous state and check that the recorded state comes out, bit for bit."""
+    t = [0]
+
+    def step(state: np.ndarray) -> None:
+        env.step(actions[t[0]])
+        t[0] += 1
+        if not np.array_equal(env.get_state()["integration"], state):
+            raise RuntimeError(f"stepping the demonstration's action {t[0]} did not reproduce its recorded state")
+
+    return step
+
+
+def replay_states(env, spec: specs.StageSpec, states: np.ndarray, actions: Optional[np.ndarray] = None) -> Dict[str, Any]:
     """Replay recorded states through a StageTracker; also note when each predicate first holds on its own.
 
     An environment with ``replay_step(state)`` (RoboCasa's) gets each state through it: it restores
     the state and then does the bookkeeping its own step does after the physics (success check, task
     counters such as WashLettuce's ``washed_time``), so counter predicates can latch on replay as
-    they do in a rollout. Others get ``set_physics_state``. A predicate that raises or returns a
+    they do in a rollout. One with ``replay_by_stepping`` (LIBERO's, whose contact predicates read the
+    contacts MuJoCo found at the start of the last substep, which a restored state alone does not give)
+    steps the recorded ``actions`` from the initial state instead, each step checked to reproduce its
+    recorded state. Others get ``set_physics_state``. A predicate that raises or returns a
     non-bool is reported (``error``, ``holding_errors``), never raised and never read as False.
     """
     tracker = StageTracker(spec)
     first_hold: List[Optional[int]] = [None] * len(spec.subgoals)
     holding_errors: Dict[str, str] = {}  # the first error of each subgoal evaluated outside the tracker
     replay_step = getattr(env, "replay_step", None)
+    if getattr(env, "replay_by_stepping", False):
+        if actions is None:
+            raise ValueError("this environment replays a demonstration by stepping its actions: pass them")
+        replay_step = _stepper(env, states, actions)
     for t in range(1, len(states)):
         if replay_step is not None:
             replay_step(states[t])
@@ -114,7 +135,7 @@ def validate_stages(
             env.set_physics_state(demo["states"][0])
             holds, initial_errors = StageTracker(spec).evaluate_all(env, 0)
             initial_holds += [f"episode {key.episode}: {g}" for g, v in holds.items() if v]
-            replay = replay_states(env, spec, demo["states"])
+            replay = replay_states(env, spec, demo["states"], demo["actions"])
             replay["holding_errors"] = initial_errors + replay["holding_errors"]
             # the actions reproduce the states bit for bit from the seeded reset
             prepare_episode(env, protocol, key)
@@ -126,10 +147,10 @@ def validate_stages(
             rows.append({"episode": key.episode, "demo": str(path.relative_to(run_dir)), "steps": len(demo["actions"]),
                          "replay_exact": bool(exact), **replay})
         randoms = []
-        for i in range(n_random):
-            rec = run_rollout(env, random_policy, RolloutKey(PHASE, task, 1000 + i, "clean"), protocol, spec, backend)
-            randoms.append({"episode": 1000 + i, "stages_completed": rec.stages_completed, "valid": rec.valid,
-                            "reached_last": rec.stages_completed == rec.n_stages})
+        for i in range(n_random):  # from the validation episodes' own states (a backend may have no others)
+            rec = run_rollout(env, random_policy, RolloutKey(PHASE, task, i, "clean"), protocol, spec, backend)
+            randoms.append({"episode": i, "stages_completed": rec.stages_completed, "valid": rec.valid,
+                            "reached_last": rec.stages_completed == rec.n_stages, "error": rec.error})
         env.close()
         checks = {
             "enough_demos": len(demos) == n_demos,

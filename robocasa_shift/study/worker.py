@@ -39,14 +39,21 @@ THREAD_VARIABLES = ("LP_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPE
 
 
 def apply_threads(threads: int) -> None:
-    """Thread counts for the renderer (llvmpipe) and torch; must run before either starts.
+    """Thread counts for the renderer (llvmpipe), BLAS and torch; must run before the renderer and torch start.
 
     torch reads ``OMP_NUM_THREADS`` when it is first imported, so a policy that imports it
     later gets the same count; only an already imported torch needs telling (a worker that
-    never runs a torch policy never imports it).
+    never runs a torch policy never imports it). numpy's OpenBLAS read its variable when numpy
+    was imported, long before this, so its pool is set directly: robosuite inverts 4x4 frames
+    in its observables every control step, and with an idle second BLAS thread to wake each
+    inverse took about 1 ms instead of 12 us (measured; README "Rendering and performance").
+    The thread count of a 4x4 inverse does not change its result (OpenBLAS runs it on one thread).
     """
+    from threadpoolctl import threadpool_limits
+
     for name in THREAD_VARIABLES:
         os.environ[name] = str(threads)
+    threadpool_limits(threads, user_api="blas")
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
 
