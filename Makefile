@@ -25,7 +25,7 @@ if [ -n "$$missing" ]; then \
 fi
 endef
 
-.PHONY: check-coverage bench setup test test-fast demo branch-demo monitors-demo judge-demo train-judge run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate screen formal audit report setup-lerobot test-lerobot setup-libero test-libero setup-libero-lerobot
+.PHONY: check-coverage bench golden setup test test-fast demo branch-demo monitors-demo judge-demo train-judge run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate screen formal audit report setup-lerobot test-lerobot setup-libero test-libero setup-libero-lerobot
 
 setup: $(VENV)/.setup-done
 
@@ -122,6 +122,12 @@ clean-venv:
 # Performance: the harness against the simulator's own limit, side by side (~10 min on 2 cores).
 bench: setup
 	$(CLI) bench --out build/bench.json
+
+# The golden reference run (recorded before the robosuite fast path) reproduced record for record (~5 min on 2 cores).
+GOLDEN_RUN ?= runs/golden
+golden: setup
+	$(CLI) run --task Lift,Stack --condition all --episodes 0-1 --policy reference --workers $(WORKERS) --run-dir $(GOLDEN_RUN)
+	$(CLI) diff-runs tests/data/golden-reference.json $(GOLDEN_RUN)
 
 # Coverage of the dSR intervals on the simulation grid (kept out of CI; about 1.5 min on 1 core, less with WORKERS=2).
 check-coverage: setup

@@ -64,3 +64,41 @@ def test_a_step_leaves_the_callers_action_as_it_was_and_driving_the_base_is_repr
         assert trajectory(env, protocol, key, actions) == first
     finally:
         env.close()
+
+
+TRAJECTORY_HASH = """
+import os
+for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.pop(name, None)  # numpy's own default pool (one thread per core), whatever the test runner set
+import hashlib, numpy as np
+{threads}
+from threadpoolctl import threadpool_info
+print(max(p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"))
+from robocasa_shift import specs
+from robocasa_shift.backends import get_backend
+from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.engine.rollout import prepare_episode
+env = get_backend("robosuite").make("Stack")
+prepare_episode(env, specs.load_protocol(), RolloutKey("formal", "Stack", 2, "clean"))
+h = hashlib.sha256()
+for action in np.clip(np.random.default_rng(3).normal(0.0, 0.6, (20, env.action_dim)), -1, 1):
+    env.step(action)
+    h.update(env._integration().tobytes())
+    h.update(b"".join(v.tobytes() for _, v in sorted(env.proprio().items())))
+print(h.hexdigest())
+"""
+
+
+def test_one_blas_thread_gives_the_states_of_numpys_default_pool():
+    """Workers cap numpy's BLAS pool at their thread count (apply_threads); robosuite's results must not notice."""
+    from helpers import run_python
+
+    import os
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: numpy's default BLAS pool is one thread already")
+    default = run_python(TRAJECTORY_HASH.format(threads="")).split()
+    capped = run_python(TRAJECTORY_HASH.format(threads="from robocasa_shift.study.worker import apply_threads; "
+                                                        "apply_threads(1)")).split()
+    assert int(default[0]) >= 2 and int(capped[0]) == 1  # the pools really differed
+    assert len(default[1]) == 64 and default[1] == capped[1]

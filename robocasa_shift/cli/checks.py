@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -10,6 +11,7 @@ import click
 
 from robocasa_shift.checks.audit import audit_run, audit_stem
 from robocasa_shift.checks.calibration import calibrate as run_calibration
+from robocasa_shift.checks.reproduction import diff_runs, run_digest
 from robocasa_shift.checks.validation import validate_pairing, validate_stages
 from robocasa_shift.cli.common import (
     BACKEND_OPTION,
@@ -122,4 +124,30 @@ def audit_command(run_dir: Path, phase: str) -> None:
     finish(report, audit_stem(phase), run_dir / f"{audit_stem(phase)}.md")
 
 
-COMMANDS = [validate_stages_command, validate_pairing_command, calibrate_command, audit_command]
+@click.command(name="diff-runs")
+@click.argument("run_a", type=click.Path(exists=True, path_type=Path))
+@click.argument("run_b", type=click.Path(exists=True, path_type=Path))
+@click.option("--save", "save", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write RUN_A's digest (its records less timings) to this JSON file, to keep as a reference.")
+@handle_errors
+def diff_runs_command(run_a: Path, run_b: Path, save: Optional[Path]) -> None:
+    """Check that two runs of the same keys hold the same records; exit 1 where they do not.
+
+    \b
+    Every field of every record is compared (outcome, subgoal steps, fingerprints, seeds,
+    perturbation read-backs and measurements) except timings and the renderer's name.
+    RUN_A and RUN_B are run directories or digests written by --save.
+    Example: robocasa-shift diff-runs tests/data/golden-reference.json runs/golden
+    """
+    result = diff_runs(run_a, run_b)
+    if save:
+        save.write_text(json.dumps(run_digest(run_a), indent=1, sort_keys=True) + "\n")
+    click.echo(f"{result['identical']}/{result['shared']} shared records identical; only in A: "
+               f"{len(result['only_a'])}, only in B: {len(result['only_b'])}")
+    for key, diffs in list(result["differing"].items())[:20]:
+        click.echo(f"  {key}: " + ", ".join(d["field"] for d in diffs))
+    if not result["passed"]:
+        sys.exit(1)
+
+
+COMMANDS = [validate_stages_command, validate_pairing_command, calibrate_command, audit_command, diff_runs_command]
