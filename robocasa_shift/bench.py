@@ -10,6 +10,9 @@ alike; each is reported as median, min and max over the repeats.
 - ``overhead_ratio``: harness time per control step / a bare robosuite loop with
   the same environment, the same actions (recorded from the harness rollout) and
   the same rendering cadence and cameras, in the same process.
+- ``fastpath_speedup``: the same harness rollout on stock robosuite (``robosuite_fastpath``
+  off, numpy's BLAS pool at its default size) / as the harness runs it; both must end in the
+  same state, bit for bit.
 - ``physics_limit_ratio``: harness time per control step / bare ``mujoco.mj_step``
   over the harness rollout's own substep controls from its own start state (the
   same model and trajectory: its final qpos must equal the harness's, bit for bit);
@@ -39,7 +42,7 @@ import numpy as np
 from tqdm import tqdm
 
 from robocasa_shift import seeding, specs
-from robocasa_shift.backends import get_backend
+from robocasa_shift.backends import get_backend, robosuite_fastpath
 from robocasa_shift.config import DEFAULT_POLICY, StudyConfig
 from robocasa_shift.engine.records import RolloutKey
 from robocasa_shift.engine.rollout import prepare_episode, run_lockstep, run_rollout
@@ -218,6 +221,19 @@ class InProcess:
         spent["bookkeeping"] = total - sum(spent.values())
         return {part: seconds / record.steps for part, seconds in spent.items()}
 
+    def stock(self, chunk: int) -> float:
+        """Seconds per control step of the same harness rollout on stock robosuite: the fast path off and
+        numpy's BLAS pool at its default size (one thread per core), as a process that never set it has it."""
+        from threadpoolctl import threadpool_limits
+
+        robosuite_fastpath.disable(self.env.raw)
+        try:
+            with threadpool_limits(os.cpu_count() or 1, user_api="blas"):
+                per_step, _, qpos = self.harness(chunk)
+        finally:
+            robosuite_fastpath.enable(self.env.raw)
+        return per_step, qpos
+
     def close(self) -> None:
         """Close the environment."""
         self.env.close()
@@ -311,6 +327,11 @@ def run_bench(repeats: int = 5, steps: int = 200, rollouts: int = 8, policy: str
             per_step[chunk], n, _ = local.harness(chunk)
         bare4, _ = local.bare(4, n)
         add("overhead_ratio", per_step[4] / bare4)
+        stock4, stock_qpos = local.stock(4)
+        _, _, fast_qpos = local.harness(4)
+        if not np.array_equal(stock_qpos, fast_qpos):
+            raise RuntimeError("the fast path changed the rollout: it must not change a bit")
+        add("fastpath_speedup", stock4 / per_step[4])
         start, controls, harness_qpos = local.substep_controls(4)
         physics_s, physics_qpos = local.bare_physics(start, controls)
         if not np.array_equal(physics_qpos, harness_qpos):  # the same trajectory, or the ratio means nothing
