@@ -6,7 +6,6 @@ import pytest
 pytest.importorskip("robosuite")
 pytestmark = pytest.mark.sim
 
-from robocasa_shift import specs  # noqa: E402
 from robocasa_shift.backends import get_backend, robosuite_fastpath  # noqa: E402
 from robocasa_shift.engine.records import RolloutKey  # noqa: E402
 from robocasa_shift.engine.rollout import inject, prepare_episode  # noqa: E402
@@ -91,9 +90,9 @@ print(h.hexdigest())
 
 def test_one_blas_thread_gives_the_states_of_numpys_default_pool():
     """Workers cap numpy's BLAS pool at their thread count (apply_threads); robosuite's results must not notice."""
-    from helpers import run_python
-
     import os
+
+    from helpers import run_python
 
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: numpy's default BLAS pool is one thread already")

@@ -23,10 +23,10 @@ from typing import Any, Dict, Mapping
 
 import numpy as np
 
+from robocasa_shift.backends import robosuite_fastpath
 from robocasa_shift.backends.base import TaskTable, installed_versions
 from robocasa_shift.backends.mujoco_env import MujocoEnv, check_render_profile
 from robocasa_shift.backends.robosuite_tasks import TASKS, RobosuiteTask
-from robocasa_shift.backends import robosuite_fastpath
 from robocasa_shift.engine.stages import predicate
 from robocasa_shift.errors import BackendUnavailable
 

@@ -59,9 +59,9 @@ import numpy as np
 from robocasa_shift.errors import UnknownNameError
 from robocasa_shift.policies.base import Observation, Policy
 from robocasa_shift.policies.remote import (
+    LIBERO_STATE,
     NOT_RESET,
     ROBOCASA_CAMERAS,
-    LIBERO_STATE,
     CameraMapLike,
     LayoutLike,
     StateLayoutLike,
