@@ -178,45 +178,64 @@ def test_a_paired_libero_run_audits_clean(tmp_path):
     assert result.passed, result.markdown
 
 
-@needs_libero
-def test_paired_libero_rollouts_through_the_openpi_client_with_the_libero_preset():
-    from test_openpi import StandInServer
+def paired_spatial0_rollouts(policy, horizon: int, batches: bool = False):
+    """spatial-0 episode 0 through ``policy`` as clean, camera:L3 and clean again (short horizon).
 
+    Checks what pairing promises for any policy: valid records, one fingerprint for all three,
+    identical clean actions and different ones once the agentview rotates. Returns {name: (record,
+    actions, [(observation, the policy's batch of it)] when ``batches``)}.
+    """
     from robocasa_shift import specs
     from robocasa_shift.backends import get_backend
     from robocasa_shift.engine.records import RolloutKey
     from robocasa_shift.engine.rollout import Observer, run_rollout
-    from robocasa_shift.policies.openpi import OpenpiPolicy
 
     class Recorder(Observer):
         def on_start(self, env):
-            self.actions = []
+            self.actions, self.batches = [], []
+
+        def before_act(self, rollout, obs):
+            if batches:
+                self.batches.append((obs, policy.batch(obs)))
 
         def on_step(self, step, action, env, latched):
             self.actions.append(np.array(action))
 
     env = get_backend("libero").make("spatial-0")
-    server = StandInServer().start()
-    policy = OpenpiPolicy(host="127.0.0.1", port=server.port, preset="libero", timeout_s=10.0)
     protocol, spec = specs.load_protocol(), load_stage_spec("libero", "spatial-0")
     runs = {}
     try:
         for name, condition in (("clean", "clean"), ("camera", "camera:L3"), ("again", "clean")):
             recorder = Recorder()
             record = run_rollout(env, policy, RolloutKey("formal", "spatial-0", 0, condition), protocol, spec, "libero",
-                                 observer=recorder, horizon=15)
+                                 observer=recorder, horizon=horizon)
             assert record.valid, record.error
-            runs[name] = (record, np.array(recorder.actions))
+            runs[name] = (record, np.array(recorder.actions), recorder.batches)
     finally:
-        policy.close()
-        server.stop()
         env.close()
     clean, camera, again = (runs[k][0] for k in ("clean", "camera", "again"))
     assert clean.env_fingerprint == camera.env_fingerprint == again.env_fingerprint
     assert clean.policy_rng_fingerprint == camera.policy_rng_fingerprint == again.policy_rng_fingerprint
-    assert runs["clean"][1].shape == (15, 7) and clean.policy_calls == 3  # 5 of each 10-step chunk
+    assert runs["clean"][1].shape == (horizon, 7)
     assert np.array_equal(runs["clean"][1], runs["again"][1])
     assert not np.array_equal(runs["clean"][1], runs["camera"][1])  # the rotated agentview reaches the model
+    return runs
+
+
+@needs_libero
+def test_paired_libero_rollouts_through_the_openpi_client_with_the_libero_preset():
+    from test_openpi import StandInServer
+
+    from robocasa_shift.policies.openpi import OpenpiPolicy
+
+    server = StandInServer().start()
+    policy = OpenpiPolicy(host="127.0.0.1", port=server.port, preset="libero", timeout_s=10.0)
+    try:
+        runs = paired_spatial0_rollouts(policy, horizon=15)
+    finally:
+        policy.close()
+        server.stop()
+    assert runs["clean"][0].policy_calls == 3  # 5 of each 10-step chunk
 
 
 def test_the_libero_pool_is_the_four_suites_in_libero_s_order():
@@ -298,10 +317,6 @@ def test_paired_libero_rollouts_through_a_lerobot_checkpoint_with_libero_s_featu
     from lerobot.policies.act.configuration_act import ACTConfig
     from lerobot.policies.factory import get_policy_class, make_pre_post_processors
 
-    from robocasa_shift import specs
-    from robocasa_shift.backends import get_backend
-    from robocasa_shift.engine.records import RolloutKey
-    from robocasa_shift.engine.rollout import Observer, run_rollout
     from robocasa_shift.policies.lerobot import LeRobotPolicy
     from robocasa_shift.policies.remote import LIBERO_STATE, proprio_vector
 
@@ -322,34 +337,9 @@ def test_paired_libero_rollouts_through_a_lerobot_checkpoint_with_libero_s_featu
     for processor in make_pre_post_processors(config, dataset_stats=stats):
         processor.save_pretrained(tmp_path / "act")
 
-    class Recorder(Observer):
-        def on_start(self, env):
-            self.actions, self.batches = [], []
-
-        def before_act(self, rollout, obs):
-            self.batches.append((obs, policy.batch(obs)))
-
-        def on_step(self, step, action, env, latched):
-            self.actions.append(np.array(action))
-
     policy = LeRobotPolicy(tmp_path / "act", preset="libero", mode="chunk")
-    env = get_backend("libero").make("spatial-0")
-    protocol, spec = specs.load_protocol(), load_stage_spec("libero", "spatial-0")
-    runs = {}
-    try:
-        for name, condition in (("clean", "clean"), ("camera", "camera:L3"), ("again", "clean")):
-            recorder = Recorder()
-            record = run_rollout(env, policy, RolloutKey("formal", "spatial-0", 0, condition), protocol, spec, "libero",
-                                 observer=recorder, horizon=10)
-            assert record.valid, record.error
-            runs[name] = (record, np.array(recorder.actions), recorder.batches)
-    finally:
-        env.close()
-    clean, camera, again = (runs[k][0] for k in ("clean", "camera", "again"))
-    assert clean.env_fingerprint == camera.env_fingerprint == again.env_fingerprint
-    assert runs["clean"][1].shape == (10, 7) and clean.policy_calls == 2
-    assert np.array_equal(runs["clean"][1], runs["again"][1])
-    assert not np.array_equal(runs["clean"][1], runs["camera"][1])  # the rotated agentview reaches the model
+    runs = paired_spatial0_rollouts(policy, horizon=10, batches=True)
+    assert runs["clean"][0].policy_calls == 2
     obs, batch = runs["clean"][2][0]
     # LeRobot's LIBERO frame: robosuite's raw render rotated 180 degrees = this harness's upright one, mirrored
     for camera_name, key in (("agentview", "image"), ("robot0_eye_in_hand", "image2")):
