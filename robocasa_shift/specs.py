@@ -149,10 +149,11 @@ class Protocol:
         return self.factors[name]
 
 
-def _load_factor(path: Path, level_names: Tuple[str, ...], optional: bool = False) -> FactorSpec:
+def _load_factor(path: Path, level_names: Tuple[str, ...], optional_factors: Sequence[str] = ()) -> FactorSpec:
     """One factor file; a factor of the matrix defines every level, an optional one a leading subset of them."""
     content = _read_yaml(path)
     factor = _require(content, path, "factor", str)
+    optional = factor in optional_factors
     version = _require(content, path, "version", int)
     kind = _require(content, path, "kind", str)
     description = _require(content, path, "description", str)
@@ -267,8 +268,7 @@ def load_protocol(directory: Path | str | None = None, verify: bool = True) -> P
 
     by_name: Dict[str, FactorSpec] = {}
     for path in factor_paths:
-        peek = _read_yaml(path).get("factor")
-        spec = _load_factor(path, level_names, optional=peek in optional)
+        spec = _load_factor(path, level_names, optional)
         if spec.factor in by_name:
             raise SpecError(path, "factor", f"'{spec.factor}' is also defined in {by_name[spec.factor].path}")
         by_name[spec.factor] = spec
