@@ -1,7 +1,9 @@
-"""Work robosuite 1.5.2 does every physics substep that no one reads, skipped without changing a bit.
+"""robosuite 1.5.2's control step with the work nobody reads removed, and its Python overhead written out once.
 
-A control step of robosuite is 25 substeps of: controller, ``mj_step1/2``, then every observable's
-update. Two pieces of that are pure waste for this harness:
+A control step of robosuite is 25 physics substeps of: ``mj_step1``, the robot's controllers,
+``mj_step2``, then every observable's clock. MuJoCo itself is about a tenth of that time; the
+rest is Python that re-derives the same constants every substep. Three shortcuts, none of
+which changes a floating-point operation:
 
 - ``robot.action_dim`` is a property that rebuilds the action limits (array concatenations over
   every part controller) and is read three times per substep, though it never changes once the
@@ -9,19 +11,35 @@ update. Two pieces of that are pure waste for this harness:
 - The object observables (``cube_pos``, ``gripper_to_cube_pos``, the ``object-state``
   concatenation, ...) are sampled every control step, but the harness delivers only the robot's
   own sensing (``robot0_*``) and reads object poses from the simulator. They are disabled.
+- :class:`FusedStep` replaces ``env.step`` for the controller stack the embedded backend uses
+  (a wheeled robot under ``HybridMobileBase``: OSC arm, joint-position torso, joint-velocity
+  base, simple gripper). Its 24 substeps after the first are robosuite's own code written out
+  flat: the same numpy and MuJoCo calls on arrays made the same way, in the same order, with
+  the same numba kernels (``opspace_matrices``, ``nullspace_torques``, ``orientation_error``).
+  What it drops is only what cannot change a value: name-to-id lookups, f-strings, list-to-index
+  conversions, property chains, copies of fresh arrays, a site Jacobian robosuite computes twice
+  from the same state, and constants (control ranges, the gripper's and base's bias and weight)
+  re-derived from constants. The first substep of every step (where goals are set and the
+  robot's history buffers are pushed) and ``_post_action`` / ``_get_observations`` run stock.
 
-Neither touches what the physics integrates: the identity test (tests/test_fastpath.py) steps
-the same actions with and without these shortcuts on several tasks and conditions and compares
-the full MuJoCo integration state and the delivered observations after every control step,
-byte for byte. The shortcuts are applied only to the robosuite version they were verified on;
-another version gets stock robosuite, and the identity test, which pins the version, fails.
+The identity test (tests/test_fastpath.py) steps the same actions with and without these
+shortcuts on several tasks and conditions and compares the full MuJoCo integration state, the
+controllers' state and the delivered observations after every control step, byte for byte.
+The shortcuts apply only to the robosuite version they were verified on, and the fused step
+only to the exact classes and settings it mirrors (:func:`fused_step_problem` says why not,
+and the environment then steps stock); another robosuite version gets stock robosuite, and the
+identity test, which pins the version, fails.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Optional
+
+import numpy as np
 
 VERIFIED_ROBOSUITE = "1.5.2"
+# the ufunc np.clip calls after its argument checks (numpy < 2, which robosuite 1.5.2 pins)
+_clip = np.core.umath.clip
 # observable modalities nothing in the harness reads (robot0_* proprioception is delivered to policies)
 UNREAD_MODALITIES = ("object",)
 
@@ -49,15 +67,290 @@ def enable(raw) -> Dict[str, Any]:
     disabled = sorted(name for name, obs in raw._observables.items() if obs.modality in UNREAD_MODALITIES)
     for name in disabled:
         raw._observables[name].set_enabled(False)
+    problem = fused_step_problem(raw)
+    if problem is None:
+        raw.step = FusedStep(raw).step  # an instance attribute: the class's own step is untouched
     return {"enabled": True, "robosuite": VERIFIED_ROBOSUITE, "action_dim_cached": True,
-            "observables_disabled": disabled}
+            "observables_disabled": disabled, "fused_step": problem is None,
+            **({"fused_step_reason": problem} if problem else {})}
 
 
 def disable(raw) -> None:
     """Stock robosuite again (the identity test's reference)."""
+    vars(raw).pop("step", None)
     for robot in raw.robots:
         if getattr(type(robot), "_fastpath", False):
             robot.__class__ = type(robot)._stock_class
     for obs in raw._observables.values():
         if obs.modality in UNREAD_MODALITIES:
             obs.set_enabled(True)
+
+
+def fused_step_problem(raw) -> Optional[str]:
+    """Why :class:`FusedStep` does not mirror this environment's step exactly, or None when it does."""
+    from robosuite.controllers.composite.composite_controller import CompositeController, HybridMobileBase
+    from robosuite.controllers.parts.arm.osc import OperationalSpaceController
+    from robosuite.controllers.parts.controller import Controller
+    from robosuite.controllers.parts.generic.joint_pos import JointPositionController
+    from robosuite.controllers.parts.gripper.gripper_controller import GripperController
+    from robosuite.controllers.parts.gripper.simple_grip import SimpleGripController
+    from robosuite.controllers.parts.mobile_base.joint_vel import MobileBaseJointVelocityController
+    from robosuite.controllers.parts.mobile_base.mobile_base_controller import MobileBaseController
+    from robosuite.environments.base import MujocoEnv
+    from robosuite.environments.robot_env import RobotEnv
+    from robosuite.robots.wheeled_robot import WheeledRobot
+
+    # the methods FusedStep writes out, each the class's own and not an override
+    mirrored = {
+        "env.step": (type(raw).step, MujocoEnv.step),
+        "env._pre_action": (type(raw)._pre_action, RobotEnv._pre_action),
+        "env._update_observables": (type(raw)._update_observables, MujocoEnv._update_observables),
+    }
+    if len(raw.robots) != 1:
+        return f"{len(raw.robots)} robots (the fused step mirrors one)"
+    robot = raw.robots[0]
+    mirrored["robot.control"] = (type(robot).control, WheeledRobot.control)
+    composite = robot.composite_controller
+    if type(composite) is not HybridMobileBase:
+        return f"composite controller {type(composite).__name__}, not HybridMobileBase"
+    mirrored["composite.run_controller"] = (type(composite).run_controller, CompositeController.run_controller)
+    mirrored["composite.update_state"] = (type(composite).update_state, CompositeController.update_state)
+    expected = {"right": OperationalSpaceController, "torso": JointPositionController,
+                "base": MobileBaseJointVelocityController, "right_gripper": SimpleGripController}
+    parts = composite.part_controllers
+    if list(parts) != list(expected) or any(type(parts[p]) is not cls for p, cls in expected.items()):
+        return f"part controllers {[(p, type(c).__name__) for p, c in parts.items()]}, not {list(expected)}"
+    for part, base in (("right", Controller), ("torso", Controller), ("base", MobileBaseController),
+                       ("right_gripper", GripperController)):
+        mirrored[f"{part}.update"] = (type(parts[part]).update, base.update)
+    if not all(robot._enabled_parts.get(p, False) for p in parts):
+        return "a part controller is disabled"
+    osc, torso, base, gripper = (parts[p] for p in expected)
+    settings = {
+        "lite_physics": raw.lite_physics is True and osc.lite_physics is True and torso.lite_physics is True,
+        "no viewer": raw.viewer is None and not raw.has_renderer,
+        "osc: fixed impedance, delta input in the base frame, decoupled, no interpolators": (
+            osc.impedance_mode == "fixed" and osc.input_type == "delta" and osc.input_ref_frame == "base"
+            and osc.uncoupling is True and osc.interpolator_pos is None and osc.interpolator_ori is None
+            and osc.num_ref_sites == 1 and osc.ref_name is not None),
+        "torso: torque-compensated, no interpolator": (torso.interpolator is None and torso.use_torque_compensation
+                                                       and torso.ref_name is None),
+        "base and gripper: no interpolator, action scaling on the gripper": (
+            base.interpolator is None and gripper.interpolator is None and gripper.use_action_scaling is True),
+    }
+    for name, (have, stock) in mirrored.items():
+        if have is not stock:
+            return f"{name} is overridden ({have.__qualname__})"
+    for name, ok in settings.items():
+        if not ok:
+            return f"settings differ from the mirrored ones: {name}"
+    return None
+
+
+class FusedStep:
+    """``env.step`` of robosuite 1.5.2 (``MujocoEnv.step``) for the controller stack :func:`fused_step_problem`
+    accepts, its non-policy substeps written out (each block names the robosuite method it mirrors)."""
+
+    def __init__(self, raw):
+        import mujoco
+        from robosuite.utils.control_utils import nullspace_torques, opspace_matrices, orientation_error
+        from robosuite.utils.transform_utils import mat2quat
+
+        self.raw = raw
+        self._mj = mujoco
+        self._mat2quat = mat2quat
+        self._kernels = (opspace_matrices, nullspace_torques, orientation_error)
+        self.substeps = int(raw.control_timestep / raw.model_timestep)
+        self.composite = self.model = None
+        self.problem: Optional[str] = None
+
+    def _bind(self) -> None:
+        """Handles and constants of the current controllers and model: robosuite builds new controllers on every
+        reset (and a new model on a hard one), so this runs whenever they changed, and checks them again."""
+        raw = self.raw
+        self.problem = fused_step_problem(raw)
+        self.sim = raw.sim
+        self.robot = raw.robots[0]
+        self.composite = self.robot.composite_controller
+        self.model = self.sim.model._model
+        self.data = self.sim.data._data
+        if self.problem is not None:
+            return
+        parts = self.composite.part_controllers
+        self.osc, self.torso, self.base, self.gripper = (parts[p] for p in ("right", "torso", "base", "right_gripper"))
+        model, name2id = self.model, self.sim.model.site_name2id
+        self.nv = model.nv
+        osc = self.osc
+        # CompositeController.get_controller_base_pose's and OSC.run_controller's site, and the OSC's reference site
+        self.arm_center = name2id(f"{osc.naming_prefix}{osc.part_name}_center")
+        self.grip_site = name2id(osc.ref_name)
+        # fancy indices as arrays: numpy turns the lists robosuite holds into these on every use
+        index = lambda idx: np.asarray(idx, dtype=np.intp)  # noqa: E731
+        self.osc_qpos, self.osc_qvel = index(osc.qpos_index), index(osc.qvel_index)
+        self.torso_qpos, self.torso_qvel = index(self.torso.qpos_index), index(self.torso.qvel_index)
+        self.base_qpos, self.base_qvel = index(self.base.qpos_index), index(self.base.qvel_index)
+        self.grip_qpos, self.grip_qvel = index(self.gripper.qpos_index), index(self.gripper.qvel_index)
+        # WheeledRobot.control: each part's actuators and their control range (model constants)
+        self.actuation = []
+        for part in parts:
+            idx = index(self.robot._ref_actuators_indexes_dict[part])
+            self.actuation.append((part, idx, model.actuator_ctrlrange[idx, 0], model.actuator_ctrlrange[idx, 1]))
+        # the velocity controllers' affine map from [-1, 1] to the actuator range (constants of constants)
+        self.base_bias, self.base_weight = self._affine(self.base)
+        self.grip_bias, self.grip_weight = self._affine(self.gripper)
+
+    @staticmethod
+    def _affine(ctrl):
+        ctrl_range = np.stack([ctrl.actuator_min, ctrl.actuator_max], axis=-1)
+        return 0.5 * (ctrl_range[:, 1] + ctrl_range[:, 0]), 0.5 * (ctrl_range[:, 1] - ctrl_range[:, 0])
+
+    # ------------------------------------------------------------------ MujocoEnv.step
+
+    def step(self, action):
+        """One control step, as ``MujocoEnv.step`` takes it (lite physics, no viewer)."""
+        raw = self.raw
+        if raw.robots[0].composite_controller is not self.composite or raw.sim.model._model is not self.model:
+            self._bind()
+        if self.problem is not None:  # not the stack this mirrors (any more): robosuite's own step
+            return type(raw).step(raw, action)
+        if raw.done:
+            raise ValueError("executing action in terminated episode")
+        # RobotEnv._pre_action's and WheeledRobot.control's checks, once: the action is the same every substep
+        assert len(action) == raw.action_dim, "environment got invalid action dimension -- expected {}, got {}".format(
+            raw.action_dim, len(action))
+        raw.timestep += 1
+        sim, timestep, cache = self.sim, raw.model_timestep, raw._obs_cache
+        for i in range(self.substeps):
+            sim.step1()
+            if i == 0:  # the policy step: new goals, then the torques, then the robot's history buffers
+                self.composite.set_goal(action)
+                self._control()
+                self._push_history(action)
+            else:
+                self._control()  # the goals are set: the action is not read again
+            sim.step2()
+            for observable in raw._observables.values():  # MujocoEnv._update_observables
+                observable.update(timestep=timestep, obs_cache=cache, force=False)
+        raw.cur_time += raw.control_timestep
+        reward, done, info = raw._post_action(action)
+        return raw._get_observations(), reward, done, info
+
+    # ------------------------------------------------------------------ WheeledRobot.control(policy_step=False)
+
+    def _control(self) -> None:
+        d = self.data
+        # CompositeController.run_controller: update_state (the arm's origin), then each part in order
+        osc = self.osc
+        osc.origin_pos = np.array(d.site_xpos[self.arm_center])
+        osc.origin_ori = np.array(d.site_xmat[self.arm_center].reshape([3, 3]))
+        applied = self.composite._applied_action_dict
+        applied.clear()
+        # Controller.update's mass matrix: the arm's and the torso's come from the same qM (nothing moves between)
+        full = np.ndarray(shape=(self.nv, self.nv), dtype=np.float64, order="C")
+        self._mj.mj_fullM(self.model, full, d.qM)
+        applied["right"] = self._osc(full)
+        applied["torso"] = self._torso(full)
+        applied["base"] = self._velocity(self.base, self.base_qpos, self.base_qvel, self.base_bias, self.base_weight)
+        applied["right_gripper"] = self._velocity(self.gripper, self.grip_qpos, self.grip_qvel, self.grip_bias,
+                                                  self.grip_weight)
+        ctrl = d.ctrl
+        for part, idx, low, high in self.actuation:
+            ctrl[idx] = _clip(applied[part], low, high)
+
+    def _push_history(self, action) -> None:
+        """The end of ``WheeledRobot.control`` on a policy step, verbatim: the robot's history buffers."""
+        robot = self.robot
+        robot.recent_qpos.push(robot._joint_positions)
+        robot.recent_actions.push(action)
+        robot.recent_torques.push(robot.torques)
+        for arm in robot.arms:
+            controller = robot.part_controllers.get(arm, None)
+            if controller is None:
+                continue
+            robot.recent_ee_forcetorques[arm].push(np.concatenate((robot.ee_force[arm], robot.ee_torque[arm])))
+            robot.recent_ee_pose[arm].push(np.concatenate((controller.ref_pos, self._mat2quat(controller.ref_ori_mat))))
+            robot.recent_ee_vel[arm].push(np.concatenate((controller.ref_pos_vel, controller.ref_ori_vel)))
+            robot.recent_ee_vel_buffer[arm].push(np.concatenate((controller.ref_pos_vel, controller.ref_ori_vel)))
+            diffs = np.vstack(
+                [robot.recent_ee_acc[arm].current, robot.control_freq * np.diff(robot.recent_ee_vel_buffer[arm].buf, axis=0)]
+            )
+            ee_acc = np.array([np.convolve(col, np.ones(10) / 10.0, mode="valid")[0] for col in diffs.transpose()])
+            robot.recent_ee_acc[arm].push(ee_acc)
+
+    def _site_jacobians(self, site: int):
+        """``MjData.get_site_jacp`` and ``get_site_jacr`` in one ``mj_jacSite`` call (MuJoCo computes the two
+        independently, from the same state, whether one or both are asked for)."""
+        jacp = np.zeros((3, self.nv))
+        jacr = np.zeros((3, self.nv))
+        self._mj.mj_jacSite(self.model, self.data, jacp, jacr, site)
+        return jacp, jacr
+
+    def _osc(self, full_mass_matrix: np.ndarray) -> np.ndarray:
+        """``OperationalSpaceController.run_controller`` (fixed impedance, base frame, decoupled, no interpolators)."""
+        c, d = self.osc, self.data
+        opspace_matrices, nullspace_torques, orientation_error = self._kernels
+        qvel = d.qvel
+        if c.new_update:  # Controller.update (lite physics: no forward) and _update_single_reference
+            site = self.grip_site
+            c.ref_pos[:] = d.site_xpos[site]
+            c.ref_ori_mat[:, :] = d.site_xmat[site].reshape([3, 3])
+            # robosuite evaluates the site's Jacobians twice (for the velocities, then for J): same state, same values
+            jacp, jacr = self._site_jacobians(site)
+            c.ref_pos_vel[:] = np.dot(jacp, qvel)
+            c.ref_ori_vel[:] = np.dot(jacr, qvel)
+            c.J_pos[:, :] = jacp.reshape((3, -1))[:, self.osc_qvel]
+            c.J_ori[:, :] = jacr.reshape((3, -1))[:, self.osc_qvel]
+            c.J_full[:3] = c.J_pos  # np.vstack([J_pos, J_ori]) written into J_full: the same copy
+            c.J_full[3:] = c.J_ori
+            c.joint_pos = d.qpos[self.osc_qpos]
+            c.joint_vel = qvel[self.osc_qvel]
+            # two fancy indexings, as robosuite's: the result is Fortran-ordered, and numba compiles per layout
+            c.mass_matrix = full_mass_matrix[self.osc_qvel, :][:, self.osc_qvel]
+            c.new_update = False
+        desired_world_pos = c.origin_pos + np.dot(c.origin_ori, c.goal_pos)
+        desired_world_ori = np.dot(c.origin_ori, c.goal_ori)
+        ori_error = orientation_error(desired_world_ori, c.ref_ori_mat)
+        position_error = desired_world_pos - c.ref_pos
+        center_jacp, center_jacr = self._site_jacobians(self.arm_center)
+        base_pos_vel = np.dot(center_jacp, qvel)
+        vel_pos_error = -(c.ref_pos_vel - base_pos_vel)
+        desired_force = np.multiply(position_error, c.kp[0:3]) + np.multiply(vel_pos_error, c.kd[0:3])
+        base_ori_vel = np.dot(center_jacr, qvel)
+        vel_ori_error = -(c.ref_ori_vel - base_ori_vel)
+        desired_torque = np.multiply(ori_error, c.kp[3:6]) + np.multiply(vel_ori_error, c.kd[3:6])
+        lambda_full, lambda_pos, lambda_ori, nullspace_matrix = opspace_matrices(c.mass_matrix, c.J_full, c.J_pos, c.J_ori)
+        decoupled_wrench = np.concatenate([np.dot(lambda_pos, desired_force), np.dot(lambda_ori, desired_torque)])
+        c.torques = np.dot(c.J_full.T, decoupled_wrench) + d.qfrc_bias[self.osc_qvel]
+        c.torques += nullspace_torques(c.mass_matrix, nullspace_matrix, c.initial_joint, c.joint_pos, c.joint_vel)
+        c.new_update = True
+        return c.torques
+
+    def _torso(self, full_mass_matrix: np.ndarray) -> np.ndarray:
+        """``JointPositionController.run_controller`` (fixed impedance, torque compensation, no interpolator)."""
+        c, d = self.torso, self.data
+        if c.goal_qpos is None:
+            c.set_goal(np.zeros(c.control_dim))
+        if c.new_update:  # Controller.update without a reference site
+            c.joint_pos = d.qpos[self.torso_qpos]
+            c.joint_vel = d.qvel[self.torso_qvel]
+            c.mass_matrix = full_mass_matrix[self.torso_qvel, :][:, self.torso_qvel]
+            c.new_update = False
+        position_error = np.array(c.goal_qpos) - c.joint_pos
+        desired_torque = np.multiply(position_error, c.kp) + np.multiply(-c.joint_vel, c.kd)
+        c.torques = np.dot(c.mass_matrix, desired_torque) + d.qfrc_bias[self.torso_qvel]
+        c.new_update = True
+        return c.torques
+
+    def _velocity(self, c, qpos_index, qvel_index, bias, weight) -> np.ndarray:
+        """``MobileBaseJointVelocityController`` / ``SimpleGripController.run_controller`` (no interpolator): the goal
+        velocity mapped from [-1, 1] onto the actuator range."""
+        if c.goal_qvel is None:
+            c.set_goal(np.zeros(c.control_dim))
+        d = self.data
+        if c.new_update:  # MobileBaseController.update / GripperController.update
+            c.joint_pos = d.qpos[qpos_index]
+            c.joint_vel = d.qvel[qvel_index]
+            c.new_update = False
+        c.vels = bias + weight * np.array(c.goal_qvel)
+        c.new_update = True
+        return c.vels
