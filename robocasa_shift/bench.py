@@ -4,18 +4,25 @@ Every figure is measured in the same process (or the same pools) with the
 repeats interleaved, so a slow minute on the machine affects all of them
 alike; each is reported as median, min and max over the repeats.
 
-- ``physics_sps``: bare ``robosuite`` stepping, no rendering.
-- ``render_ms``: one camera frame at the policy's size.
+- ``physics_sps``: bare ``robosuite`` stepping (``env.step`` as the backend built it), no rendering.
+- ``render_ms_<camera>``: one 128x128 frame with out-of-view geoms culled (the fast
+  profile), ``render_full_ms_<camera>`` of the full scene; ``render_ms_empty``: a frame of a
+  scene without geoms (what a frame costs besides its triangles).
 - ``reset_ms``: the between-rollout reset (restore nominal, seeded reset, fingerprint).
 - ``overhead_ratio``: harness time per control step / a bare robosuite loop with
   the same environment, the same actions (recorded from the harness rollout) and
   the same rendering cadence and cameras, in the same process.
-- ``fastpath_speedup``: the same harness rollout on stock robosuite (``robosuite_fastpath``
-  off, numpy's BLAS pool at its default size) / as the harness runs it; both must end in the
+- ``fastpath_speedup``: the same harness rollout on stock robosuite and MuJoCo (``robosuite_fastpath``
+  off, full-scene renders, numpy's BLAS pool at its default size) / as the harness runs it;
+  ``fused_step_speedup``: the same for a rollout that renders nothing. All must end in the
   same state, bit for bit.
-- ``physics_limit_ratio``: harness time per control step / bare ``mujoco.mj_step``
-  over the harness rollout's own substep controls from its own start state (the
-  same model and trajectory: its final qpos must equal the harness's, bit for bit);
+- ``physics_limit_ratio``: harness time per control step of a rollout that renders nothing /
+  bare ``mujoco.mj_step`` over the rollout's own substep controls from its own start state
+  (the same model and trajectory: its final qpos must equal the harness's, bit for bit);
+  ``bare_mj_step_ms`` is that denominator per control step. ``render_limit_ratio``: the
+  rollout that reads both cameras every 4 steps / that bare ``mj_step`` plus MuJoCo's own
+  render of the same frames (``mjv_updateScene``, ``mjr_render`` of the full scene,
+  ``mjr_readPixels``, from the very states the harness rendered).
   ``profile_ms_<part>``: milliseconds per control step in physics, controller,
   observables, render, policy and the rest (bookkeeping) of one harness rollout.
 - ``cadence_speedup``: a harness rollout reading one observation per chunk of
@@ -36,6 +43,7 @@ import multiprocessing as mp
 import os
 import platform
 import time
+from contextlib import contextmanager
 from typing import Callable, Dict, List, Sequence
 
 import numpy as np
@@ -43,6 +51,7 @@ from tqdm import tqdm
 
 from robocasa_shift import seeding, specs
 from robocasa_shift.backends import get_backend, robosuite_fastpath
+from robocasa_shift.backends.mujoco_env import RENDER_PROFILES
 from robocasa_shift.config import DEFAULT_POLICY, StudyConfig
 from robocasa_shift.engine.records import RolloutKey
 from robocasa_shift.engine.rollout import prepare_episode, run_lockstep, run_rollout
@@ -58,16 +67,16 @@ FORMAL_CONDITIONS = ("clean", "illumination:L1", "blur:L1", "base:L1")
 
 
 class FixedActions:
-    """A policy with no cost of its own: plays fixed actions in chunks of ``chunk``, reading both cameras."""
+    """A policy with no cost of its own: plays fixed actions in chunks of ``chunk``, reading both cameras (or none)."""
 
     name = "bench-fixed-actions"
-    camera_roles = ("third_person", "wrist")
     image_size = 128
     privileged = False
     deterministic = True
 
-    def __init__(self, actions: np.ndarray, chunk: int):
+    def __init__(self, actions: np.ndarray, chunk: int, cameras: bool = True):
         self.actions, self.chunk, self._next = actions, chunk, 0
+        self.camera_roles = ("third_person", "wrist") if cameras else ()
 
     def reset(self, seed: int) -> None:
         """Start again from the first action (the seed is irrelevant: nothing is random)."""
@@ -82,6 +91,17 @@ class FixedActions:
     def rng_fingerprint(self) -> str:
         """Constant: the policy has no generator."""
         return "deterministic"
+
+
+@contextmanager
+def culling(on: bool):
+    """The fast render profile with out-of-view culling on or off, for the duration."""
+    profile = RENDER_PROFILES["fast"]
+    saved, profile["cull"] = profile["cull"], on
+    try:
+        yield
+    finally:
+        profile["cull"] = saved
 
 
 def summary(values: Sequence[float], digits: int = 3) -> Dict[str, float]:
@@ -114,25 +134,43 @@ class InProcess:
         return RolloutKey("formal", self.env.task.name, 0, condition, 0)
 
     def physics_sps(self) -> float:
-        """Bare robosuite control steps per second, no rendering."""
+        """Bare robosuite control steps per second (``env.step``, as the backend built it), no rendering."""
         self.env.reset(1)
         raw = self.env.raw
         return self.steps / _timed(lambda: [raw.step(a) for a in self.actions])
 
-    def render_ms(self, frames: int = 20) -> float:
-        """Milliseconds per 128x128 frame of the first camera."""
+    def render_ms(self, culled: bool = True, frames: int = 10) -> Dict[str, float]:
+        """Milliseconds per 128x128 frame of each camera (after the same steps of the rollout's actions), with
+        out-of-view geoms culled (the fast profile's way) or the full scene; ``empty``: a scene without geoms
+        (clearing, the draw setup and the read-back: what a frame costs besides its triangles)."""
         self.env.reset(1)
-        cam = self.cameras[0]
-        return 1000 * _timed(lambda: [self.env.render(cam, 128) for _ in range(frames)]) / frames
+        for action in self.actions[:40]:
+            self.env.step(action)
+        out = {}
+        with culling(culled):
+            for cam in self.cameras:
+                out[cam] = 1000 * _timed(lambda: [self.env.render(cam, 128) for _ in range(frames)]) / frames
+        if culled:
+            ctx, mj = self.env._render_context(), self.env._mujoco
+            rect, rgb = mj.MjrRect(0, 0, 128, 128), np.empty((128, 128, 3), dtype=np.uint8)
+            ctx.render(width=128, height=128, camera_id=self.env._cam_ids[self.cameras[0]])
+            ctx.scn.ngeom = 0
+
+            def empty():
+                mj.mjr_render(rect, ctx.scn, ctx.con)
+                mj.mjr_readPixels(rgb, None, rect, ctx.con)
+
+            out["empty"] = 1000 * _timed(lambda: [empty() for _ in range(frames)]) / frames
+        return out
 
     def reset_ms(self, resets: int = 5) -> float:
         """Milliseconds per between-rollout reset (restore nominal, seeded reset, fingerprint)."""
         key = self.key()
         return 1000 * _timed(lambda: [prepare_episode(self.env, self.protocol, key) for _ in range(resets)]) / resets
 
-    def harness(self, chunk: int, condition: str = "clean") -> tuple:
+    def harness(self, chunk: int, condition: str = "clean", cameras: bool = True) -> tuple:
         """(seconds per control step, steps, final qpos) of a full harness rollout of the fixed actions."""
-        policy = FixedActions(self.actions, chunk)
+        policy = FixedActions(self.actions, chunk, cameras)
         t0 = time.perf_counter()
         record = run_rollout(self.env, policy, self.key(condition), self.protocol, self.stage_spec, "robosuite",
                              horizon=self.steps)
@@ -141,38 +179,39 @@ class InProcess:
         return (time.perf_counter() - t0) / record.steps, record.steps, self.env.data.qpos.copy()
 
     def bare(self, chunk: int, steps: int) -> tuple:
-        """(seconds per control step, final qpos) of plain robosuite from the harness rollout's seed:
-        seeded reset, then step, rendering the same cameras every ``chunk`` steps."""
-        env, raw = self.env, self.env.raw
-        ctx = env._render_context()
-        cam_ids = [raw.sim.model.camera_name2id(c) for c in self.cameras]
+        """(seconds per control step, final qpos) of a plain loop from the harness rollout's seed: seeded reset,
+        then ``env.step``, rendering the same cameras every ``chunk`` steps as the backend renders them."""
+        env = self.env
         seed = seeding.env_seed(self.protocol.study_seed, self.env.task.name, "formal", 0)
         t0 = time.perf_counter()
         env.reset(seed)  # robosuite's own reset with its generators replaced (it has no reset(seed))
         for i in range(steps):
             if i % chunk == 0:
-                for cam in cam_ids:
-                    ctx.render(width=128, height=128, camera_id=cam)
-                    ctx.read_pixels(128, 128)
-            raw.step(self.actions[i])
+                for cam in self.cameras:
+                    env.render(cam, 128)
+            env.raw.step(self.actions[i])
         return (time.perf_counter() - t0) / steps, env.data.qpos.copy()
 
-    def substep_controls(self, chunk: int, condition: str = "clean") -> tuple:
-        """(start state, the ``ctrl`` of every physics substep, final qpos) of the harness rollout, untimed."""
-        raw, mj = self.env.raw, self.env._mujoco
+    def limits(self, chunk: int, condition: str = "clean") -> tuple:
+        """What the harness rollout of ``chunk`` (both cameras) costs the simulator itself, untimed here:
+        (start state, the ``ctrl`` of every physics substep, the physics state of every rendered frame with its
+        camera, final qpos)."""
+        env, raw, mj = self.env, self.env.raw, self.env._mujoco
         controls: List[np.ndarray] = []
+        frames: List[tuple] = []
         # robosuite integrates with sim.step, or with step1 / ctrl / step2 under lite_physics (1.5's default)
         name = "step2" if getattr(raw, "lite_physics", False) else "step"
-        integrate = getattr(raw.sim, name)
+        integrate, render = getattr(raw.sim, name), env.render
         setattr(raw.sim, name, lambda: (controls.append(raw.sim.data.ctrl.copy()), integrate())[1])
+        env.render = lambda cam, size: (frames.append((env._integration(), cam, size)), render(cam, size))[1]
         try:
-            prepare_episode(self.env, self.protocol, self.key(condition))
-            start = np.empty(mj.mj_stateSize(self.env.model, mj.mjtState.mjSTATE_INTEGRATION))
-            mj.mj_getState(self.env.model, self.env.data, start, mj.mjtState.mjSTATE_INTEGRATION)
+            prepare_episode(env, self.protocol, self.key(condition))
+            start = env._integration()
             _, _, qpos = self.harness(chunk, condition)
         finally:
-            delattr(raw.sim, name)  # the instance attribute goes; the class's method is back
-        return start, np.array(controls), qpos
+            delattr(raw.sim, name)  # the instance attribute goes; the sim's own (or the fast path's) is back
+            del env.render
+        return start, np.array(controls), frames, qpos
 
     def bare_physics(self, start: np.ndarray, controls: np.ndarray) -> tuple:
         """(seconds for ``mj_step`` over ``controls`` from ``start``, final qpos): the simulation's own cost."""
@@ -187,26 +226,57 @@ class InProcess:
 
         return _timed(run), data.qpos.copy()
 
+    def bare_renders(self, frames: Sequence[tuple]) -> float:
+        """Seconds for MuJoCo's own render of ``frames`` (state, camera, size): ``mjv_updateScene``, ``mjr_render``
+        of the full scene, ``mjr_readPixels``; restoring each state is not timed."""
+        env, mj = self.env, self.env._mujoco
+        ctx = env._render_context()
+        spent = 0.0
+        for integration, cam, size in frames:
+            env.set_physics_state(integration)
+            t0 = time.perf_counter()
+            ctx.render(width=size, height=size, camera_id=env._cam_ids[cam])
+            ctx.read_pixels(size, size)
+            spent += time.perf_counter() - t0
+        return spent
+
     def profile(self, chunk: int) -> Dict[str, float]:
         """Seconds per control step of each part of one harness rollout: physics, controller, observables,
-        render, policy and the rest (bookkeeping), from wrappers around robosuite's own calls."""
+        render, policy and the rest (bookkeeping), from wrappers around robosuite's own calls (or the fast path's)."""
+        from robosuite.utils.observables import Observable
+
         raw = self.env.raw
         spent = {"physics": 0.0, "controller": 0.0, "observables": 0.0}
+        inside = set()  # parts being timed now: a nested call of the same part is not counted twice
+        # instance attributes, gone again afterwards; robosuite builds new controllers on every reset, so the
+        # composite controller's and the observables' methods are wrapped on their classes
         wrapped = {(raw.sim, "step"): "physics", (raw.sim, "forward"): "physics", (raw.sim, "step1"): "physics",
                    (raw.sim, "step2"): "physics", (raw, "_pre_action"): "controller",
-                   (raw, "_update_observables"): "observables", (raw, "_get_observations"): "observables"}
+                   (raw, "_get_observations"): "observables"}
+        fused = getattr(raw.step, "__self__", None)
+        if isinstance(fused, robosuite_fastpath.FusedStep):
+            wrapped.update({(fused, "_control"): "controller", (fused, "_push_history"): "controller"})
+        on_classes = {(type(raw.robots[0].composite_controller), "set_goal"): "controller",
+                      (Observable, "update"): "observables"}
 
         def timing(fn, part):
             def timed(*args, **kwargs):
+                if part in inside:
+                    return fn(*args, **kwargs)
+                inside.add(part)
                 t0 = time.perf_counter()
                 try:
                     return fn(*args, **kwargs)
                 finally:
                     spent[part] += time.perf_counter() - t0
+                    inside.discard(part)
             return timed
 
         for (owner, name), part in wrapped.items():
             setattr(owner, name, timing(getattr(owner, name), part))
+        saved = {(cls, name): vars(cls)[name] for cls, name in on_classes}
+        for (cls, name), part in on_classes.items():
+            setattr(cls, name, timing(saved[cls, name], part))
         try:
             policy = FixedActions(self.actions, chunk)
             t0 = time.perf_counter()
@@ -214,6 +284,8 @@ class InProcess:
                                  horizon=self.steps)
             total = time.perf_counter() - t0
         finally:
+            for (cls, name), method in saved.items():
+                setattr(cls, name, method)
             for owner, name in wrapped:
                 delattr(owner, name)
         spent["render"] = record.timing["render_s"]
@@ -221,15 +293,16 @@ class InProcess:
         spent["bookkeeping"] = total - sum(spent.values())
         return {part: seconds / record.steps for part, seconds in spent.items()}
 
-    def stock(self, chunk: int) -> float:
-        """Seconds per control step of the same harness rollout on stock robosuite: the fast path off and
-        numpy's BLAS pool at its default size (one thread per core), as a process that never set it has it."""
+    def stock(self, chunk: int, cameras: bool = True) -> tuple:
+        """(seconds per control step, final qpos) of the same harness rollout on stock robosuite and MuJoCo: the fast
+        path off, every render of the full scene, numpy's BLAS pool at its default size (one thread per core), as a
+        process that never set it has it."""
         from threadpoolctl import threadpool_limits
 
         robosuite_fastpath.disable(self.env.raw)
         try:
-            with threadpool_limits(os.cpu_count() or 1, user_api="blas"):
-                per_step, _, qpos = self.harness(chunk)
+            with threadpool_limits(os.cpu_count() or 1, user_api="blas"), culling(False):
+                per_step, _, qpos = self.harness(chunk, cameras=cameras)
         finally:
             robosuite_fastpath.enable(self.env.raw)
         return per_step, qpos
@@ -320,24 +393,31 @@ def run_bench(repeats: int = 5, steps: int = 200, rollouts: int = 8, policy: str
     bar = tqdm(total=repeats, desc="bench", unit="repeat", disable=not progress, dynamic_ncols=True)
     for r in range(repeats):
         add("physics_sps", local.physics_sps())
-        add("render_ms", local.render_ms())
+        for culled, label in ((True, "render_ms"), (False, "render_full_ms")):
+            for part, ms in local.render_ms(culled).items():
+                add(f"{label}_{part}", ms)
         add("reset_ms", local.reset_ms())
         per_step = {}
         for chunk in (1, 4, 8):
             per_step[chunk], n, _ = local.harness(chunk)
+        blind, _, blind_qpos = local.harness(4, cameras=False)
         bare4, _ = local.bare(4, n)
         add("overhead_ratio", per_step[4] / bare4)
         stock4, stock_qpos = local.stock(4)
-        _, _, fast_qpos = local.harness(4)
-        if not np.array_equal(stock_qpos, fast_qpos):
+        stock_blind, _ = local.stock(4, cameras=False)
+        start, controls, frames, harness_qpos = local.limits(4)
+        if not (np.array_equal(stock_qpos, harness_qpos) and np.array_equal(blind_qpos, harness_qpos)):
             raise RuntimeError("the fast path changed the rollout: it must not change a bit")
         add("fastpath_speedup", stock4 / per_step[4])
-        start, controls, harness_qpos = local.substep_controls(4)
+        add("fused_step_speedup", stock_blind / blind)
         physics_s, physics_qpos = local.bare_physics(start, controls)
         if not np.array_equal(physics_qpos, harness_qpos):  # the same trajectory, or the ratio means nothing
             raise RuntimeError("bare mj_step did not retrace the harness rollout: max |dqpos| "
                                f"{np.abs(physics_qpos - harness_qpos).max():.3g}")
-        add("physics_limit_ratio", per_step[4] / (physics_s / n))
+        renders_s = local.bare_renders(frames)
+        add("physics_limit_ratio", blind / (physics_s / n))
+        add("render_limit_ratio", per_step[4] / ((physics_s + renders_s) / n))
+        add("bare_mj_step_ms", 1000 * physics_s / n)
         for part, seconds in local.profile(4).items():
             add(f"profile_ms_{part}", 1000 * seconds)
         add("cadence_speedup_4", per_step[1] / per_step[4])

@@ -68,22 +68,30 @@ def test_bench_compares_like_with_like(lift_env):
     _, steps, harness_qpos = local.harness(4)
     _, bare_qpos = local.bare(4, steps)
     assert steps == 24 and np.array_equal(harness_qpos, bare_qpos)
-    assert local.physics_sps() > 0 and local.render_ms() > 0
+    assert local.physics_sps() > 0
 
 
 @pytest.mark.sim
 def test_the_physics_limit_retraces_the_harness_rollout_and_the_profile_adds_up(lift_env):
     """physics_limit_ratio's denominator is bare mj_step over the rollout's own substep controls, ending in its
-    exact state; the stock-robosuite rollout of fastpath_speedup ends there too; the profile's parts are all there."""
+    exact state; render_limit_ratio's renders are the frames the rollout rendered; the stock rollouts of
+    fastpath_speedup end there too, with and without cameras; the profile's parts are all there."""
     from robocasa_shift.bench import InProcess
 
     local = InProcess(lift_env, steps=16)
-    start, controls, harness_qpos = local.substep_controls(4)
+    start, controls, frames, harness_qpos = local.limits(4)
     seconds, physics_qpos = local.bare_physics(start, controls)
     assert len(controls) == 16 * 25 and seconds > 0 and np.array_equal(physics_qpos, harness_qpos)
-    _, stock_qpos = local.stock(4)
-    assert np.array_equal(stock_qpos, harness_qpos) and lift_env.fastpath["enabled"]
-    assert "action_dim" in vars(type(lift_env.raw.robots[0]))  # the fast path is back on
+    assert [(cam, size) for _, cam, size in frames[:2]] == [("robot0_robotview", 128), ("robot0_eye_in_hand", 128)]
+    assert len(frames) == 2 * 4 and local.bare_renders(frames) > 0
+    for cameras in (True, False):
+        _, stock_qpos = local.stock(4, cameras=cameras)
+        assert np.array_equal(stock_qpos, harness_qpos)
+    assert lift_env.fastpath["enabled"] and "step" in vars(lift_env.raw)  # the fast path is back on
+    assert "action_dim" in vars(type(lift_env.raw.robots[0]))
     parts = local.profile(4)
     assert set(parts) == {"physics", "controller", "observables", "render", "policy", "bookkeeping"}
-    assert parts["physics"] > 0 and parts["controller"] > 0 and parts["render"] > 0
+    assert all(parts[p] > 0 for p in ("physics", "controller", "observables", "render"))
+    assert parts["bookkeeping"] > 0  # the timed parts do not overlap (they would add up to more than the total)
+    renders = local.render_ms(culled=True, frames=2)
+    assert set(renders) == {"robot0_robotview", "robot0_eye_in_hand", "empty"} and renders["empty"] < renders["robot0_robotview"]

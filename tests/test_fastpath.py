@@ -12,15 +12,18 @@ from robocasa_shift.engine.rollout import inject, prepare_episode  # noqa: E402
 
 
 def trajectory(env, protocol, key, actions):
-    """(integration state bytes, delivered proprioception) after every control step of ``actions`` from ``key``."""
+    """After every control step of ``actions`` from ``key``: the integration state, every numeric attribute of
+    every controller, the robot's observables' clocks and values, and the delivered proprioception, as bytes."""
     prepare_episode(env, protocol, key)
     inject(env, protocol, key)
-    states, proprio = [], []
+    steps = []
     for action in actions:
         env.step(action)
-        states.append(env._integration().tobytes())
-        proprio.append({k: v.tobytes() for k, v in env.proprio().items()})
-    return states, proprio
+        state = env.get_state(full=True, observations=True)  # the object observables are off on the fast path
+        state = {k: v for k, v in state.items() if not k.startswith("observation.") or ".robot0_" in k}
+        steps.append({**{k: np.asarray(v).tobytes() for k, v in state.items()},
+                      **{f"proprio.{k}": v.tobytes() for k, v in env.proprio().items()}})
+    return steps
 
 
 def test_the_shortcuts_are_pinned_to_the_robosuite_they_were_verified_on():
@@ -30,23 +33,58 @@ def test_the_shortcuts_are_pinned_to_the_robosuite_they_were_verified_on():
     assert robosuite.__version__ == robosuite_fastpath.VERIFIED_ROBOSUITE and robosuite_fastpath.applicable()
 
 
-@pytest.mark.parametrize("task,condition", [("Lift", "clean"), ("Stack", "base:L2"), ("PickPlaceCan", "illumination:L3")])
-def test_states_and_observations_equal_stock_robosuite_byte_for_byte(task, condition, protocol):
+@pytest.mark.parametrize("task,condition", [("Lift", "clean"), ("Stack", "base:L2"), ("PickPlaceCan", "illumination:L3"),
+                                            ("NutAssemblySquare", "camera:L3")])
+def test_states_controllers_and_observations_equal_stock_robosuite_byte_for_byte(task, condition, protocol):
     env = get_backend("robosuite").make(task)
     try:
-        assert env.fastpath["enabled"] and env.fastpath["observables_disabled"]
+        assert env.fastpath["enabled"] and env.fastpath["observables_disabled"] and env.fastpath["fused_step"]
         rng = np.random.default_rng(7)
         actions = np.clip(rng.normal(0.0, 0.6, (30, env.action_dim)), -1, 1)
+        actions[10:20, 11] = 1.0  # base mode for a while: the arm's goal then follows the desired pose
         key = RolloutKey("formal", task, 1, condition)
         fast = trajectory(env, protocol, key, actions)
+        assert env.raw.step.__self__.problem is None  # the fused step ran, not the stock one
         robosuite_fastpath.disable(env.raw)
-        assert "action_dim" not in vars(type(env.raw.robots[0]))  # the robot's own class again
+        assert "action_dim" not in vars(type(env.raw.robots[0])) and "step" not in vars(env.raw)
         stock = trajectory(env, protocol, key, actions)
     finally:
         env.close()
-    assert len(fast[0]) == 30 and fast[0] == stock[0]  # every substep's integrated state, all 30 control steps
-    assert fast[1] == stock[1]  # what policies are given
-    assert len({s for s in fast[0]}) == 30  # the robot moved: the comparison is not of a still scene
+    assert len(fast) == 30 and len(fast[0]) > 50  # physics, four controllers' attributes, observables, proprio
+    for i, (f, s) in enumerate(zip(fast, stock)):
+        assert f.keys() == s.keys(), i
+        assert [k for k in s if f[k] != s[k]] == [], f"control step {i}"
+    assert len({f["integration"] for f in fast}) == 30  # the robot moved: the comparison is not of a still scene
+
+
+def test_a_stack_the_fused_step_does_not_mirror_is_stepped_by_stock_robosuite(protocol):
+    """The fused step checks the classes and settings it writes out at every reset; anything else steps stock."""
+    env = get_backend("robosuite").make("Lift")
+    try:
+        key = RolloutKey("formal", "Lift", 0, "clean")
+        prepare_episode(env, protocol, key)
+        osc = env.raw.robots[0].composite_controller.part_controllers["right"]
+        assert robosuite_fastpath.fused_step_problem(env.raw) is None
+        osc.uncoupling = False  # what robosuite's OSC does then is not what the fused step computes
+        assert "decoupled" in robosuite_fastpath.fused_step_problem(env.raw)
+        fused = env.raw.step.__self__
+        fused.composite = None  # as after a reset: the next step binds again and finds the change
+        rng = np.random.default_rng(1)
+        stepped = []
+        for action in np.clip(rng.normal(0.0, 0.6, (3, env.action_dim)), -1, 1):
+            env.step(action)
+            stepped.append(env._integration().tobytes())
+        assert "decoupled" in fused.problem
+        prepare_episode(env, protocol, key)
+        robosuite_fastpath.disable(env.raw)
+        env.raw.robots[0].composite_controller.part_controllers["right"].uncoupling = False
+        stock = []
+        for action in np.clip(np.random.default_rng(1).normal(0.0, 0.6, (3, env.action_dim)), -1, 1):
+            env.step(action)
+            stock.append(env._integration().tobytes())
+        assert stepped == stock
+    finally:
+        env.close()
 
 
 def test_a_step_leaves_the_callers_action_as_it_was_and_driving_the_base_is_reproducible(protocol):

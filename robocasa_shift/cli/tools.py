@@ -71,16 +71,20 @@ def bench_command(repeats: int, steps: int, rollouts: int, policy: str, out: Pat
     """Benchmark the harness against the simulator's own limit (all figures side by side, one run).
 
     \b
-    physics_sps        bare robosuite control steps per second, no rendering (one core)
-    render_ms          one 128x128 camera frame
-    reset_ms           between-rollout reset: restore nominal, seeded reset, fingerprint
-    overhead_ratio     harness time per step / bare robosuite loop, same actions and cadence (goal <= 1.05)
-    cadence_speedup_k  observing every k steps vs every step (k = 4, 8)
-    batch_speedup      reference policy: one batched call for 13 conditions vs 13 calls
-    throughput_WxT     formal rollouts per second with W workers of T threads
-    scaling_2_workers  throughput 2x1 / 1x1 (goal >= 1.8)
-    wall_vs_parts      formal wall time per rollout / its physics + render + policy time (goal <= 1.2)
-    rss_mb             peak resident memory per worker
+    physics_sps          bare robosuite control steps per second, no rendering (one core)
+    render_ms_CAMERA     one 128x128 frame, out-of-view geoms culled (render_full_ms_: the full scene)
+    reset_ms             between-rollout reset: restore nominal, seeded reset, fingerprint
+    overhead_ratio       harness time per step / bare robosuite loop, same actions and cadence (goal <= 1.05)
+    fastpath_speedup     stock robosuite and MuJoCo / the harness, same rollout (fused_step_: no cameras)
+    physics_limit_ratio  harness time per step, no cameras / bare mj_step on the same trajectory (goal <= 4)
+    render_limit_ratio   harness time per step, 2 cameras / bare mj_step + MuJoCo's renders of the same frames
+    profile_ms_PART      one rollout's time per step: physics, controller, observables, render, policy, rest
+    cadence_speedup_k    observing every k steps vs every step (k = 4, 8)
+    batch_speedup        reference policy: one batched call for 13 conditions vs 13 calls
+    throughput_WxT       formal rollouts per second with W workers of T threads
+    scaling_2_workers    throughput 2x1 / 1x1 (goal >= 1.8)
+    wall_vs_parts        formal wall time per rollout / its physics + render + policy time (goal <= 1.2)
+    rss_mb               peak resident memory per worker
     """
     result = run_bench(repeats=repeats, steps=steps, rollouts=rollouts, policy=policy, progress=progress)
     out.parent.mkdir(parents=True, exist_ok=True)
