@@ -45,6 +45,7 @@ def test_states_controllers_and_observations_equal_stock_robosuite_byte_for_byte
         key = RolloutKey("formal", task, 1, condition)
         fast = trajectory(env, protocol, key, actions)
         assert env.raw.step.__self__.problem is None  # the fused step ran, not the stock one
+        assert robosuite_fastpath.SharedClock.of(env.raw._observables.values()) is not None  # one shared clock
         robosuite_fastpath.disable(env.raw)
         assert "action_dim" not in vars(type(env.raw.robots[0])) and "step" not in vars(env.raw)
         stock = trajectory(env, protocol, key, actions)

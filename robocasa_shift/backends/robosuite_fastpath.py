@@ -220,6 +220,7 @@ class FusedStep:
             raw.action_dim, len(action))
         raw.timestep += 1
         sim, timestep, cache = self.sim, raw.model_timestep, raw._obs_cache
+        clock = SharedClock.of(raw._observables.values())
         for i in range(self.substeps):
             sim.step1()
             if i == 0:  # the policy step: new goals, then the torques, then the robot's history buffers
@@ -229,8 +230,13 @@ class FusedStep:
             else:
                 self._control()  # the goals are set: the action is not read again
             sim.step2()
-            for observable in raw._observables.values():  # MujocoEnv._update_observables
-                observable.update(timestep=timestep, obs_cache=cache, force=False)
+            if clock is not None:
+                clock.update(timestep, cache)
+            else:
+                for observable in raw._observables.values():  # MujocoEnv._update_observables
+                    observable.update(timestep=timestep, obs_cache=cache, force=False)
+        if clock is not None:
+            clock.write_back()
         raw.cur_time += raw.control_timestep
         reward, done, info = raw._post_action(action)
         return raw._get_observations(), reward, done, info
@@ -354,3 +360,64 @@ class FusedStep:
         c.vels = bias + weight * np.array(c.goal_qvel)
         c.new_update = True
         return c.vels
+
+
+class SharedClock:
+    """``Observable.update`` for observables that keep one clock, kept once.
+
+    Each enabled observable of robosuite adds the substep to its own time since its last sample,
+    every substep, and samples when that time says so. Observables with the same sampling period,
+    the same time, the same sampled flag and no delay (robosuite's default) do the very same float
+    operations in lockstep, so their clock is kept once here: the members sample at the substeps
+    and in the order they would have, each with robosuite's own sampling code, and the clock is
+    written back into every member at the end of the control step (nothing reads it in between).
+    """
+
+    def __init__(self, members, period: float, time: float, sampled: bool, delay: float, delayer):
+        self.members, self.period, self.time, self.sampled, self.delay = members, period, time, sampled, delay
+        self.delayer = delayer
+
+    @classmethod
+    def of(cls, observables) -> Optional["SharedClock"]:
+        """The clock of the enabled ``observables``, or None when they do not keep one (robosuite's own update then)."""
+        from robosuite.utils.observables import NO_DELAY
+
+        members = [o for o in observables if o._enabled]
+        if not members:
+            return None
+        first = members[0]
+        state = (first._sampling_timestep, first._time_since_last_sample, first._sampled, first._current_delay)
+        for o in members:
+            if (o._sampling_timestep, o._time_since_last_sample, o._sampled, o._current_delay) != state or o._delayer is not NO_DELAY:
+                return None
+        return cls(members, *state, NO_DELAY)
+
+    def update(self, timestep: float, cache: Dict[str, Any]) -> None:
+        """One substep of every member's ``Observable.update(timestep, cache, force=False)``."""
+        self.time += timestep
+        if not self.sampled and self.period - self.delay >= self.time:
+            for o in self.members:
+                self._sample(o, cache)
+            self.sampled = True
+            self.delay = self.delayer()
+        if self.time >= self.period:
+            if not self.sampled:
+                for o in self.members:
+                    print(f"Warning: sampling rate for observable {o.name} is either too low or delay is too high. "
+                          f"Please adjust one (or both)")
+                    self._sample(o, cache)
+                self.delay = self.delayer()
+            self.time %= self.period
+            self.sampled = False
+
+    @staticmethod
+    def _sample(o, cache: Dict[str, Any]) -> None:
+        """The sampling lines of ``Observable.update``, verbatim."""
+        obs = np.array(o._filter(o._corrupter(o._sensor(cache))))
+        o._current_observed_value = obs[0] if len(obs.shape) == 1 and obs.shape[0] == 1 else obs
+        cache[o.name] = np.array(o._current_observed_value)
+
+    def write_back(self) -> None:
+        """Every member's clock as its own updates would have left it."""
+        for o in self.members:
+            o._time_since_last_sample, o._sampled, o._current_delay = self.time, self.sampled, self.delay
