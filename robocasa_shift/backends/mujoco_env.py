@@ -17,6 +17,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 import numpy as np
 
 from robocasa_shift.backends.base import PerturbableModel, PerturbableTable
+from robocasa_shift.backends.mujoco_render import CulledRenderer, free, make_current
 from robocasa_shift.embodiments.panda_omron import LAYOUT
 from robocasa_shift.errors import UnknownNameError
 
@@ -24,7 +25,7 @@ from robocasa_shift.errors import UnknownNameError
 ALIAS = "alias:"
 # Controller attributes that carry state from one control step to the next.
 CONTROLLER_STATE_ATTRS = ("goal_pos", "goal_ori", "goal_qpos", "goal_qvel", "init_pos", "init_ori")
-# cull: leave the geoms out of view out of the scene (exact only where nothing off-screen casts a shadow or a reflection)
+# cull: leave out the geoms that cannot show (mujoco_render; exact only where nothing unseen casts a shadow or a reflection)
 RENDER_PROFILES = {
     "fast": {"shadows": False, "reflections": False, "offsamples": 0, "cull": True},
     "default": {"shadows": True, "reflections": True, "offsamples": None, "cull": False},  # None: the model's own (4)
@@ -45,59 +46,8 @@ PERTURBABLE = PerturbableTable(
     )
 )
 LIGHT_FIELDS = tuple(name for name in PERTURBABLE.names if "light_" in name)
-PLANE_GEOM = 0  # mjtGeom.mjGEOM_PLANE
 # A base offset is invalid if it creates a robot contact that penetrates deeper than this.
 PENETRATION_TOL_M = 1e-4
-
-
-def geoms_outside_view(model, data, camera, aspect: float) -> Optional[np.ndarray]:
-    """Which geoms lie wholly outside a camera's view: a boolean mask, or None where this test does not apply.
-
-    ``camera`` is the GL camera ``mjr_render`` uses (for a mono render, ``mjv_averageCamera`` of the scene's
-    two: position, forward and up, the frustum at the near plane); ``mjr_render`` widens an unset frustum width to the viewport's
-    ``aspect``. Each geom's bounding box (``geom_aabb``, in its own frame) is tested against the four
-    side planes and the camera's own plane, with a margin: a geom outside one of them covers no pixel,
-    so leaving it out of the scene changes no pixel of the image, unless it casts a shadow or shows in
-    a reflection (profiles with either never cull). Planes (unbounded) are never culled, nor is
-    anything under an orthographic camera.
-    """
-    if camera.orthographic:
-        return None
-    near = camera.frustum_near
-    half_width = camera.frustum_width if camera.frustum_width > 0 else 0.5 * aspect * (camera.frustum_top - camera.frustum_bottom)
-    left, right = camera.frustum_center - half_width, camera.frustum_center + half_width
-    forward, up = np.asarray(camera.forward, dtype=float), np.asarray(camera.up, dtype=float)
-    side = np.array([forward[1] * up[2] - forward[2] * up[1], forward[2] * up[0] - forward[0] * up[2],
-                     forward[0] * up[1] - forward[1] * up[0]])  # forward x up (np.cross costs 80 us)
-    # inward normals of the planes through the eye: a point p (from the eye) is in view if n . p >= 0 for each
-    normals = np.array([near * side - left * forward, right * forward - near * side,
-                        near * up - camera.frustum_bottom * forward, camera.frustum_top * forward - near * up, forward])
-    normals /= np.linalg.norm(normals, axis=1, keepdims=True)
-    rot = data.geom_xmat.reshape(-1, 3, 3)  # world = rot @ local, per geom
-    box = model.geom_aabb  # centre, then half-sizes, in the geom's frame
-    centre = data.geom_xpos + (rot * box[:, None, :3]).sum(axis=2) - np.asarray(camera.pos, dtype=float)
-    # the box's reach along each normal: the sum over its axes of |n . axis| x half-size (one matrix product for all)
-    along_axes = (normals @ rot.transpose(1, 0, 2).reshape(3, -1)).reshape(len(normals), -1, 3)
-    reach = (np.abs(along_axes) * box[None, :, 3:]).sum(axis=2).T
-    margin = 1e-3 + 1e-2 * reach
-    outside = (centre @ normals.T + reach + margin < 0).any(axis=1)
-    return outside & (model.geom_type != PLANE_GEOM)
-
-
-def make_current(ctx) -> None:
-    """Make a robosuite render context's GL context current, with desktop OpenGL as EGL's bound API.
-
-    robosuite's EGL contexts call ``eglReleaseThread`` when one is created or freed, which leaves no
-    context current and resets the thread's API to OpenGL ES: a later render of another live
-    environment of the process (one whose context was made earlier) then draws into nothing and reads
-    back garbage. Binding the API and the context before every render costs about 10 us.
-    """
-    gl_ctx = ctx.gl_ctx
-    if type(gl_ctx).__name__ == "EGLGLContext":
-        from mujoco.egl import egl_ext as EGL
-
-        EGL.eglBindAPI(EGL.EGL_OPENGL_API)
-    gl_ctx.make_current()
 
 
 def check_render_profile(render_profile: str) -> None:
@@ -206,36 +156,16 @@ class MujocoEnv(PerturbableModel):
 
     def render(self, camera: str, size: int) -> np.ndarray:
         """One RGB frame (uint8, size x size x 3, top row first) of the current state."""
-        ctx = self._render_context()
-        make_current(ctx)
         camera_id = self._cam_ids.get(camera, self.sim.model.camera_name2id(camera))
-        hidden = self._out_of_view(ctx, camera_id, size) if RENDER_PROFILES[self.render_profile]["cull"] else None
-        if hidden is None:
-            ctx.render(width=size, height=size, camera_id=camera_id)
-        else:  # for this render only, the out-of-view geoms go to a group the scene does not show
-            groups = self.model.geom_group[hidden]
-            self.model.geom_group[hidden] = self._hidden_group
-            try:
-                ctx.render(width=size, height=size, camera_id=camera_id)
-            finally:
-                self.model.geom_group[hidden] = groups
-        # OpenGL reads bottom row first
-        return np.ascontiguousarray(ctx.read_pixels(size, size)[::-1])
+        return self._renderer().render(camera_id, size, cull=RENDER_PROFILES[self.render_profile]["cull"])
 
-    def _out_of_view(self, ctx, camera_id: int, size: int) -> Optional[np.ndarray]:
-        """The geoms :func:`geoms_outside_view` culls for this camera, or None (nothing to cull, or no hidden group)."""
-        mj = self._mujoco
-        shown = np.asarray(ctx.vopt.geomgroup)
-        if shown.all():
-            return None
-        self._hidden_group = int(np.flatnonzero(shown == 0)[-1])
-        # the scene's camera as the render will see it (the update is cheap next to a render)
-        ctx.cam.type, ctx.cam.fixedcamid = mj.mjtCamera.mjCAMERA_FIXED, camera_id
-        mj.mjv_updateScene(self.model, self.data, ctx.vopt, ctx.pert, ctx.cam, mj.mjtCatBit.mjCAT_ALL, ctx.scn)
-        # a mono render sees from the average of the two stereo cameras (each is half the eye distance aside)
-        camera = mj.mjv_averageCamera(ctx.scn.camera[0], ctx.scn.camera[1])
-        hidden = geoms_outside_view(self.model, self.data, camera, aspect=1.0)
-        return hidden if hidden is not None and hidden.any() else None
+    def _renderer(self) -> CulledRenderer:
+        """The renderer of the current render context (mujoco_render: out-of-view and hidden geoms left out)."""
+        ctx = self._render_context()
+        renderer = getattr(self, "_culled_renderer", None)
+        if renderer is None or renderer.ctx is not ctx or renderer.model is not self.model:
+            self._culled_renderer = CulledRenderer(ctx, self.model, self.data)
+        return self._culled_renderer
 
     def renderer_info(self) -> Dict[str, Any]:
         """GL backend, renderer string and render profile, for manifests."""
@@ -246,7 +176,7 @@ class MujocoEnv(PerturbableModel):
             **RENDER_PROFILES[self.render_profile],
         }
         try:
-            self._render_context().gl_ctx.make_current()
+            make_current(self._render_context())
             from OpenGL import GL
 
             info["gl_renderer"] = GL.glGetString(GL.GL_RENDERER).decode()
@@ -261,17 +191,11 @@ class MujocoEnv(PerturbableModel):
         self.raw.close()
 
     def _free_render_context(self) -> None:
-        """Free the render context's GL objects in its own GL context.
-
-        robosuite frees them when the context is garbage-collected, in whatever GL context is current
-        then: another environment's, whose textures and framebuffers carry the same numbers, so that
-        environment's renders turned to garbage.
-        """
+        """Free the render context in its own GL context (see ``mujoco_render.free``)."""
         if self._context is not None:
-            make_current(self._context)
-            self._context.con.free()
-            self._context.gl_ctx.free()  # its later garbage collection finds both freed, and frees nothing
+            free(self._context)
             self._context = None
+            self._culled_renderer = None
 
     def eef_pos(self) -> np.ndarray:
         """The gripper's grasp site in the world frame (a live view)."""
