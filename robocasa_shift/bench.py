@@ -257,7 +257,8 @@ class InProcess:
         if isinstance(fused, robosuite_fastpath.FusedStep):
             wrapped.update({(fused, "_control"): "controller", (fused, "_push_history"): "controller"})
         on_classes = {(type(raw.robots[0].composite_controller), "set_goal"): "controller",
-                      (Observable, "update"): "observables"}
+                      (Observable, "update"): "observables", (robosuite_fastpath.SharedClock, "update"): "observables",
+                      (robosuite_fastpath.SharedClock, "write_back"): "observables"}
 
         def timing(fn, part):
             def timed(*args, **kwargs):

@@ -17,9 +17,10 @@ which changes a floating-point operation:
   flat: the same numpy and MuJoCo calls on arrays made the same way, in the same order, with
   the same numba kernels (``opspace_matrices``, ``nullspace_torques``, ``orientation_error``).
   What it drops is only what cannot change a value: name-to-id lookups, f-strings, list-to-index
-  conversions, property chains, copies of fresh arrays, a site Jacobian robosuite computes twice
-  from the same state, and constants (control ranges, the gripper's and base's bias and weight)
-  re-derived from constants. The first substep of every step (where goals are set and the
+  conversions, property chains, copies of fresh arrays, new output arrays for MuJoCo calls that
+  overwrite every entry, a site Jacobian robosuite computes twice from the same state, and
+  constants (control ranges, the gripper's and base's bias and weight, the OSC's fixed gains'
+  halves) re-derived from constants. The first substep of every step (where goals are set and the
   robot's history buffers are pushed) and ``_post_action`` / ``_get_observations`` run stock.
 
 The identity test (tests/test_fastpath.py) steps the same actions with and without these
@@ -198,6 +199,12 @@ class FusedStep:
         # the velocity controllers' affine map from [-1, 1] to the actuator range (constants of constants)
         self.base_bias, self.base_weight = self._affine(self.base)
         self.grip_bias, self.grip_weight = self._affine(self.gripper)
+        # scratch the MuJoCo calls below fill completely (mj_fullM and mj_jacSite zero their outputs first)
+        self.full = np.empty((self.nv, self.nv))
+        self.jacobians = {site: (np.empty((3, self.nv)), np.empty((3, self.nv)))
+                          for site in (self.arm_center, self.grip_site)}
+        # fixed impedance: the gains never change, and their halves are views
+        self.kp_pos, self.kp_ori, self.kd_pos, self.kd_ori = osc.kp[0:3], osc.kp[3:6], osc.kd[0:3], osc.kd[3:6]
 
     @staticmethod
     def _affine(ctrl):
@@ -252,7 +259,7 @@ class FusedStep:
         applied = self.composite._applied_action_dict
         applied.clear()
         # Controller.update's mass matrix: the arm's and the torso's come from the same qM (nothing moves between)
-        full = np.ndarray(shape=(self.nv, self.nv), dtype=np.float64, order="C")
+        full = self.full
         self._mj.mj_fullM(self.model, full, d.qM)
         applied["right"] = self._osc(full)
         applied["torso"] = self._torso(full)
@@ -286,8 +293,7 @@ class FusedStep:
     def _site_jacobians(self, site: int):
         """``MjData.get_site_jacp`` and ``get_site_jacr`` in one ``mj_jacSite`` call (MuJoCo computes the two
         independently, from the same state, whether one or both are asked for)."""
-        jacp = np.zeros((3, self.nv))
-        jacr = np.zeros((3, self.nv))
+        jacp, jacr = self.jacobians[site]
         self._mj.mj_jacSite(self.model, self.data, jacp, jacr, site)
         return jacp, jacr
 
@@ -320,10 +326,10 @@ class FusedStep:
         center_jacp, center_jacr = self._site_jacobians(self.arm_center)
         base_pos_vel = np.dot(center_jacp, qvel)
         vel_pos_error = -(c.ref_pos_vel - base_pos_vel)
-        desired_force = np.multiply(position_error, c.kp[0:3]) + np.multiply(vel_pos_error, c.kd[0:3])
+        desired_force = np.multiply(position_error, self.kp_pos) + np.multiply(vel_pos_error, self.kd_pos)
         base_ori_vel = np.dot(center_jacr, qvel)
         vel_ori_error = -(c.ref_ori_vel - base_ori_vel)
-        desired_torque = np.multiply(ori_error, c.kp[3:6]) + np.multiply(vel_ori_error, c.kd[3:6])
+        desired_torque = np.multiply(ori_error, self.kp_ori) + np.multiply(vel_ori_error, self.kd_ori)
         lambda_full, lambda_pos, lambda_ori, nullspace_matrix = opspace_matrices(c.mass_matrix, c.J_full, c.J_pos, c.J_ori)
         decoupled_wrench = np.concatenate([np.dot(lambda_pos, desired_force), np.dot(lambda_ori, desired_torque)])
         c.torques = np.dot(c.J_full.T, decoupled_wrench) + d.qfrc_bias[self.osc_qvel]
@@ -341,7 +347,7 @@ class FusedStep:
             c.joint_vel = d.qvel[self.torso_qvel]
             c.mass_matrix = full_mass_matrix[self.torso_qvel, :][:, self.torso_qvel]
             c.new_update = False
-        position_error = np.array(c.goal_qpos) - c.joint_pos
+        position_error = c.goal_qpos - c.joint_pos
         desired_torque = np.multiply(position_error, c.kp) + np.multiply(-c.joint_vel, c.kd)
         c.torques = np.dot(c.mass_matrix, desired_torque) + d.qfrc_bias[self.torso_qvel]
         c.new_update = True
