@@ -116,6 +116,30 @@ def test_resets_are_exact_and_undo_every_edit(env):
 
 
 @needs_libero
+def test_culled_frames_equal_full_frames_on_libero_s_robosuite(env, monkeypatch):
+    """The fast profile leaves out geoms that cannot show (backends/mujoco_render.py): on robosuite 1.4's render
+    context and LIBERO's scenes too, every pixel is the full scene's."""
+    from robocasa_shift.backends import mujoco_env
+    from robocasa_shift.backends.base import BaseEpisode
+
+    env.reset(5, BaseEpisode("formal", 2))
+    rng = np.random.default_rng(4)
+    left_out = []
+    for step in range(16):
+        env.step(rng.uniform(-1, 1, 7))
+        if step % 2:
+            continue
+        for camera in env.third_person_cameras + env.wrist_cameras:
+            frames = {}
+            for cull in (False, True):
+                monkeypatch.setitem(mujoco_env.RENDER_PROFILES["fast"], "cull", cull)
+                frames[cull] = env.render(camera, 128)
+            assert np.array_equal(frames[True], frames[False]), (step, camera)
+            left_out.append(int(env._renderer().left_out.sum()))
+    assert min(left_out) > 0 and frames[False].std() > 10  # geoms were left out of every frame, of a real scene
+
+
+@needs_libero
 def test_the_base_factor_moves_the_robot_root_in_its_own_frame_and_reads_it_back(env):
     from robocasa_shift.backends.base import BaseEpisode
 
