@@ -72,11 +72,13 @@ def bench_command(repeats: int, steps: int, rollouts: int, policy: str, out: Pat
 
     \b
     physics_sps          bare robosuite control steps per second, no rendering (one core)
-    render_ms_CAMERA     one 128x128 frame, out-of-view geoms culled (render_full_ms_: the full scene)
+    render_ms_CAMERA     one 128x128 frame, geoms out of view or hidden left out (render_full_ms_: the full
+                         scene; render_ms_empty: a frame without geoms, i.e. clearing and reading back)
     reset_ms             between-rollout reset: restore nominal, seeded reset, fingerprint
     overhead_ratio       harness time per step / bare robosuite loop, same actions and cadence (goal <= 1.05)
     fastpath_speedup     stock robosuite and MuJoCo / the harness, same rollout (fused_step_: no cameras)
     physics_limit_ratio  harness time per step, no cameras / bare mj_step on the same trajectory (goal <= 4)
+    bare_mj_step_ms      that bare mj_step's time per control step (25 substeps)
     render_limit_ratio   harness time per step, 2 cameras / bare mj_step + MuJoCo's renders of the same frames
     profile_ms_PART      one rollout's time per step: physics, controller, observables, render, policy, rest
     cadence_speedup_k    observing every k steps vs every step (k = 4, 8)
