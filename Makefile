@@ -123,7 +123,8 @@ clean-venv:
 bench: setup
 	$(CLI) bench --out build/bench.json
 
-# The golden reference run (recorded before the robosuite fast path) reproduced record for record (~5 min on 2 cores).
+# The golden reference run (recorded with the code from before the robosuite fast path, on the renderer build
+# tests/data/golden-renderer.json names) reproduced record for record (~1 min on 2 cores).
 GOLDEN_RUN ?= runs/golden
 golden: setup
 	$(CLI) run --task Lift,Stack --condition all --episodes 0-1 --policy reference --workers $(WORKERS) --run-dir $(GOLDEN_RUN)
