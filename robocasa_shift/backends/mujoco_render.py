@@ -209,6 +209,8 @@ class CulledRenderer:
             return np.ascontiguousarray(ctx.read_pixels(size, size)[::-1])
         in_view = np.flatnonzero(self.heavy & ~outside & self._shown())
         key = (camera_id, size)
+        frame = self._frames[key] = self._frames.get(key, -1) + 1
+        shown_at = self._shown_at.setdefault(key, {})
         hidden = np.intersect1d(self._hidden.get(key, in_view[:0]), in_view)
         while True:
             left_out = outside.copy()
@@ -219,15 +221,12 @@ class CulledRenderer:
             proven = np.array([self._hidden_behind(g, scene_depth, camera) for g in hidden], dtype=bool)
             if proven.all():
                 break
-            frame = self._frames.get(key, -1) + 1
-            self._shown_at.setdefault(key, {}).update((int(g), frame) for g in hidden[~proven])
+            shown_at.update((int(g), frame) for g in hidden[~proven])
             hidden = hidden[proven]  # draw the unproven ones: the others stay proven (depth only comes nearer)
             self.redraws += 1
         # heavy meshes drawn in vain (behind everything else): left out of this camera's next frames (looked for
         # in every DISCOVER_EVERY-th frame of a camera: what hides what changes slowly, and looking costs)
-        frame = self._frames[key] = self._frames.get(key, -1) + 1
         if frame % DISCOVER_EVERY == 0:
-            shown_at = self._shown_at.get(key, {})
             drawn = [g for g in np.setdiff1d(in_view, hidden)
                      if frame - shown_at.get(int(g), -SHOWN_BACKOFF) >= SHOWN_BACKOFF]
             found = [g for g in drawn if self._hidden_behind(g, scene_depth, camera)]
