@@ -39,6 +39,7 @@ def test_states_controllers_and_observations_equal_stock_robosuite_byte_for_byte
     env = get_backend("robosuite").make(task)
     try:
         assert env.fastpath["enabled"] and env.fastpath["observables_disabled"] and env.fastpath["fused_step"]
+        assert env.fastpath["compiled_substeps"]
         rng = np.random.default_rng(7)
         actions = np.clip(rng.normal(0.0, 0.6, (30, env.action_dim)), -1, 1)
         actions[10:20, 11] = 1.0  # base mode for a while: the arm's goal then follows the desired pose
@@ -56,6 +57,48 @@ def test_states_controllers_and_observations_equal_stock_robosuite_byte_for_byte
         assert f.keys() == s.keys(), i
         assert [k for k in s if f[k] != s[k]] == [], f"control step {i}"
     assert len({f["integration"] for f in fast}) == 30  # the robot moved: the comparison is not of a still scene
+
+
+@pytest.mark.parametrize("task,condition", [("Stack", "clean"), ("PickPlaceCan", "base:L3")])
+def test_compiled_substeps_set_the_controls_the_python_substeps_set(task, condition, protocol):
+    """At every state of a rollout (arm, torso, base and gripper commanded), the compiled substep's controls equal the
+    Python substep's byte for byte: a difference that the end of a control step would hide shows here."""
+    env = get_backend("robosuite").make(task)
+    try:
+        prepare_episode(env, protocol, RolloutKey("formal", task, 3, condition))
+        fused = env.raw.step.__self__
+        compiled = []
+        fused._compiled_control = lambda arguments, run=fused._compiled_control: (compiled.append(1), run(arguments))
+        actions = np.clip(np.random.default_rng(5).normal(0.0, 0.6, (25, env.action_dim)), -1, 1)
+        actions[15:, 11] = 1.0  # base mode
+        ctrl = env.raw.sim.data.ctrl
+        for action in actions:
+            env.step(action)
+            fused._control()
+            python = ctrl.tobytes()
+            ctrl[:] = np.nan
+            fused._compiled_control(fused._compiled_arguments())
+            assert ctrl.tobytes() == python
+        assert len(compiled) == 25 * (fused.substeps - 2) + 25  # the steps' middle substeps, and the checks
+        assert len(set(actions[:, 11] > 0)) == 2
+    finally:
+        env.close()
+
+
+def test_without_numpys_blas_every_substep_runs_in_python(monkeypatch, protocol):
+    from robocasa_shift.backends import numpy_blas
+
+    monkeypatch.setattr(numpy_blas, "_PROBLEM", "verified with numpy 1.26.4, not 2.0.0")
+    env = get_backend("robosuite").make("Lift")
+    try:
+        assert env.fastpath["fused_step"] and not env.fastpath["compiled_substeps"]
+        assert "2.0.0" in env.fastpath["compiled_substeps_reason"]
+        fused = env.raw.step.__self__
+        fused._compiled_control = None  # called, it would fail
+        prepare_episode(env, protocol, RolloutKey("formal", "Lift", 0, "clean"))
+        env.step(np.zeros(env.action_dim))
+    finally:
+        env.close()
 
 
 def test_a_stack_the_fused_step_does_not_mirror_is_stepped_by_stock_robosuite(protocol):

@@ -2,7 +2,7 @@
 
 A control step of robosuite is 25 physics substeps of: ``mj_step1``, the robot's controllers,
 ``mj_step2``, then every observable's clock. MuJoCo itself is about a tenth of that time; the
-rest is Python that re-derives the same constants every substep. Three shortcuts, none of
+rest is Python that re-derives the same constants every substep. Four shortcuts, none of
 which changes a floating-point operation:
 
 - ``robot.action_dim`` is a property that rebuilds the action limits (array concatenations over
@@ -22,6 +22,11 @@ which changes a floating-point operation:
   constants (control ranges, the gripper's and base's bias and weight, the OSC's fixed gains'
   halves) re-derived from constants. The first substep of every step (where goals are set and the
   robot's history buffers are pushed) and ``_post_action`` / ``_get_observations`` run stock.
+- The substeps between the first and the last compute only what they leave behind, the actuator
+  controls, in compiled code (:mod:`robosuite_kernels`) that calls numpy's own BLAS
+  (:mod:`numpy_blas`); robosuite recomputes every controller attribute from the simulator at
+  every substep, so the last substep, in Python, leaves them as stock robosuite does. Where
+  numpy's BLAS cannot be called (another numpy build), these substeps run in Python too.
 
 The identity test (tests/test_fastpath.py) steps the same actions with and without these
 shortcuts on several tasks and conditions and compares the full MuJoCo integration state, the
@@ -69,11 +74,15 @@ def enable(raw) -> Dict[str, Any]:
     for name in disabled:
         raw._observables[name].set_enabled(False)
     problem = fused_step_problem(raw)
+    compiled = None
     if problem is None:
-        raw.step = FusedStep(raw).step  # an instance attribute: the class's own step is untouched
+        fused = FusedStep(raw)
+        raw.step = fused.step  # an instance attribute: the class's own step is untouched
+        compiled = fused.compiled_problem
     return {"enabled": True, "robosuite": VERIFIED_ROBOSUITE, "action_dim_cached": True,
             "observables_disabled": disabled, "fused_step": problem is None,
-            **({"fused_step_reason": problem} if problem else {})}
+            **({"fused_step_reason": problem} if problem else
+               {"compiled_substeps": compiled is None, **({"compiled_substeps_reason": compiled} if compiled else {})})}
 
 
 def disable(raw) -> None:
@@ -164,6 +173,11 @@ class FusedStep:
         self.substeps = int(raw.control_timestep / raw.model_timestep)
         self.composite = self.model = None
         self.problem: Optional[str] = None
+        # the substeps between the first and the last, compiled (robosuite_kernels), where numpy's BLAS can be called
+        from robocasa_shift.backends import numpy_blas, robosuite_kernels
+
+        self.compiled_problem = numpy_blas.problem()
+        self._substep_controls = robosuite_kernels.substep_controls
 
     def _bind(self) -> None:
         """Handles and constants of the current controllers and model: robosuite builds new controllers on every
@@ -205,6 +219,11 @@ class FusedStep:
                           for site in (self.arm_center, self.grip_site)}
         # fixed impedance: the gains never change, and their halves are views
         self.kp_pos, self.kp_ori, self.kd_pos, self.kd_ori = osc.kp[0:3], osc.kp[3:6], osc.kd[0:3], osc.kd[3:6]
+        # the compiled substeps: MuJoCo's arrays (views that live as long as this MjData) and the actuators
+        d = self.data
+        self.qM = d.qM
+        self.data_arrays = (d.site_xpos, d.site_xmat, d.qpos, d.qvel, d.qfrc_bias, d.ctrl)
+        self.actuator_ranges = tuple((idx, low, high) for _, idx, low, high in self.actuation)
 
     @staticmethod
     def _affine(ctrl):
@@ -216,7 +235,8 @@ class FusedStep:
     def step(self, action):
         """One control step, as ``MujocoEnv.step`` takes it (lite physics, no viewer)."""
         raw = self.raw
-        if raw.robots[0].composite_controller is not self.composite or raw.sim.model._model is not self.model:
+        if (raw.robots[0].composite_controller is not self.composite or raw.sim.model._model is not self.model
+                or raw.sim.data._data is not self.data):
             self._bind()
         if self.problem is not None:  # not the stack this mirrors (any more): robosuite's own step
             return type(raw).step(raw, action)
@@ -228,14 +248,18 @@ class FusedStep:
         raw.timestep += 1
         sim, timestep, cache = self.sim, raw.model_timestep, raw._obs_cache
         clock = SharedClock.of(raw._observables.values())
+        last = self.substeps - 1
         for i in range(self.substeps):
             sim.step1()
             if i == 0:  # the policy step: new goals, then the torques, then the robot's history buffers
                 self.composite.set_goal(action)
                 self._control()
                 self._push_history(action)
-            else:
+                compiled = self._compiled_arguments()
+            elif compiled is None or i == last:
                 self._control()  # the goals are set: the action is not read again
+            else:  # the controllers' attributes are the last substep's business: only the controls are computed
+                self._compiled_control(compiled)
             sim.step2()
             if clock is not None:
                 clock.update(timestep, cache)
@@ -269,6 +293,27 @@ class FusedStep:
         ctrl = d.ctrl
         for part, idx, low, high in self.actuation:
             ctrl[idx] = _clip(applied[part], low, high)
+
+    def _compiled_arguments(self) -> Optional[tuple]:
+        """The arguments of ``robosuite_kernels.substep_controls`` over this control step (the goals just set, the
+        base's and gripper's velocities the first substep computed), or None when compiled substeps are unavailable."""
+        if self.compiled_problem is not None:
+            return None
+        osc, torso = self.osc, self.torso
+        return (self.full, *self.jacobians[self.grip_site], *self.jacobians[self.arm_center],
+                (self.grip_site, self.arm_center, self.osc_qpos, self.osc_qvel, osc.goal_pos, osc.goal_ori,
+                 osc.initial_joint, osc.kp, osc.kd),
+                (self.torso_qpos, self.torso_qvel, torso.goal_qpos, torso.kp, torso.kd),
+                self.base.vels, self.gripper.vels, self.actuator_ranges)
+
+    def _compiled_control(self, arguments: tuple) -> None:
+        """A substep between the first and the last: MuJoCo's mass matrix and site Jacobians as :meth:`_control`
+        gets them, then the controls from ``robosuite_kernels.substep_controls``."""
+        mj, model, data = self._mj, self.model, self.data
+        mj.mj_fullM(model, self.full, self.qM)
+        for site, (jacp, jacr) in self.jacobians.items():
+            mj.mj_jacSite(model, data, jacp, jacr, site)
+        self._substep_controls(*self.data_arrays, *arguments)
 
     def _push_history(self, action) -> None:
         """The end of ``WheeledRobot.control`` on a policy step, verbatim: the robot's history buffers."""
