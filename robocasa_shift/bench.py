@@ -255,7 +255,8 @@ class InProcess:
                    (raw, "_get_observations"): "observables"}
         fused = getattr(raw.step, "__self__", None)
         if isinstance(fused, robosuite_fastpath.FusedStep):
-            wrapped.update({(fused, "_control"): "controller", (fused, "_push_history"): "controller"})
+            wrapped.update({(fused, "_control"): "controller", (fused, "_compiled_control"): "controller",
+                            (fused, "_push_history"): "controller"})
         on_classes = {(type(raw.robots[0].composite_controller), "set_goal"): "controller",
                       (Observable, "update"): "observables", (robosuite_fastpath.SharedClock, "update"): "observables",
                       (robosuite_fastpath.SharedClock, "write_back"): "observables"}

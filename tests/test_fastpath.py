@@ -85,6 +85,18 @@ def test_compiled_substeps_set_the_controls_the_python_substeps_set(task, condit
         env.close()
 
 
+def test_compiled_clipping_is_numpys_clip_on_edge_values():
+    from robocasa_shift.backends.robosuite_kernels import _actuate
+
+    values = np.array([np.nan, -0.0, 0.0, -1.0, 1.0, -2.5, 2.5, 0.3, np.inf, -np.inf])
+    low, high = np.full(10, -1.0), np.full(10, 1.0)
+    low[1:3], high[1:3] = 0.0, 0.0  # signed zeros against zero bounds
+    ctrl = np.full(12, 7.0)
+    index = np.arange(2, 12)
+    _actuate(ctrl, values, index, low, high)
+    assert ctrl[2:].tobytes() == np.clip(values, low, high).tobytes() and ctrl[:2].tolist() == [7.0, 7.0]
+
+
 def test_without_numpys_blas_every_substep_runs_in_python(monkeypatch, protocol):
     from robocasa_shift.backends import numpy_blas
 

@@ -77,7 +77,7 @@ def _actuate(ctrl, values, index, low, high):
 
 @numba.njit(cache=True)
 def substep_controls(site_xpos, site_xmat, qpos, qvel, qfrc_bias, ctrl, full, grip_jacp, grip_jacr, center_jacp,
-                      center_jacr, osc, torso, base_vels, grip_vels, actuation):
+                     center_jacr, osc, torso, base_vels, grip_vels, actuation):
     """One substep's actuator controls: the OSC's and the torso's torques and the base's and gripper's velocities
     (constant over a control step), clipped into ``ctrl`` in robosuite's part order."""
     osc_torques = _osc_torques(site_xpos, site_xmat, qpos, qvel, qfrc_bias, full, grip_jacp, grip_jacr, center_jacp,
