@@ -18,6 +18,18 @@ from robocasa_shift.backends.numpy_blas import dot_mm, dot_mv
 
 
 @numba.njit(cache=True)
+def _mass_matrix(full, qvel_index):
+    """``full[qvel_index, :][:, qvel_index]`` in the Fortran order robosuite's two fancy indexings leave it in (the
+    layout decides which compiled variant of robosuite's kernels runs and which BLAS order numpy picks)."""
+    n = qvel_index.shape[0]
+    mass_matrix = np.empty((n, n)).T
+    for i in range(n):
+        for j in range(n):
+            mass_matrix[i, j] = full[qvel_index[i], qvel_index[j]]
+    return mass_matrix
+
+
+@numba.njit(cache=True)
 def _osc_torques(site_xpos, site_xmat, qpos, qvel, qfrc_bias, full, grip_jacp, grip_jacr, center_jacp, center_jacr,
                  grip_site, arm_center, qpos_index, qvel_index, goal_pos, goal_ori, initial_joint, kp, kd):
     """``FusedStep._osc`` (OperationalSpaceController.run_controller), from the same MuJoCo outputs."""
@@ -34,10 +46,7 @@ def _osc_torques(site_xpos, site_xmat, qpos, qvel, qfrc_bias, full, grip_jacp, g
             J_pos[r, k] = J_full[r, k] = grip_jacp[r, qvel_index[k]]
             J_ori[r, k] = J_full[3 + r, k] = grip_jacr[r, qvel_index[k]]
     joint_pos, joint_vel = qpos[qpos_index], qvel[qvel_index]
-    mass_matrix = np.empty((n, n)).T  # Fortran-ordered, as robosuite's twice fancy-indexed one
-    for i in range(n):
-        for j in range(n):
-            mass_matrix[i, j] = full[qvel_index[i], qvel_index[j]]
+    mass_matrix = _mass_matrix(full, qvel_index)
     desired_world_pos = origin_pos + dot_mv(origin_ori, goal_pos)
     desired_world_ori = dot_mm(origin_ori, goal_ori)
     ori_error = orientation_error(desired_world_ori, ref_ori_mat)
@@ -57,11 +66,7 @@ def _osc_torques(site_xpos, site_xmat, qpos, qvel, qfrc_bias, full, grip_jacp, g
 def _torso_torques(qpos, qvel, qfrc_bias, full, qpos_index, qvel_index, goal_qpos, kp, kd):
     """``FusedStep._torso`` (JointPositionController.run_controller)."""
     joint_pos, joint_vel = qpos[qpos_index], qvel[qvel_index]
-    n = qvel_index.shape[0]
-    mass_matrix = np.empty((n, n)).T  # Fortran-ordered, as robosuite's
-    for i in range(n):
-        for j in range(n):
-            mass_matrix[i, j] = full[qvel_index[i], qvel_index[j]]
+    mass_matrix = _mass_matrix(full, qvel_index)
     desired_torque = (goal_qpos - joint_pos) * kp + (-joint_vel) * kd
     return dot_mv(mass_matrix, desired_torque) + qfrc_bias[qvel_index]
 
