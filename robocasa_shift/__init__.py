@@ -13,11 +13,11 @@ Simulator, torch and plotting imports happen only when a function needs them.
 
 from importlib import import_module
 
-__version__ = "0.1.0"
+__version__ = "0.3.0"
 
 _API = {
-    "load_protocol": "robocasa_shift.specs:load_protocol",
-    "load_stage_spec": "robocasa_shift.specs:load_stage_spec",
+    "load_protocol": "robocasa_shift.core.specs:load_protocol",
+    "load_stage_spec": "robocasa_shift.core.specs:load_stage_spec",
     "StudyConfig": "robocasa_shift.config:StudyConfig",
     "ExecutionConfig": "robocasa_shift.config:ExecutionConfig",
     "Execution": "robocasa_shift.config:ExecutionConfig",  # the former name, kept as an alias
@@ -35,7 +35,7 @@ _API = {
     "write_analysis": "robocasa_shift.analysis.measures:write_analysis",
     "audit_run": "robocasa_shift.checks.audit:audit_run",
     "compare_runs": "robocasa_shift.analysis.compare:compare_runs",
-    "build_report": "robocasa_shift.analysis.report:build_report",
+    "build_report": "robocasa_shift.report.page:build_report",
 }
 
 

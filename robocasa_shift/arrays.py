@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import zipfile
 from pathlib import Path
-from typing import Dict, Mapping, Union
+from typing import Dict, Mapping, Tuple, Union
 
 import numpy as np
 
@@ -43,11 +43,62 @@ def npz_bytes(entries: Mapping[str, np.ndarray]) -> bytes:
     return buffer.getvalue()
 
 
-def read_npz(source: Union[Path, str, bytes]) -> Dict[str, np.ndarray]:
-    """Every array of an ``.npz`` file (a path or its bytes), never unpickling anything."""
+# Documented maximum of what one ``.npz`` file may declare (the arrays' bytes once read); callers that know
+# the record pass a tighter cap derived from it (a step log: steps x dims).
+MAX_NPZ_BYTES = 256 * 2**20
+MAX_NPZ_ENTRIES = 100_000
+
+
+class NpzLimitError(ValueError):
+    """An ``.npz`` file that declares more than it may hold, or an entry that is not a plain array."""
+
+
+def _declared(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> Tuple[Tuple[int, ...], np.dtype]:
+    """An entry's shape and dtype, from its ``.npy`` header only (nothing else is decompressed)."""
+    with archive.open(info) as f:
+        version = np.lib.format.read_magic(f)
+        shape, _, dtype = np.lib.format._read_array_header(f, version)
+    return shape, dtype
+
+
+def read_npz(source: Union[Path, str, bytes], max_bytes: int = MAX_NPZ_BYTES) -> Dict[str, np.ndarray]:
+    """Every array of an ``.npz`` file (a path or its bytes), never unpickling anything.
+
+    Every entry's header is read first: an object or void dtype, a negative dimension, or arrays that
+    declare more than ``max_bytes`` in all are refused before any array is decompressed, so a small
+    forged file cannot make the reader allocate without limit.
+
+    Raises:
+        NpzLimitError: too many entries, a declared size over ``max_bytes``, an entry that is not a plain array.
+        ValueError, zipfile.BadZipFile, OSError: not an ``.npz`` file.
+    """
     handle = io.BytesIO(source) if isinstance(source, bytes) else source
-    with np.load(handle, allow_pickle=False) as npz:
-        return {name: npz[name] for name in npz.files}
+    with zipfile.ZipFile(handle) as archive:
+        infos = archive.infolist()
+        if len(infos) > MAX_NPZ_ENTRIES:
+            raise NpzLimitError(f"{len(infos)} entries, more than {MAX_NPZ_ENTRIES}")
+        total, names = 0, []
+        for info in infos:
+            if not info.filename.endswith(".npy") or info.is_dir():
+                raise NpzLimitError(f"entry {info.filename[:80]!r} is not an .npy array")
+            shape, dtype = _declared(archive, info)
+            if dtype.hasobject or dtype.kind == "V":
+                raise NpzLimitError(f"entry {info.filename[:80]!r} has dtype {dtype.str}, not a plain array")
+            if any(not isinstance(n, int) or n < 0 for n in shape):
+                raise NpzLimitError(f"entry {info.filename[:80]!r} declares shape {shape}")
+            size = dtype.itemsize
+            for n in shape:
+                size *= n
+            total += size
+            if total > max_bytes:
+                raise NpzLimitError(f"the arrays declare more than {max_bytes} bytes (entry {info.filename[:80]!r} "
+                                    f"alone: shape {shape}, dtype {dtype.str}); refused before reading")
+            names.append(info)
+        out = {}
+        for info in names:
+            with archive.open(info) as f:
+                out[info.filename[: -len(".npy")]] = np.lib.format.read_array(f, allow_pickle=False)
+        return out
 
 
-__all__ = ["array_text", "npz_bytes", "read_npz", "text_array"]
+__all__ = ["MAX_NPZ_BYTES", "NpzLimitError", "array_text", "npz_bytes", "read_npz", "text_array"]

@@ -49,13 +49,14 @@ from typing import Callable, Dict, List, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from robocasa_shift import seeding, specs
+from robocasa_shift import seeding
 from robocasa_shift.backends import get_backend, robosuite_fastpath
 from robocasa_shift.backends.mujoco_env import RENDER_PROFILES
 from robocasa_shift.config import DEFAULT_POLICY, StudyConfig
-from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.core import specs
+from robocasa_shift.core.policy import Observation, act_batch
+from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.engine.rollout import prepare_episode, run_lockstep, run_rollout
-from robocasa_shift.policies.base import Observation, act_batch
 from robocasa_shift.policies.reference import ReferencePolicy
 from robocasa_shift.study.executors import as_record
 from robocasa_shift.study.worker import apply_threads, init_worker, run_in_worker

@@ -49,6 +49,16 @@ def a_name(value: Any) -> Optional[str]:
     return None if isinstance(value, str) and value.strip() else f"must be a non-empty name, got {value!r}"
 
 
+ASSET_KITS = ("standin",)
+
+
+def an_asset_kit(value: Any) -> Optional[str]:
+    """Field check: None (the backend's own assets) or a known kind of generated asset kit."""
+    if value is None or value in ASSET_KITS:
+        return None
+    return f"must be one of {', '.join(ASSET_KITS)} (or not given), got {value!r}"
+
+
 def _option(default: Any = MISSING, *, help: str, check: Optional[Check] = None, **kwargs) -> Any:
     """A dataclass field with its help text (and optional check) beside it."""
     metadata = {"help": help, **({"check": check} if check else {})}
@@ -121,19 +131,49 @@ def is_env_reference(value: Any) -> bool:
     return isinstance(value, str) and value.startswith(ENV_PREFIX) and len(value) > len(ENV_PREFIX)
 
 
+def redact_url(value: str) -> str:
+    """A URL with its credentials replaced by :data:`SECRET_PLACEHOLDER`; any other string unchanged.
+
+    ``ws://alice:PW@host:8000/?api_key=Q&x=1`` becomes
+    ``ws://alice:<redacted>@host:8000/?api_key=<redacted>&x=1``: the password of the user part (or the
+    whole user part when it has no password: a token given as a user name) and the value of every
+    query parameter whose name is a secret's (see :func:`is_secret_option`).
+    """
+    if not isinstance(value, str) or "://" not in value:
+        return value
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return SECRET_PLACEHOLDER if "@" in value else value
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, _, host = netloc.rpartition("@")
+        name, sep, _password = user.partition(":")
+        netloc = f"{name}:{SECRET_PLACEHOLDER}@{host}" if sep else f"{SECRET_PLACEHOLDER}@{host}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(k, SECRET_PLACEHOLDER if is_secret_option(k) else v) for k, v in pairs], safe="<>")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
 def redact_options(options: Mapping[str, Any]) -> Dict[str, Any]:
-    """``options`` with the value of every secret option replaced by :data:`SECRET_PLACEHOLDER`.
+    """``options`` with the value of every secret option replaced by :data:`SECRET_PLACEHOLDER`, and the
+    credentials of every URL-valued option too (:func:`redact_url`).
 
     An ``env:NAME`` reference is kept: it names where the secret comes from, not the secret. The
     placeholder is fixed (never a hash: a hash of a short or guessable secret leaks it), so two
     runs with different tokens still agree wherever run directories are compared.
     """
     return {name: (SECRET_PLACEHOLDER if is_secret_option(name) and value is not None and not is_env_reference(value)
-                   else value) for name, value in options.items()}
+                   else redact_url(value)) for name, value in options.items()}
 
 
 def redact_argv(argv: Sequence[str]) -> List[str]:
-    """A command line with the value of every secret ``KEY=VALUE`` (or ``--option=KEY=VALUE``) replaced."""
+    """A command line with the value of every secret ``KEY=VALUE`` (or ``--option=KEY=VALUE``) replaced, and
+    the credentials of every URL in it (:func:`redact_url`)."""
     out = []
     for arg in argv:
         prefix, rest = "", arg
@@ -143,6 +183,10 @@ def redact_argv(argv: Sequence[str]) -> List[str]:
         match = _ASSIGNMENT.fullmatch(rest)
         if match and is_secret_option(match["name"]) and not is_env_reference(match["value"]):
             arg = f"{prefix}{match['name']}={SECRET_PLACEHOLDER}"
+        elif match and "://" in match["value"]:
+            arg = f"{prefix}{match['name']}={redact_url(match['value'])}"
+        elif "://" in rest:
+            arg = prefix + redact_url(rest)
         out.append(arg)
     return out
 
@@ -173,9 +217,18 @@ class StudyConfig:
         (), help="Option for the policy's constructor, repeatable; values are YAML "
                  "(e.g. --policy-option checkpoint=ckpt/ --policy-option port=8000). Recorded in the manifest.")
     render_profile: str = _option("fast", help="fast: no shadows, reflections or multisampling.", check=a_name)
+    stock_simulator: bool = _option(False, help="Step and render with the simulator's own code only: no fused control "
+                                                "step, no compiled substeps, no frame culling. Records are identical "
+                                                "either way (tested); slower. The manifest records what ran.")
     log_steps: bool = _option(False, help="Write a per-step log beside each record (end effector, actions, latched "
                                           "subgoals, policy samples at each boundary), for runtime monitors and "
                                           "judges; records are unchanged.")
+    asset_kit: Optional[str] = _option(None, help="Run on a generated asset kit: 'standin' accepts the robocasa "
+                                                  "backend's stand-in kitchens (`robocasa-shift standin-kit build`), "
+                                                  "primitive geometry under RoboCasa's names, refused without this. "
+                                                  "Its results are not RoboCasa's: the kit is recorded in the "
+                                                  "manifest and every record, and audit, report and compare say so "
+                                                  "on every page.", check=an_asset_kit)
 
     def __post_init__(self):
         object.__setattr__(self, "policy_options", freeze_options(self.policy_options))
@@ -199,7 +252,13 @@ class ExecutionConfig:
     executor: str = _option("local", help="local: a process pool on this machine; ray: an existing Ray cluster.",
                             check=a_name)
     workers: Optional[int] = _option(None, help="Parallel workers [default: one per core].", check=at_least_one)
-    address: Optional[str] = _option(None, help="Ray cluster address (ray executor); none starts a local Ray.")
+    address: Optional[str] = _option(None, help="Ray cluster address (ray executor): the head's HOST:PORT, as "
+                                                "`ray start --head --port PORT` gives it, or ray://HOST:PORT for Ray "
+                                                "Client; none starts a local Ray.")
+    connect_timeout_s: float = _option(
+        30.0, help="How long the ray executor may take to reach the cluster at --address (its port, token, Ray and "
+                   "Python versions) before the command stops with an error (exit 3), before the run directory is "
+                   "touched.", check=positive_seconds)
     threads: Optional[int] = _option(None, help="Renderer and torch threads per worker [default: cores / workers].",
                                      check=at_least_one)
     batch: int = _option(1, help="Conditions of one base episode a worker steps in lockstep, with one batched policy "
@@ -230,4 +289,4 @@ class ExecutionConfig:
 
 __all__ = ["DEFAULT_BACKEND", "DEFAULT_POLICY", "ENV_PREFIX", "ExecutionConfig", "SECRET_PLACEHOLDER", "StudyConfig",
            "check_field", "config_field", "default_threads", "field_help", "freeze_options", "is_env_reference",
-           "is_secret_option", "redact_argv", "redact_options", "redact_text"]
+           "is_secret_option", "redact_argv", "redact_options", "redact_text", "redact_url"]

@@ -93,6 +93,12 @@ class BackendUnavailable(Unavailable):
     """The backend's simulator, package or assets are missing; the message says how to get them."""
 
 
+class ClusterUnavailable(Unavailable):
+    """A Ray cluster that cannot be used: nothing answers at its address in time, it refuses this
+    driver's token, it runs another Ray or Python version, no node of it runs on this machine, or its
+    workers import other frozen specs. The message names the address and what to check."""
+
+
 class WeightsMissing(Unavailable):
     """A policy's weights are not where they should be; the message says how to make them."""
 

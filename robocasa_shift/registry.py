@@ -11,7 +11,17 @@ from __future__ import annotations
 
 import importlib
 from importlib import metadata
-from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, TypeVar, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Generic,
+    Iterator,
+    List,
+    Optional,
+    TypeVar,
+    Union,
+)
 
 from robocasa_shift.errors import DuplicateNameError, UnknownNameError
 

@@ -10,7 +10,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 @pytest.fixture(scope="session")
 def protocol():
-    from robocasa_shift import specs
+    from robocasa_shift.core import specs
 
     return specs.load_protocol()
 

@@ -32,8 +32,8 @@ def paired_lift_rollouts(env, policy, protocol, horizon: int):
     """
     import numpy as np
 
-    from robocasa_shift import specs
-    from robocasa_shift.engine.records import RolloutKey
+    from robocasa_shift.core import specs
+    from robocasa_shift.core.records import RolloutKey
     from robocasa_shift.engine.rollout import Observer, run_rollout
 
     class Recorder(Observer):

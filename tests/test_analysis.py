@@ -1,4 +1,4 @@
-"""The measures of PROTOCOL.md section 7 on small tables whose answers are computed by hand."""
+"""The measures of docs/protocol.md section 7 on small tables whose answers are computed by hand."""
 
 import itertools
 import json
@@ -11,14 +11,15 @@ import pytest
 from robocasa_shift.analysis.measures import (
     AnalysisError,
     analyze,
-    holm_adjust,
     load_records,
-    mcnemar_exact_p,
     normalize,
-    order_conditions,
     tables,
-    wilson_interval,
     write_analysis,
+)
+from robocasa_shift.analysis.statistics import (
+    holm_adjust,
+    mcnemar_exact_p,
+    wilson_interval,
 )
 
 Z95 = 1.959963984540054
@@ -412,10 +413,12 @@ def test_unparseable_values_are_refused(table):
         normalize(no_outcome)
 
 
-def test_order_conditions():
-    names = ["zoom:L1", "blur:L10", "clean", "blur:L2", "fog:L1", "illumination:L3", "camera:L1"]
-    assert order_conditions(names) == [
-        "clean", "illumination:L3", "camera:L1", "blur:L2", "blur:L10", "fog:L1", "zoom:L1",
+def test_conditions_are_ordered_by_the_protocols_factor_order_unknown_factors_and_combinations_after():
+    from robocasa_shift.core.conditions import order_conditions
+
+    names = ["zoom:L1", "blur:L10", "clean", "camera:L2+blur:L1", "blur:L2", "fog:L1", "illumination:L3", "camera:L1"]
+    assert order_conditions(names, ("illumination", "camera", "base", "blur")) == [
+        "clean", "illumination:L3", "camera:L1", "blur:L2", "blur:L10", "fog:L1", "zoom:L1", "camera:L2+blur:L1",
     ]
 
 
@@ -484,7 +487,7 @@ def test_write_analysis_writes_summary_and_tables(tmp_path, table):
     assert len(first) == 4 * (4 + 3)  # per condition: Alpha 1..3 + complete, Beta 1..2 + complete
     alpha_camera = first[(first.condition == "camera:L2") & (first.task == "Alpha")]
     assert dict(zip(alpha_camera.subgoal, alpha_camera["count"])) == {"1": 1, "2": 0, "3": 0, "complete": 1}
-    assert set(tables(returned)) == {"sr", "dsr", "transitions", "stages", "first_incomplete", "trend"}
+    assert set(tables(returned)) == {"sr", "dsr", "transitions", "stages", "first_incomplete", "trend", "interactions"}
     # the original columns of dsr.csv come first and unchanged; the new ones follow
     assert list(dsr.columns[:6]) == ["task", "condition", "n_pairs", "dsr", "ci_lo", "ci_hi"]
 

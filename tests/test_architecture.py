@@ -9,18 +9,24 @@ from pathlib import Path
 
 import pytest
 
-from robocasa_shift import specs
-from robocasa_shift.backends.base import Cameras, Lights, MobileBase, check_hooks, missing_hooks
-from robocasa_shift.engine.perturbations import required_hooks
+from robocasa_shift.core import specs
+from robocasa_shift.core.backend import (
+    Cameras,
+    Lights,
+    MobileBase,
+    check_hooks,
+    missing_hooks,
+)
+from robocasa_shift.core.factors import required_hooks
 from robocasa_shift.errors import BackendUnavailable
 
 PACKAGE = Path(__file__).resolve().parent.parent / "robocasa_shift"
 CONTRACT_MODULES = (
-    "robocasa_shift.backends.base",
-    "robocasa_shift.policies.base",
+    "robocasa_shift.core.backend",
+    "robocasa_shift.core.policy",
     "robocasa_shift.errors",
     "robocasa_shift.registry",
-    "robocasa_shift.engine.perturbations",
+    "robocasa_shift.core.factors",
 )
 
 
@@ -92,6 +98,67 @@ def test_the_package_has_no_import_cycle_even_through_imports_inside_functions()
     assert cycles(graph) == []
 
 
+# The floors of the package, lowest first. A module may import the modules of lower floors and of its own
+# package, never a higher floor nor another package of its own floor (``backends`` and ``policies`` know
+# nothing of each other; ``analysis`` is pure: no simulator, no policy, no executor). The foundation's
+# modules are floors of their own, in this order.
+LAYERS = (
+    ("errors",),
+    ("geometry", "seeding", "arrays", "registry"),
+    ("config", "embodiments"),
+    ("core",),
+    ("rundir",),
+    ("analysis", "backends", "policies"),
+    ("engine",),
+    ("study",),
+    ("branching", "gym"),
+    ("checks", "monitoring", "judging", "training"),
+    ("report",),
+    ("bench",),
+    ("cli",),
+    ("__main__",),
+)
+
+
+def floor_of(module: str):
+    """(floor, package) of a module of the package; the package facade ``robocasa_shift`` has none."""
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None
+    for floor, packages in enumerate(LAYERS):
+        if parts[1] in packages:
+            return floor, parts[1]
+    raise AssertionError(f"{module} is on no floor of LAYERS: place it there")
+
+
+def upward_imports(graph):
+    """Imports that run up a floor or sideways into another package of the same floor."""
+    out = []
+    for module, targets in sorted(graph.items()):
+        here = floor_of(module)
+        for target in sorted(targets):
+            there = floor_of(target)
+            if here is None or there is None:
+                continue
+            if there[0] > here[0] or (there[0] == here[0] and there[1] != here[1]):
+                out.append(f"{module} -> {target}")
+    return out
+
+
+def test_every_import_points_down_the_floors_or_stays_in_its_package():
+    assert upward_imports(import_graph()) == []
+
+
+def test_the_floor_check_catches_an_import_up_and_one_sideways():
+    graph = {"robocasa_shift.core.specs": {"robocasa_shift.engine.rollout"},
+             "robocasa_shift.analysis.measures": {"robocasa_shift.backends.fake", "robocasa_shift.core.records"},
+             "robocasa_shift.engine.rollout": {"robocasa_shift.core.specs", "robocasa_shift.engine.steplog"},
+             "robocasa_shift.engine.steplog": set(), "robocasa_shift.backends.fake": set(),
+             "robocasa_shift.core.records": set()}
+    assert upward_imports(graph) == ["robocasa_shift.analysis.measures -> robocasa_shift.backends.fake",
+                                     "robocasa_shift.core.specs -> robocasa_shift.engine.rollout"]
+
+
 def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function_body():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
@@ -118,7 +185,7 @@ def test_measures_compare_export_and_the_report_page_import_without_a_simulator_
     code = (
         "import sys\n"
         "import robocasa_shift.analysis.measures, robocasa_shift.analysis.compare\n"
-        "import robocasa_shift.analysis.export, robocasa_shift.analysis.report, robocasa_shift.checks.audit\n"
+        "import robocasa_shift.analysis.export, robocasa_shift.report.page, robocasa_shift.checks.audit\n"
         "heavy = sorted(m for m in ('mujoco', 'robosuite', 'torch', 'matplotlib', 'cv2') if m in sys.modules)\n"
         "print(heavy)\n"
     )

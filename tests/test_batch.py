@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from helpers import cli
 
-from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.study.executors import lockstep_groups
 
 

@@ -17,7 +17,7 @@ from robocasa_shift.analysis.branching import (
     trunk_frame,
     write_outputs,
 )
-from robocasa_shift.branching.estimator import jeffreys_lower
+from robocasa_shift.analysis.recoverability import jeffreys_lower
 from robocasa_shift.errors import AnalysisError
 
 PICK = ["reach_cube", "grasp_cube", "lift_cube"]
@@ -277,7 +277,8 @@ def test_a_malformed_trunk_or_a_missing_manifest_is_refused(study_dir, tmp_path)
 
 
 def test_the_report_shows_a_branching_section_when_a_summary_exists(study_dir):
-    from robocasa_shift.analysis.report import branching_sections, build_report
+    from robocasa_shift.report.page import build_report
+    from robocasa_shift.report.studies import branching_sections
 
     run_dir = study_dir.parent.parent
     assert branching_sections(run_dir) == []  # no summary yet: no section
@@ -292,7 +293,7 @@ def test_the_report_shows_a_branching_section_when_a_summary_exists(study_dir):
 
 
 def test_the_report_says_so_when_a_branch_summary_cannot_be_read(tmp_path):
-    from robocasa_shift.analysis.report import branching_sections
+    from robocasa_shift.report.studies import branching_sections
 
     (tmp_path / "branching" / "broken").mkdir(parents=True)
     (tmp_path / "branching" / "broken" / "summary.json").write_text("{")

@@ -15,20 +15,29 @@ import numpy as np
 import pytest
 from helpers import ROOT, cli
 
-from robocasa_shift import specs
+from robocasa_shift.analysis import recoverability
 from robocasa_shift.backends import get_backend
-from robocasa_shift.branching import estimator
-from robocasa_shift.branching.engine import BranchSettings, record_trunk, replay_fidelity, run_branch
-from robocasa_shift.branching.interventions import INTERVENTIONS, Context, make_intervention
+from robocasa_shift.branching.engine import (
+    BranchSettings,
+    record_trunk,
+    replay_fidelity,
+    run_branch,
+)
+from robocasa_shift.branching.interventions import (
+    INTERVENTIONS,
+    Context,
+    make_intervention,
+)
 from robocasa_shift.branching.snapshot import SnapshotError, TrunkTape
 from robocasa_shift.branching.study import BranchStore, Selection, branch, select_trunks
 from robocasa_shift.checks.branch_audit import audit_branch_study
+from robocasa_shift.core import specs
+from robocasa_shift.core.policy import Policy
+from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.embodiments.panda_omron import LAYOUT as PANDA
-from robocasa_shift.engine.records import RolloutKey
 from robocasa_shift.engine.rollout import Observer
 from robocasa_shift.errors import BadInput, RunDirError, StateUnsupported
 from robocasa_shift.policies import POLICIES, make_policy
-from robocasa_shift.policies.base import Policy
 
 FAKE = ["--backend", "fake", "--policy", "fake", "--no-progress"]
 
@@ -42,18 +51,18 @@ def comparable(result):
 
 
 def test_jeffreys_lower_quantiles_for_k_of_4_are_the_papers():
-    got = [estimator.jeffreys_lower(k, 4, 0.25) for k in range(5)]
+    got = [recoverability.jeffreys_lower(k, 4, 0.25) for k in range(5)]
     assert got == pytest.approx([0.012, 0.150, 0.3455, 0.576, 0.856], abs=6e-4)
     # at tau = 0.5 a checkpoint needs k >= 3 of 4, and only k = 2 straddles tau (expanded to 16)
     assert [g >= 0.5 for g in got] == [False, False, False, True, True]
-    assert [estimator.needs_expansion(k, 4, 0.5) for k in range(5)] == [False, False, True, False, False]
+    assert [recoverability.needs_expansion(k, 4, 0.5) for k in range(5)] == [False, False, True, False, False]
 
 
 def test_the_horizon_is_the_latest_recoverable_checkpoint_without_assuming_monotonicity():
     steps = [0, 8, 16, 24]
-    assert estimator.recoverability_horizon(steps, [0.576, 0.15, 0.576, 0.012]) == 16
-    assert estimator.recoverability_horizon(steps, [0.15, 0.15, None, 0.012]) is None
-    assert estimator.combined_estimate({"continue": 0.15, "recover": 0.576}) == 0.576
+    assert recoverability.recoverability_horizon(steps, [0.576, 0.15, 0.576, 0.012]) == 16
+    assert recoverability.recoverability_horizon(steps, [0.15, 0.15, None, 0.012]) is None
+    assert recoverability.combined_estimate({"continue": 0.15, "recover": 0.576}) == 0.576
 
 
 # --------------------------------------------------------------------------- interventions
@@ -302,7 +311,7 @@ def test_branch_runs_resumes_audits_and_reports_on_the_fake_backend(fake_run, tm
         assert result["branched"] and set(result["interventions"]) == {"continue", "recover"}
         for cell in result["interventions"].values():
             assert cell["n"] == (16 if cell["expanded"] else 4)
-            assert cell["estimate"] == pytest.approx(estimator.jeffreys_lower(cell["k"], cell["n"]))
+            assert cell["estimate"] == pytest.approx(recoverability.jeffreys_lower(cell["k"], cell["n"]))
     assert any(c["expanded"] for r in results.values() for c in r["interventions"].values())
 
     # nothing runs twice: a rerun has nothing to do; a lost result is the only unit that runs again

@@ -14,10 +14,18 @@ def test_conditions_json_lists_the_thirteen_of_the_matrix_then_the_optional_ones
         "camera:L1", "camera:L2", "camera:L3",
         "base:L1", "base:L2", "base:L3",
         "blur:L1", "blur:L2", "blur:L3",
-        "language:L1",
+        *(f"{f}:L{i}" for f in ("camera_pose", "motion_blur", "zoom_blur", "fog", "glass_blur", "arm_init", "language",
+                                "action_latency", "obs_latency", "control_rate") for i in (1, 2, 3)),
+        "camera_pose:L2+motion_blur:L2", "arm_init:L2+action_latency:L2", "obs_latency:L2+control_rate:L2",
     ]
-    assert [r["condition"] for r in out["conditions"] if r.get("optional")] == ["language:L1"]
-    assert rows["language:L1"] == {"paraphrase": 1.0}
+    assert [r["condition"] for r in out["conditions"] if r.get("optional")] == list(rows)[13:]
+    assert rows["language:L1"] == {"min_distance": 0.0, "max_distance": 0.5}
+    # every factor under its family, with the backends that run it
+    factors = {f["factor"]: f for f in out["factors"]}
+    assert [f["family"] for f in out["factors"]] == sorted((f["family"] for f in out["factors"]),
+                                                           key=list(out["families"]).index)
+    assert factors["language"]["backends"]["robosuite"]["status"] == "no"
+    assert factors["control_rate"]["backends"]["robocasa"]["status"] == "yes"
     assert rows["illumination:L3"] == {"alpha": 0.4}
     assert rows["camera:L2"] == {"theta_max_deg": 6.0}
     assert rows["base:L3"] == {"sigma_xy_m": 0.1, "sigma_psi_deg": 10.0}

@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 from helpers import cli, run_python
 
-from robocasa_shift import specs
 from robocasa_shift.backends import get_backend
-from robocasa_shift.backends.fake import HORIZON, FakePolicy
-from robocasa_shift.engine.perturbations import READBACK_ATOL, factor_kind
-from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.backends.fake import HORIZON
+from robocasa_shift.core import specs
+from robocasa_shift.core.factors import READBACK_ATOL, factor_kind
+from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.engine.rollout import inject, prepare_episode, run_rollout
 from robocasa_shift.policies import make_policy
+from robocasa_shift.policies.fake import FakePolicy
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ pytest.importorskip("robosuite")
 pytestmark = pytest.mark.sim
 
 from robocasa_shift.backends import get_backend, robosuite_fastpath  # noqa: E402
-from robocasa_shift.engine.records import RolloutKey  # noqa: E402
+from robocasa_shift.core.records import RolloutKey  # noqa: E402
 from robocasa_shift.engine.rollout import inject, prepare_episode  # noqa: E402
 
 
@@ -167,9 +167,9 @@ import hashlib, numpy as np
 {threads}
 from threadpoolctl import threadpool_info
 print(max(p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"))
-from robocasa_shift import specs
+from robocasa_shift.core import specs
 from robocasa_shift.backends import get_backend
-from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.engine.rollout import prepare_episode
 env = get_backend("robosuite").make("Stack")
 prepare_episode(env, specs.load_protocol(), RolloutKey("formal", "Stack", 2, "clean"))
@@ -195,3 +195,57 @@ def test_one_blas_thread_gives_the_states_of_numpys_default_pool():
                                                         "apply_threads(1)")).split()
     assert int(default[0]) >= 2 and int(capped[0]) == 1  # the pools really differed
     assert len(default[1]) == 64 and default[1] == capped[1]
+
+
+def test_a_numba_that_cannot_be_imported_leaves_the_substeps_in_python_with_the_reason(monkeypatch, protocol):
+    """A broken numba or llvmlite must not stop an environment from being built: the fused step runs its substeps in
+    Python and the reason is what the manifest records."""
+    import sys
+
+    import robocasa_shift.backends as backends
+
+    monkeypatch.delattr(backends, "robosuite_kernels", raising=False)
+    monkeypatch.setitem(sys.modules, "robocasa_shift.backends.robosuite_kernels", None)  # importing it now fails
+    env = get_backend("robosuite").make("Lift")
+    try:
+        info = env.simulator_info()["fastpath"]
+        assert info["fused_step"] and info["compiled_substeps"] is False
+        assert "unavailable" in info["compiled_substeps_reason"] and "robosuite_kernels" in info["compiled_substeps_reason"]
+        prepare_episode(env, protocol, RolloutKey("formal", "Lift", 0, "clean"))
+        env.step(np.zeros(env.action_dim))
+    finally:
+        env.close()
+
+
+def test_the_stock_simulator_switch_turns_every_shortcut_off_and_says_so():
+    env = get_backend("robosuite").make("Lift", stock_simulator=True)
+    try:
+        info = env.simulator_info()
+        assert info["stock_simulator"] and not info["culling"]
+        assert info["fastpath"] == {"enabled": False, "reason": "stock simulator requested"}
+        assert "step" not in vars(env.raw)  # robosuite's own step method
+        assert not getattr(type(env.raw.robots[0]), "_fastpath", False)
+    finally:
+        env.close()
+
+
+def test_a_run_on_the_stock_simulator_gives_the_same_records_and_its_manifest_says_what_ran(tmp_path):
+    """The switch reaches the workers through the study config; the manifest records what ran on each side."""
+    import json
+
+    from robocasa_shift import run_study
+    from robocasa_shift.checks.reproduction import diff_runs
+    from robocasa_shift.config import ExecutionConfig, StudyConfig
+
+    execution = ExecutionConfig(workers=1, progress=False)
+    for name, stock in (("fast", False), ("stock", True)):
+        run_study(tmp_path / name, ["Lift"], ["clean", "camera:L2", "blur:L1"], [0],
+                  study=StudyConfig(policy="reference", stock_simulator=stock), execution=execution)
+    assert diff_runs(tmp_path / "fast", tmp_path / "stock")["passed"]
+    fast, stock = (json.loads((tmp_path / n / "manifest.json").read_text())["simulator"] for n in ("fast", "stock"))
+    from robocasa_shift.backends import numpy_blas
+
+    assert fast["culling"] and fast["fastpath"]["fused_step"]
+    assert fast["fastpath"]["compiled_substeps"] is (numpy_blas.problem() is None)
+    assert fast["numba"] and fast["llvmlite"]
+    assert stock["stock_simulator"] and not stock["culling"] and not stock["fastpath"]["enabled"]

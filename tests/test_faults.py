@@ -17,10 +17,17 @@ import pytest
 import yaml
 from helpers import ROOT, cli, run_python
 
-from robocasa_shift import seeding, specs
-from robocasa_shift.engine.records import Record, RolloutKey, comparable
-from robocasa_shift.errors import BadInput, FrozenSpecError, PolicyOptionError, RunDirError, SpecError
-from robocasa_shift.study.store import RunStore
+from robocasa_shift import seeding
+from robocasa_shift.core import specs
+from robocasa_shift.core.records import Record, RolloutKey, comparable
+from robocasa_shift.errors import (
+    BadInput,
+    FrozenSpecError,
+    PolicyOptionError,
+    RunDirError,
+    SpecError,
+)
+from robocasa_shift.rundir.store import RunStore
 
 FAKE = ["--backend", "fake", "--policy", "fake", "--no-progress"]
 
@@ -110,7 +117,7 @@ def test_a_worker_that_cannot_be_built_fails_the_command_once_instead_of_respawn
     # before the fix the pool's initializer raised in every new worker and the pool respawned them forever
     out = run_python(
         "from robocasa_shift.config import ExecutionConfig, StudyConfig\n"
-        "from robocasa_shift.engine.records import RolloutKey\n"
+        "from robocasa_shift.core.records import RolloutKey\n"
         "from robocasa_shift.errors import Error\n"
         "from robocasa_shift.study.executors import LocalExecutor\n"
         "ex = LocalExecutor(StudyConfig(backend='no-such-backend', policy='fake'), ExecutionConfig(workers=2))\n"

@@ -18,11 +18,20 @@ import torch
 import zmq
 from helpers import paired_lift_rollouts
 
-from robocasa_shift.errors import ActionFormatError, PolicyOptionError, PolicyServerError, PolicyServerTimeout
-from robocasa_shift.policies.base import Observation
+from robocasa_shift.core.policy import Observation
+from robocasa_shift.errors import (
+    ActionFormatError,
+    PolicyOptionError,
+    PolicyServerError,
+    PolicyServerTimeout,
+)
 from robocasa_shift.policies.gr00t.client import Gr00tClient
 from robocasa_shift.policies.gr00t.launcher import Gr00tLauncher
-from robocasa_shift.policies.gr00t.mapping import LANGUAGE_KEY, gr00t_to_actions, observation_to_gr00t
+from robocasa_shift.policies.gr00t.mapping import (
+    LANGUAGE_KEY,
+    gr00t_to_actions,
+    observation_to_gr00t,
+)
 from robocasa_shift.policies.gr00t.policy import Gr00tPolicy
 from robocasa_shift.policies.gr00t.protocol import (
     PickleSerializerWarning,

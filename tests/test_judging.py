@@ -16,15 +16,33 @@ import pytest
 from helpers import cli
 
 from robocasa_shift.config import ExecutionConfig, StudyConfig
-from robocasa_shift.engine.records import RolloutKey
-from robocasa_shift.errors import BadInput, PolicyServerError, RunDirError, StateUnsupported
+from robocasa_shift.core.records import RolloutKey
+from robocasa_shift.errors import (
+    BadInput,
+    PolicyServerError,
+    RunDirError,
+    StateUnsupported,
+)
 from robocasa_shift.judging import export as jexport
-from robocasa_shift.judging.export import ExportSettings, export_judge, frame_steps, sample_id, select
-from robocasa_shift.judging.judges import JUDGES, Judge, PredictionsError, Verdict, read_predictions, run_judge
+from robocasa_shift.judging.export import (
+    ExportSettings,
+    export_judge,
+    frame_steps,
+    sample_id,
+    select,
+)
+from robocasa_shift.judging.judges import (
+    JUDGES,
+    Judge,
+    PredictionsError,
+    Verdict,
+    read_predictions,
+    run_judge,
+)
 from robocasa_shift.judging.judgeset import JudgeSet, JudgeSetError
 from robocasa_shift.judging.scoring import length_only, score
+from robocasa_shift.rundir.store import RunStore
 from robocasa_shift.study.runner import run
-from robocasa_shift.study.store import RunStore
 
 TASKS, CONDITIONS, EPISODES = ["Reach", "PickPlace"], ["clean", "blur:L3", "base:L3"], range(4)
 SETTINGS = ExportSettings(size=32, frames=4)
@@ -150,6 +168,23 @@ def test_max_per_cell_keeps_the_same_episodes_in_every_cell_of_a_task(logged):
     assert select(records, ExportSettings(max_per_cell=2, seed=3)) == chosen
     with pytest.raises(BadInput):
         ExportSettings(max_per_cell=0)
+
+
+def test_max_per_cell_keeps_formal_pairs_whole_beside_screening_records(tmp_path):
+    """A run that also holds screening records (clean only, other base episodes), as make demo leaves one: the
+    clean cell of the formal phase must take the formal episodes its perturbed cells take, not screening ones."""
+    run_dir = tmp_path / "run"
+    study, execution = StudyConfig(backend="fake", policy="fake"), ExecutionConfig(workers=1, progress=False)
+    run(run_dir, ["Reach"], ["clean"], range(0, 12), study=study, execution=execution, phase="screening")
+    run(run_dir, ["Reach"], ["clean", "blur:L2"], range(0, 6), study=study, execution=execution)
+    chosen = select(RunStore(run_dir).records(), ExportSettings(max_per_cell=3, seed=0))
+    formal = {}
+    for r in chosen:
+        if r["phase"] == "formal":
+            formal.setdefault(r["condition"], set()).add(r["episode"])
+    assert set(formal) == {"clean", "blur:L2"} and all(len(v) == 3 for v in formal.values())
+    assert formal["clean"] == formal["blur:L2"]  # every formal pair whole
+    assert len([r for r in chosen if r["phase"] == "screening"]) == 3
 
 
 def test_a_changed_manifest_or_image_is_refused(exported, tmp_path):

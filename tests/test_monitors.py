@@ -12,7 +12,7 @@ import pytest
 from helpers import cli
 
 from robocasa_shift.config import ExecutionConfig, StudyConfig
-from robocasa_shift.engine.steplog import StepLog
+from robocasa_shift.core.steplog import StepLog
 from robocasa_shift.errors import AnalysisError, UnknownNameError
 from robocasa_shift.monitoring import monitors
 from robocasa_shift.study.runner import run
@@ -89,7 +89,9 @@ def test_the_monitor_study_writes_every_table_with_thresholds_frozen_from_clean_
     for task, parts in summary["splits"].items():
         assert not set(parts["validation"]) & set(parts["test"]) and len(parts["validation"]) == 12
     table = pd.read_csv(out / "detection.csv")
-    assert set(table["window"]) == {"end", "early", "cap"} and set(table["monitor"]) == set(monitors.monitor_names())
+    # every registered monitor, and the hidden-state probe (the fake policy exposes features)
+    assert set(table["window"]) == {"end", "early", "cap"} and set(table["monitor"]) == set(monitors.monitor_names()) | {
+        "hidden_state_probe"}
     # one threshold per (monitor, window), whatever the condition
     assert (table.groupby(["monitor", "window"])["threshold"].nunique(dropna=False) == 1).all()
     # the pooled AUC is its within/between decomposition
@@ -97,7 +99,7 @@ def test_the_monitor_study_writes_every_table_with_thresholds_frozen_from_clean_
     assert np.allclose(both["pooled_auc"], both["weight_within"] * both["within_auc"]
                        + both["weight_between"] * both["between_auc"])
     decision = pd.read_csv(out / "decision.csv")
-    assert len(decision) == len(monitors.monitor_names()) * (5 + 1)  # five conditions and all of them pooled
+    assert len(decision) == (len(monitors.monitor_names()) + 1) * (5 + 1)  # five conditions and all of them pooled
     # enough clean validation successes: a finite threshold where the scores separate them, and alarms
     jerk = decision[decision["monitor"] == "action_jerk"]
     assert np.isfinite(jerk["threshold"]).all() and (jerk["alarm_rate"] > 0).any()
@@ -109,7 +111,7 @@ def test_the_monitor_study_writes_every_table_with_thresholds_frozen_from_clean_
     rows = decision.dropna(subset=["excess_direct", "excess_closed"])
     assert len(rows) and np.allclose(rows["excess_direct"], rows["excess_closed"])
     # the cap window is a quarter of the horizon; the early window ends at the shortest clean validation success
-    from robocasa_shift.study.store import RunStore
+    from robocasa_shift.rundir.store import RunStore
 
     records = RunStore(corpus).records()
     for task in ("Reach", "PickPlace"):
@@ -119,7 +121,7 @@ def test_the_monitor_study_writes_every_table_with_thresholds_frozen_from_clean_
                        and r["episode"] in summary["splits"][task]["validation"])
         assert summary["windows"]["early"][task] == shortest
     verdicts = {v["monitor"]: v for v in summary["verdicts"]}
-    assert set(verdicts) == set(monitors.monitor_names())
+    assert set(verdicts) == set(monitors.monitor_names()) | {"hidden_state_probe"}
     assert all(isinstance(v["decision_admits"], bool) for v in verdicts.values())
     # the length-only control recovers timeouts: on the end window it ranks at least as well as chance
     assert verdicts["length_only"]["end_auc"] >= 0.5

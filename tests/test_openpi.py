@@ -25,8 +25,12 @@ import websockets  # noqa: E402
 import websockets.asyncio.server  # noqa: E402
 from openpi_client import msgpack_numpy  # noqa: E402
 
-from robocasa_shift.errors import ActionFormatError, PolicyServerError, PolicyServerTimeout  # noqa: E402
-from robocasa_shift.policies.base import Observation  # noqa: E402
+from robocasa_shift.core.policy import Observation  # noqa: E402
+from robocasa_shift.errors import (  # noqa: E402
+    ActionFormatError,
+    PolicyServerError,
+    PolicyServerTimeout,
+)
 from robocasa_shift.policies.openpi import (  # noqa: E402
     PRESETS,
     RESET_MESSAGE_KEY,
@@ -34,7 +38,12 @@ from robocasa_shift.policies.openpi import (  # noqa: E402
     OpenpiPolicy,
     observation_to_openpi,
 )
-from robocasa_shift.policies.remote import ACTION_LAYOUTS, UNSEEDED, flat_to_actions, resolve_layout  # noqa: E402
+from robocasa_shift.policies.remote import (  # noqa: E402
+    ACTION_LAYOUTS,
+    UNSEEDED,
+    flat_to_actions,
+    resolve_layout,
+)
 from robocasa_shift.seeding import rng_state_hash  # noqa: E402
 
 HOST = "127.0.0.1"
@@ -240,7 +249,7 @@ def test_action_layouts_place_every_column():
                             '"targets": [0,1,2,3,4,5,6,7,8,9,10,11]}]')
     assert np.array_equal(flat_to_actions(chunk, custom), chunk[:, ::-1])
     with pytest.raises(ValueError, match="exactly once"):
-        resolve_layout([{"name": "arm", "columns": [0, 1, 2], "targets": [0, 1, 2]}])
+        resolve_layout([{"name": "arm", "columns": [0, 1, 2, 3], "targets": [0, 1, 2, 3]}])  # no embodiment is 4-D
     with pytest.raises(KeyError, match="did you mean 'robocasa-hdf5'"):
         resolve_layout("robocasa-hdf")
     with pytest.raises(ActionFormatError, match=r"shape \(10, 7\), expected \(T, 12\)"):

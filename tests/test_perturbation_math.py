@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from robocasa_shift import seeding
-from robocasa_shift.engine.perturbations import (
+from robocasa_shift.core.factors import (
     CameraRotation,
     GaussianBlur,
     axis_angle_quat,

@@ -11,8 +11,8 @@ import pytest
 from helpers import ROOT, cli
 
 from robocasa_shift.checks.screening import Pool, load_pool, screening_decisions
-from robocasa_shift.engine.records import RolloutKey, comparable
-from robocasa_shift.study.store import RunStore
+from robocasa_shift.core.records import RolloutKey, comparable
+from robocasa_shift.rundir.store import RunStore
 
 
 def pool(**kw):

@@ -7,13 +7,19 @@ import numpy as np
 import pytest
 
 from robocasa_shift.backends import get_backend
-from robocasa_shift.backends.base import cameras_for_roles
-from robocasa_shift.engine.stages import StageTracker
+from robocasa_shift.core.backend import cameras_for_roles
+from robocasa_shift.core.policy import (
+    Observation,
+    Policy,
+    numpy_rng_state,
+    set_numpy_rng_state,
+    state_support,
+)
+from robocasa_shift.core.specs import load_stage_spec
+from robocasa_shift.core.stages import StageTracker
 from robocasa_shift.errors import BadInput, StateUnsupported
 from robocasa_shift.policies import POLICIES, make_policy
-from robocasa_shift.policies.base import Observation, Policy, numpy_rng_state, set_numpy_rng_state, state_support
 from robocasa_shift.policies.remote import RemotePolicy
-from robocasa_shift.specs import load_stage_spec
 
 SEED = 11
 REMOTE_REASON = ("the policy server holds its generators and the protocol has no call to read or restore them, "
@@ -121,9 +127,9 @@ def test_the_fake_policys_memory_is_rebuilt_exactly_with_no_extra_keys():
 
 
 def test_replay_continues_from_its_snapshot(tmp_path, fake_env):
+    from robocasa_shift.core.records import RolloutKey
+    from robocasa_shift.core.specs import load_protocol
     from robocasa_shift.engine.demos import record_demo
-    from robocasa_shift.engine.records import RolloutKey
-    from robocasa_shift.specs import load_protocol
 
     key = RolloutKey("validation", "PickPlace", 3, "clean")
     record, _ = record_demo(fake_env, make_policy("fake"), key, load_protocol(), load_stage_spec("fake", "PickPlace"),
@@ -201,9 +207,38 @@ def test_every_registered_policy_says_whether_it_can_be_branched():
     support = {name: state_support(POLICIES.get(name)) for name in POLICIES.names()}
     for name in ("expert", "random", "replay", "reference", "reference-blind", "fake", "fake-expert", "fake-random"):
         assert support[name] is None, name
-    for name in ("gr00t", "openpi"):
+    for name in ("gr00t", "openpi"):  # as classes: a server that offers no state calls; instances ask theirs
         assert support[name] == f"policy '{name}': {REMOTE_REASON}"
-    assert "does not implement get_state/set_state" in support["lerobot"]
+    assert support["lerobot"] is None  # its instances refuse a policy class whose episode state they cannot read
+
+
+class DuckTyped:
+    """A user's plain class with the policy methods, registered without subclassing Policy."""
+
+    name = "duck"
+    camera_roles = ("third_person",)
+
+    def reset(self, seed):
+        pass
+
+    def act(self, obs):
+        return np.zeros((1, 3))
+
+
+class DuckTypedWithState(DuckTyped):
+    name = "duck-state"
+
+    def get_state(self):
+        return {}
+
+    def set_state(self, state):
+        pass
+
+
+def test_a_duck_typed_policy_gets_an_answer_not_an_attribute_error():
+    reason = "policy 'duck': it does not implement get_state/set_state, so it cannot be branched"
+    assert state_support(DuckTyped) == reason and state_support(DuckTyped()) == reason
+    assert state_support(DuckTypedWithState) is None and state_support(DuckTypedWithState()) is None
 
 
 def test_overriding_only_one_of_the_two_is_not_support():

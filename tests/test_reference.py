@@ -36,7 +36,7 @@ def test_rng_fingerprint_is_read_back_from_the_seeded_generator():
 
 
 def test_the_task_comes_from_the_observation_and_an_unknown_one_names_the_trained_tasks():
-    from robocasa_shift.policies.base import Observation
+    from robocasa_shift.core.policy import Observation
 
     policy = make_policy("reference")
     # the instruction of Lift does not make it Lift: only obs.task names the task
@@ -49,7 +49,7 @@ def test_the_task_comes_from_the_observation_and_an_unknown_one_names_the_traine
 @pytest.fixture(scope="module")
 def lift_obs():
     from robocasa_shift.backends import get_backend
-    from robocasa_shift.policies.base import Observation
+    from robocasa_shift.core.policy import Observation
 
     env = get_backend("robosuite").make("Lift")
     env.reset(5)
@@ -88,8 +88,8 @@ def test_blind_ablation_sees_blank_images(lift_obs):
 
 @pytest.mark.sim
 def test_training_is_bit_reproducible(tmp_path):
-    from robocasa_shift.policies.reference.data import generate
-    from robocasa_shift.policies.reference.train import TrainConfig, array_hash, train_net
+    from robocasa_shift.training.reference import TrainConfig, array_hash, train_net
+    from robocasa_shift.training.reference_data import generate
 
     a = np.load(generate("Lift", tmp_path / "a.npz", frames=80, progress=False))
     b = np.load(generate("Lift", tmp_path / "b.npz", frames=80, progress=False))
@@ -103,9 +103,9 @@ def test_training_is_bit_reproducible(tmp_path):
 
 @pytest.mark.sim
 def test_on_policy_round_renders_what_the_policy_sees_reproducibly(tmp_path):
-    from robocasa_shift.policies.reference.data import generate_on_policy
-    from robocasa_shift.policies.reference.train import load_training_set
     from robocasa_shift.policies.reference.weights import WEIGHTS_DIR
+    from robocasa_shift.training.reference import load_training_set
+    from robocasa_shift.training.reference_data import generate_on_policy
 
     a = np.load(generate_on_policy("Lift", tmp_path / "a.npz", WEIGHTS_DIR, frames=30, progress=False))
     b = np.load(generate_on_policy("Lift", tmp_path / "b.npz", WEIGHTS_DIR, frames=30, progress=False))
@@ -123,9 +123,9 @@ def test_on_policy_round_renders_what_the_policy_sees_reproducibly(tmp_path):
 @pytest.mark.sim
 def test_reference_lifts_the_cube_from_images(tmp_path):
     from robocasa_shift.backends import get_backend
-    from robocasa_shift.engine.records import RolloutKey
+    from robocasa_shift.core.records import RolloutKey
+    from robocasa_shift.core.specs import load_protocol, load_stage_spec
     from robocasa_shift.engine.rollout import run_rollout
-    from robocasa_shift.specs import load_protocol, load_stage_spec
 
     env = get_backend("robosuite").make("Lift")
     rec = run_rollout(env, make_policy("reference"), RolloutKey("formal", "Lift", 0, "clean"), load_protocol(),

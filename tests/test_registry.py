@@ -41,13 +41,15 @@ def test_decorator_returns_the_class():
 
 def test_builtin_registries_know_their_names():
     from robocasa_shift.backends import BACKENDS
-    from robocasa_shift.engine.perturbations import FACTOR_KINDS
+    from robocasa_shift.core.factors import FACTOR_KINDS
     from robocasa_shift.policies import POLICIES
 
     assert "robosuite" in BACKENDS.names()
     assert {"expert", "random"} <= set(POLICIES.names())
-    assert FACTOR_KINDS.names() == ["base_offset", "camera_rotation", "gaussian_blur", "instruction_paraphrase",
-                                    "light_scale"]
+    assert FACTOR_KINDS.names() == ["action_hold", "action_latency", "arm_joint_offset", "base_offset", "camera_pose",
+                                    "camera_rotation", "fog", "gaussian_blur", "glass_blur", "instruction_graded",
+                                    "instruction_paraphrase", "light_scale", "motion_blur", "observation_latency",
+                                    "zoom_blur"]
 
 
 def test_package_api_is_lazy_and_complete():

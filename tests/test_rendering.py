@@ -6,17 +6,18 @@ import pytest
 pytest.importorskip("robosuite")
 pytestmark = pytest.mark.sim
 
-from robocasa_shift.backends import get_backend, mujoco_env  # noqa: E402
-from robocasa_shift.engine.records import RolloutKey  # noqa: E402
+from robocasa_shift.backends import get_backend  # noqa: E402
+from robocasa_shift.core.records import RolloutKey  # noqa: E402
 from robocasa_shift.engine.rollout import inject, prepare_episode  # noqa: E402
 
 
-def render_both(env, camera, size, monkeypatch):
+def render_both(env, camera, size):
     """(culled frame, full frame, geoms left out of the culled one, heavy meshes among them that were in view)."""
     frames = {}
-    for cull in (False, True):
-        monkeypatch.setitem(mujoco_env.RENDER_PROFILES["fast"], "cull", cull)
-        frames[cull] = env.render(camera, size)
+    for stock in (True, False):  # the stock simulator renders every geom; the default leaves out what cannot show
+        env.stock_simulator = stock
+        assert env.culling is not stock
+        frames[not stock] = env.render(camera, size)
     renderer = env._renderer()
     left_out = renderer.left_out if renderer.left_out is not None else np.zeros(env.model.ngeom, dtype=bool)
     hidden = [g for g in np.flatnonzero(left_out & renderer.heavy) if g in renderer._hidden[env._cam_ids[camera], size]]
@@ -43,7 +44,7 @@ def test_culled_frames_equal_full_frames_pixel_for_pixel(task, condition, protoc
                 continue
             for camera in env.third_person_cameras + env.wrist_cameras:
                 for size in ((64, 128, 224) if step % 8 == 0 else (128,)):
-                    fast, full, n_left_out, n_hidden = render_both(env, camera, size, monkeypatch)
+                    fast, full, n_left_out, n_hidden = render_both(env, camera, size)
                     assert np.array_equal(fast, full), (step, camera, size)
                     left_out.append(n_left_out)
                     hidden.append(n_hidden)

@@ -8,8 +8,9 @@ import subprocess
 import pandas as pd
 import pytest
 
-from robocasa_shift.backends.fake import HORIZON, FakeExpertPolicy
+from robocasa_shift.backends.fake import HORIZON
 from robocasa_shift.policies import POLICIES
+from robocasa_shift.policies.fake import FakeExpertPolicy
 
 
 class FinickyPolicy(FakeExpertPolicy):
@@ -41,8 +42,8 @@ class FinickyPolicy(FakeExpertPolicy):
 
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory):
-    from robocasa_shift.analysis.report import build_report
     from robocasa_shift.config import ExecutionConfig, StudyConfig
+    from robocasa_shift.report.page import build_report
     from robocasa_shift.study.runner import run
 
     if "finicky" not in POLICIES:
@@ -82,7 +83,7 @@ def test_report_opens_in_headless_chromium(report_dir, tmp_path):
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={tmp_path / 'profile'}", "--allow-file-access-from-files", "--virtual-time-budget=4000"]
     dom = subprocess.run(flags + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
-    assert "Success rate per task and condition" in dom and "Integrity audit" in dom
+    assert "Success rate per condition and task" in dom and "Integrity audit" in dom
     assert dom.count("<table") >= 4
     for img in ("macro_dsr.png", "task_dsr.png", "transitions.png", "stage_depth.png"):
         assert f'src="{img}"' in dom
@@ -103,8 +104,9 @@ def test_report_opens_in_headless_chromium(report_dir, tmp_path):
 def test_report_shows_calibrated_intervals_verdicts_and_holm_families(report_dir):
     run_dir, page = report_dir
     text = page.read_text()
-    for words in ("calibrated 95% CI", "percentile bootstrap (paper)", "sign-flip p (Holm)", "min. detectable dSR",
-                  "Holm families", "Severity: is dSR non-decreasing in the level?", "Invalid rollouts and pairs"):
+    for words in ("calibrated 95% CI", "percentile bootstrap (the paper", "sign-flip p (Holm)",
+                  "min. detectable dSR", "Holm families", "Severity: does a higher level ever hurt less?",
+                  "Invalid rollouts and pairs", "Verdicts: paired macro dSR"):
         assert words in text, words
     assert any(v in text for v in ("DEGRADED", "IMPROVED", "NO CHANGE DETECTED", "UNDERPOWERED"))
     # one pair per task and condition: every percentile interval is a point, and the page says so
@@ -135,7 +137,7 @@ def hand_summary():
 
 
 def test_stage_depth_table_prints_integer_counts_in_subgoal_order():
-    from robocasa_shift.analysis.report import _first_incomplete_table
+    from robocasa_shift.report.page import _first_incomplete_table
 
     summary = hand_summary()
     table = _first_incomplete_table(summary, {"Alpha": ["a1", "a2"], "Beta": ["b1", "b2", "b3", "b4", "b5"]})
@@ -148,10 +150,10 @@ def test_stage_depth_table_prints_integer_counts_in_subgoal_order():
 
 def capture_figure(monkeypatch, draw):
     """Run a figure function and return its matplotlib figure instead of closing it."""
-    from robocasa_shift.analysis import report
+    from robocasa_shift.report import figures
 
     captured = {}
-    monkeypatch.setattr(report, "_save", lambda fig, path: captured.setdefault("fig", fig))
+    monkeypatch.setattr(figures, "_save", lambda fig, path: captured.setdefault("fig", fig))
     draw()
     fig = captured["fig"]
     fig.tight_layout()  # as _save: laid out at the figure's dpi, then drawn at the dpi it is saved with
@@ -161,7 +163,7 @@ def capture_figure(monkeypatch, draw):
 
 
 def test_transitions_legend_does_not_cover_the_bars(monkeypatch, tmp_path):
-    from robocasa_shift.analysis.report import fig_transitions
+    from robocasa_shift.report.figures import fig_transitions
 
     fig = capture_figure(monkeypatch, lambda: fig_transitions(hand_summary(), tmp_path / "t.png"))
     ax = fig.axes[0]
@@ -172,7 +174,7 @@ def test_transitions_legend_does_not_cover_the_bars(monkeypatch, tmp_path):
 
 
 def test_heatmap_labels_are_white_on_dark_cells(monkeypatch, tmp_path):
-    from robocasa_shift.analysis.report import fig_task_dsr
+    from robocasa_shift.report.figures import fig_task_dsr
 
     fig = capture_figure(monkeypatch, lambda: fig_task_dsr(hand_summary(), tmp_path / "h.png"))
     labels = {(text.get_text(), text.get_color()) for text in fig.axes[0].texts}
@@ -185,8 +187,8 @@ INJECTION = "\"'><script>alert(1)"
 
 def test_report_escapes_run_directory_strings_and_checks_conditions(tmp_path):
     """A record condition and a contact-sheet name carrying markup reach the page only as text."""
-    from robocasa_shift.analysis.report import build_report
     from robocasa_shift.config import ExecutionConfig, StudyConfig
+    from robocasa_shift.report.page import build_report
     from robocasa_shift.study.runner import run
 
     run_dir = tmp_path / "run"

@@ -1,32 +1,39 @@
-"""The robocasa backend: task table, stage specs, pool, predicates, action mapping, seeding, CLI.
+"""The robocasa backend: task table, stage specs, pool, predicates, action mapping, seeding, CLI, kitchens.
 
 Three tiers, by what the Python running them has:
 
 - anywhere (the main .venv too): the task table, stage specs, the pool, the
-  action reordering, the seeding of the global ``np.random`` and the CLI's
-  exit with a message when the backend cannot run;
+  action reordering, the seeding of the global ``np.random``, the asset-kit
+  opt-in and the CLI's exit with a message when the backend cannot run;
 - RoboCasa's code on the newer robosuite (``make test-robocasa``): the
   predicates and the base placement against RoboCasa's real helpers and
   signatures, RoboCasa's own step bookkeeping, the kitchen controller's
-  action layout;
-- kitchen assets present as well: real kitchens (reset, step, snapshots,
-  perturbation hooks). Skipped, with the reason, where the assets are missing.
+  action layout, the stand-in kit's generator;
+- kitchen assets present as well - RoboCasa's, or the generated stand-in kit
+  that ``make test-robocasa`` builds and points ROBOCASA_ASSETS_PATH at (the
+  tests then opt into it, as a study must): kitchens (reset, reproducibility
+  across processes, step, snapshots, perturbation hooks, base placement, the
+  expert, a paired GR00T client run). Skipped, with the reason, elsewhere.
 """
 
 import importlib.util
 import inspect
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from helpers import cli
 
-from robocasa_shift import specs
 from robocasa_shift.backends import get_backend
 from robocasa_shift.backends import robocasa_backend as rb
 from robocasa_shift.checks.screening import load_pool
-from robocasa_shift.engine.stages import PREDICATES
+from robocasa_shift.core import specs
+from robocasa_shift.core.stages import PREDICATES
 from robocasa_shift.errors import BackendUnavailable
 
 FORMAL = ["PreSoakPan", "RinseSinkBasin", "WashLettuce", "StackBowlsCabinet"]
@@ -40,19 +47,43 @@ def _robocasa_importable() -> bool:
     return "load_model_on_init" in inspect.signature(MujocoEnv.__init__).parameters
 
 
+# Set by `make test-robocasa`: there, a kitchen test that cannot run fails instead of skipping, so CI never passes
+# green with the kitchens untested (a kit that did not build, a broken .venv-robocasa).
+REQUIRE_KITCHENS = os.environ.get("ROBOCASA_SHIFT_REQUIRE_KITCHENS") == "1"
+
+
+def _skip_unless_required(reason: str):
+    if REQUIRE_KITCHENS:
+        pytest.fail(f"ROBOCASA_SHIFT_REQUIRE_KITCHENS=1 but {reason}")
+    pytest.skip(reason)
+
+
 needs_robocasa = pytest.mark.skipif(
-    not _robocasa_importable(),
+    not REQUIRE_KITCHENS and not _robocasa_importable(),
     reason="RoboCasa's code on a robosuite with load_model_on_init is not installed in this Python "
            "(run `make test-robocasa`, which builds .venv-robocasa)",
 )
 
 
+def _kit_opt_in():
+    """``standin`` when the assets in use are the generated stand-in kit (the tests opt in, as a study must)."""
+    if not _robocasa_importable():
+        return None
+    import robocasa.models
+
+    return rb.standin.KIT_KIND if rb.standin.kit_manifest(robocasa.models.assets_root) else None
+
+
 def _unavailable_reason():
     try:
-        rb.check_available()
+        rb.check_available(_kit_opt_in())
     except BackendUnavailable as exc:
         return str(exc)
     return None
+
+
+def _kitchen_backend():
+    return get_backend("robocasa", asset_kit=_kit_opt_in())
 
 
 # ---------------------------------------------------------------------- anywhere
@@ -240,7 +271,9 @@ def _count(env, name):
 
 @needs_robocasa
 def test_robocasas_step_bookkeeping_checks_success_then_updates_counters_once():
-    from robocasa.environments.kitchen.composite.making_salads.wash_lettuce import WashLettuce
+    from robocasa.environments.kitchen.composite.making_salads.wash_lettuce import (
+        WashLettuce,
+    )
 
     sink = SimpleNamespace(check_obj_under_water=lambda env, name: True)
     env = _bare(WashLettuce, sink=sink, washed_time=24)
@@ -256,7 +289,9 @@ def test_robocasas_step_bookkeeping_checks_success_then_updates_counters_once():
 
 @needs_robocasa
 def test_rinse_latch_and_sink_predicates_through_robocasas_code():
-    from robocasa.environments.kitchen.composite.cleaning_sink.rinse_sink_basin import RinseSinkBasin
+    from robocasa.environments.kitchen.composite.cleaning_sink.rinse_sink_basin import (
+        RinseSinkBasin,
+    )
 
     handle = {"water_on": True, "spout_ori": "left"}
     sink = SimpleNamespace(get_handle_state=lambda env: dict(handle))
@@ -285,7 +320,9 @@ def _replay_env(raw, sink, restore):
 def test_stage_replay_latches_wash_lettuces_counter_through_replay_step():
     """validate-stages replays demonstrations through RobocasaEnv.replay_step, which does RoboCasa's
     step bookkeeping (success check, then update_state), so washed_time counts on replay."""
-    from robocasa.environments.kitchen.composite.making_salads.wash_lettuce import WashLettuce
+    from robocasa.environments.kitchen.composite.making_salads.wash_lettuce import (
+        WashLettuce,
+    )
 
     from robocasa_shift.checks.validation import replay_states
 
@@ -303,7 +340,9 @@ def test_stage_replay_latches_wash_lettuces_counter_through_replay_step():
 @needs_robocasa
 def test_stage_replay_latches_rinse_sink_basins_locations_through_replay_step():
     """RinseSinkBasin latches washed_loc inside its success check: replay_step calls it once per state."""
-    from robocasa.environments.kitchen.composite.cleaning_sink.rinse_sink_basin import RinseSinkBasin
+    from robocasa.environments.kitchen.composite.cleaning_sink.rinse_sink_basin import (
+        RinseSinkBasin,
+    )
 
     from robocasa_shift.checks.validation import replay_states
 
@@ -343,7 +382,7 @@ def kitchen_controller_lift():
     constructor needs no assets); Lift stands in for the scene, which does.
     """
     if not _robocasa_importable():
-        pytest.skip("RoboCasa's code is not installed here (run `make test-robocasa`)")
+        _skip_unless_required("RoboCasa's code is not installed here (run `make test-robocasa`)")
     import robosuite
     from robocasa.utils.env_utils import create_env
 
@@ -413,7 +452,8 @@ def test_base_offset_goes_through_robocasas_set_robot_base(kitchen_controller_li
     nominal, shifted = place(None), place(offset)
     assert EnvUtils.set_robot_base is original
     delta = shifted - nominal
-    assert np.allclose(delta, [0.07, -0.04, np.deg2rad(6.0)], rtol=0, atol=rb.BASE_READBACK_ATOL)
+    # no settling steps here: the placement itself is exact to float64 round-off
+    assert np.allclose(delta, [0.07, -0.04, np.deg2rad(6.0)], rtol=0, atol=1e-9)
 
 
 # ---------------------------------------------------------------------- kitchen assets present
@@ -423,8 +463,8 @@ def test_base_offset_goes_through_robocasas_set_robot_base(kitchen_controller_li
 def kitchen():
     reason = _unavailable_reason()
     if reason is not None:
-        pytest.skip(f"needs a working robocasa backend (kitchen assets included): {reason}")
-    env = get_backend("robocasa").make("PreSoakPan")
+        _skip_unless_required(f"needs a working robocasa backend (kitchen assets included): {reason}")
+    env = _kitchen_backend().make("PreSoakPan")
     yield env
     env.close()
 
@@ -461,7 +501,7 @@ def test_kitchen_step_checks_success_and_updates_state_once(kitchen):
 
 
 def test_kitchen_snapshot_round_trip_is_bit_exact(kitchen):
-    from robocasa_shift.backends.base import state_equal
+    from robocasa_shift.core.backend import state_equal
 
     kitchen.reset(SEED)
     rng = np.random.default_rng(0)
@@ -475,7 +515,7 @@ def test_kitchen_snapshot_round_trip_is_bit_exact(kitchen):
 
 
 def test_kitchen_perturbation_hooks(kitchen, protocol):
-    from robocasa_shift.engine.perturbations import applied_perturbation, factor_kind
+    from robocasa_shift.core.factors import applied_perturbation, factor_kind
     from robocasa_shift.seeding import draw_rng
 
     kitchen.reset(SEED)
@@ -496,11 +536,391 @@ def test_kitchen_perturbation_hooks(kitchen, protocol):
 
 
 def test_kitchen_base_offset_through_placement(kitchen):
+    """Defect: with a read-back tolerance of 1e-9 every base draw was rejected (RoboCasa's settling steps move the
+    base joints by ~1e-9 m and ~1e-6 deg between the clean and the offset placement)."""
+    from robocasa_shift.core.factors import READBACK_ATOL, BaseOffset
+
     kitchen.reset(SEED)
     clean = kitchen.fingerprint()
-    offset = {"forward_m": 0.02, "side_m": -0.01, "yaw_deg": 2.0}
+    into_counter = {"forward_m": 0.06, "side_m": 0.0, "yaw_deg": 0.0}
+    assert "collision" in kitchen.base_offset_problem(into_counter)
+    offset = {"forward_m": -0.02, "side_m": -0.01, "yaw_deg": 2.0}  # back from the counter
     assert kitchen.base_offset_problem(offset) is None
     assert kitchen.fingerprint() == clean  # the check put the clean initial state back
     kitchen.set_base_offset(offset)
     measured = kitchen.base_offset()
-    assert max(abs(measured[k] - offset[k]) for k in offset) <= rb.BASE_READBACK_ATOL
+    error = max(abs(measured[k] - offset[k]) for k in offset)
+    assert error <= BaseOffset.readback_atol
+    assert BaseOffset.readback_atol > READBACK_ATOL  # the kind's own tolerance, not float64 round-off
+
+
+def test_kitchen_base_offset_on_an_episode_whose_clean_spawn_was_redrawn(rinse_kitchen):
+    """Defect: when RoboCasa's collision search re-drew the clean spawn, an offset placement (anchor shifted) ended
+    on another sample, so every draw of that episode was rejected. The offset now moves the clean placement."""
+    import robocasa.utils.env_utils as EnvUtils
+
+    calls = []
+    original = EnvUtils.detect_robot_collision
+    EnvUtils.detect_robot_collision = lambda env: calls.append(original(env)) or calls[-1]
+    try:
+        rinse_kitchen.reset(REDRAWN_SEED)
+    finally:
+        EnvUtils.detect_robot_collision = original
+    assert True in calls, "this episode's clean spawn no longer needs a re-draw: pick another REDRAWN_SEED"
+    offset = {"forward_m": 0.015, "side_m": 0.01, "yaw_deg": -1.5}
+    assert rinse_kitchen.base_offset_problem(offset) is None
+
+
+# ---------------------------------------------------------------------- asset kits (anywhere)
+
+
+def _fake_kit(root: Path, files=None) -> Path:
+    """A minimal stand-in kit: marked files and a manifest with their hashes (no RoboCasa needed)."""
+    import hashlib
+
+    from robocasa_shift.backends import robocasa_standin as standin
+
+    files = files or {"fixtures/sinks/Sink001/model.xml": f"<!-- {standin.MARKER} -->\n<mujoco/>\n"}
+    digests = {}
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+        digests[rel] = hashlib.sha256(text.encode()).hexdigest()
+    manifest = {"kind": "standin", "version": standin.KIT_FORMAT_VERSION, "robocasa_version": "1.0.1",
+                "files": digests, "sha256": standin.content_hash(digests), "n_files": len(files)}
+    (root / standin.MANIFEST).write_text(json.dumps(manifest))
+    return root
+
+
+def test_a_standin_kit_is_refused_without_the_opt_in_and_the_opt_in_without_a_kit(tmp_path):
+    from robocasa_shift.errors import BadInput
+
+    kit = _fake_kit(tmp_path / "kit")
+    with pytest.raises(BackendUnavailable, match="stand-in kit.*not RoboCasa's.*--asset-kit standin"):
+        rb.check_asset_kit(str(kit), None)
+    described = rb.check_asset_kit(str(kit), "standin")
+    assert described["kind"] == "standin" and len(described["sha256"]) == 64
+    real = tmp_path / "real"
+    real.mkdir()
+    with pytest.raises(BadInput, match="holds no standin kit"):
+        rb.check_asset_kit(str(real), "standin")
+    assert rb.check_asset_kit(str(real), None) is None
+    with pytest.raises(BadInput, match="unknown asset kit"):
+        rb.check_asset_kit(str(real), "other")
+
+
+def test_an_altered_or_incomplete_kit_is_refused(tmp_path):
+    from robocasa_shift.backends import robocasa_standin as standin
+
+    kit = _fake_kit(tmp_path / "kit")
+    standin.verify_kit(kit)
+    (kit / "fixtures/sinks/Sink001/model.xml").write_text("<mujoco>changed</mujoco>")
+    with pytest.raises(standin.KitError, match="altered"):
+        standin.verify_kit(kit)
+    (kit / "fixtures/sinks/Sink001/model.xml").unlink()
+    with pytest.raises(standin.KitError, match="incomplete"):
+        rb.check_asset_kit(str(kit), "standin")
+
+
+def test_build_kit_writes_a_verified_kit_leaves_an_identical_one_alone_and_never_overwrites_other_content(
+        tmp_path, monkeypatch):
+    from robocasa_shift.backends import robocasa_standin as standin
+
+    files = {"fixtures/sinks/Sink001/model.xml": f"<!-- {standin.MARKER} -->\n<mujoco/>\n".encode(),
+             "textures/flat/gray.png": standin._png((128, 128, 130))}
+    monkeypatch.setattr(standin, "generate", lambda: dict(files))
+    monkeypatch.setattr(standin, "_robocasa_version", lambda: "1.0.1")
+    kit = tmp_path / "kit"
+    manifest = standin.build_kit(kit)
+    assert manifest == standin.verify_kit(kit) and manifest["n_files"] == 2
+    assert manifest["sha256"] == standin.content_hash(manifest["files"])
+    assert (kit / "textures/flat/gray.png").read_bytes() == files["textures/flat/gray.png"]
+    before = (kit / standin.MANIFEST).stat().st_mtime_ns
+    assert standin.build_kit(kit) == manifest and (kit / standin.MANIFEST).stat().st_mtime_ns == before
+    files["textures/flat/gray.png"] = standin._png((1, 2, 3))  # another generator's output replaces the kit
+    assert standin.build_kit(kit)["sha256"] != manifest["sha256"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kit"]  # no staging folder left
+    with pytest.raises(standin.KitError, match="not a stand-in kit"):
+        standin.build_kit(kit / "fixtures")  # never writes over other content
+
+
+@pytest.mark.parametrize("escape", ["../escaped.xml", "fixtures/../../escaped.xml", "ABSOLUTE"])
+def test_the_kit_writer_never_writes_outside_the_kit(tmp_path, monkeypatch, escape):
+    """Defect: build_kit wrote each file with a plain open() at ``staging / rel``, so a path from RoboCasa's
+    registries with ``..`` (or an absolute one) landed outside the kit. Writes now go through the project's
+    confined writer: refused, nothing written anywhere, no staging folder left."""
+    from robocasa_shift.backends import robocasa_standin as standin
+    from robocasa_shift.rundir.files import UnsafeFile
+
+    work = tmp_path / "work"
+    work.mkdir()
+    target = tmp_path / "escaped.xml"
+    rel = str(target) if escape == "ABSOLUTE" else escape
+    files = {"fixtures/sinks/Sink001/model.xml": f"<!-- {standin.MARKER} -->\n<mujoco/>\n".encode(), rel: b"<x/>"}
+    monkeypatch.setattr(standin, "generate", lambda: files)
+    monkeypatch.setattr(standin, "_robocasa_version", lambda: "1.0.1")
+    with pytest.raises(UnsafeFile, match="not a file inside"):
+        standin.build_kit(work / "kit")
+    assert not target.exists() and not (work / "escaped.xml").exists()
+    assert list(work.iterdir()) == []  # no kit, no staging folder
+
+
+def test_the_asset_kit_is_a_study_option_and_only_robocasa_takes_it():
+    from robocasa_shift.config import StudyConfig
+    from robocasa_shift.errors import BadInput
+
+    assert StudyConfig(backend="robocasa", asset_kit="standin").asset_kit == "standin"
+    with pytest.raises(BadInput, match="asset_kit"):
+        StudyConfig(asset_kit="real")
+    with pytest.raises(BadInput, match="no asset kits"):
+        get_backend("fake", asset_kit="standin")
+    assert get_backend("robocasa", asset_kit="standin").asset_kit == "standin"
+    from robocasa_shift.cli import main
+
+    for command in ("run", "screen", "formal", "calibrate", "validate-stages", "check-backend"):
+        options = {opt for param in main.commands[command].params for opt in param.opts}
+        assert "--asset-kit" in options, command
+
+
+class _Regions:
+    """A Counter whose RoboCasa method returns its regions in an order that changes from call to call,
+    as ``list(set(...))`` over XML elements does from process to process."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def get_reset_regions(self, *args, **kwargs):
+        regions = [{"offset": (0.4, 0.1, 0.9), "size": (0.3, 0.4)}, {"offset": (-0.7, 0.1, 0.9), "size": (0.5, 0.4)},
+                   {"offset": (0.4, -0.2, 0.9), "size": (0.3, 0.2)}]
+        self.calls += 1
+        order = regions[self.calls % 3:] + regions[:self.calls % 3]
+        return {f"geom_{i}": r for i, r in enumerate(order)}
+
+
+def test_counter_regions_come_in_one_order_whatever_order_robocasa_builds_them_in():
+    wrapped = rb.stable_counter_regions(_Regions.get_reset_regions)
+    counter = _Regions()
+    first = wrapped(counter)
+    for _ in range(4):
+        assert wrapped(counter) == first
+    assert list(first) == ["geom_0", "geom_1", "geom_2"]
+    assert [r["offset"] for r in first.values()] == sorted(r["offset"] for r in first.values())
+    # the seeded choice RoboCasa then makes picks one region in every process
+    picks = {tuple(np.random.default_rng(5).choice(list(wrapped(counter).values()))["offset"]) for _ in range(3)}
+    assert len(picks) == 1
+
+
+# ---------------------------------------------------------------------- the stand-in kit's generator (RoboCasa's code)
+
+
+@needs_robocasa
+def test_the_standin_kit_is_generated_from_robocasas_package_the_same_in_every_process_and_marked(tmp_path):
+    """The kit in use (``make test-robocasa`` built it in another process) has exactly the bytes this process
+    generates; every file carries the marker. Without a kit in use, one is built here (a slower path)."""
+    import robocasa
+    import robocasa.models
+
+    from robocasa_shift.backends import robocasa_standin as standin
+
+    root = Path(robocasa.models.assets_root)
+    if standin.kit_manifest(root) is None:
+        root = tmp_path / "kit"
+        standin.build_kit(root)
+    manifest = standin.verify_kit(root)
+    files = standin.generate()
+    assert set(files) == set(manifest["files"])
+    assert manifest["robocasa_version"] == robocasa.__version__ and manifest["kind"] == "standin"
+    for rel, data in files.items():
+        assert data == (root / rel).read_bytes(), f"{rel} differs from the kit another process built"
+        assert standin.MARKER.encode() in data, f"{rel} carries no stand-in marker"
+    paths = set(files)
+    # what RoboCasa reads: its bundled layouts and registries, every registry fixture, the paper tasks' objects
+    assert "scenes/kitchen_layouts/test/layout001.yaml" in paths
+    assert "fixtures/fixture_registry/sink.yaml" in paths
+    assert "fixtures/sinks/Sink025/model.xml" in paths
+    assert {"objects/lightwheel/lettuce", "objects/objaverse/plate", "objects/objaverse/pan",
+            "objects/objaverse/bowl", "objects/objaverse/sponge"} <= {str(Path(p).parent.parent) for p in paths}
+
+
+@needs_robocasa
+def test_the_registry_cache_parses_every_yaml_file_as_robocasa_does():
+    import yaml
+
+    from robocasa_shift.backends import robocasa_standin as standin
+
+    cached = rb._CachedYaml()
+    for path in sorted(standin.package_assets().rglob("*.yaml")):
+        with open(path) as f:
+            plain = yaml.load(f, Loader=yaml.SafeLoader)
+        with open(path) as f:
+            first = cached.safe_load(f)
+        first["mutated by a caller"] = True if isinstance(first, dict) else None
+        with open(path) as f:
+            assert cached.safe_load(f) == plain, path  # a caller's edits never leak into the next parse
+
+
+@needs_robocasa
+def test_the_backend_patches_robocasa_once():
+    from robocasa.models.fixtures.counter import Counter
+    from robocasa.models.scenes import scene_utils
+
+    rb.patch_robocasa()
+    method = Counter.get_reset_regions
+    rb.patch_robocasa()
+    assert Counter.get_reset_regions is method and method.robocasa_shift_stable
+    assert "list(set(valid_geoms))" in inspect.getsource(method.__wrapped__)  # what the patch is for
+    assert isinstance(scene_utils.yaml, rb._CachedYaml)
+
+
+# ---------------------------------------------------------------------- kitchens on the stand-in kit (or real assets)
+
+
+REDRAWN_SEED = 3  # a RinseSinkBasin episode whose clean spawn RoboCasa's collision search re-draws (on the kit)
+
+_FINGERPRINT = """
+import sys
+from robocasa_shift.backends import get_backend
+env = get_backend("robocasa", asset_kit=sys.argv[1] or None).make("PreSoakPan")
+env.reset(int(sys.argv[2]))
+print(env.fingerprint())
+"""
+
+
+def test_kitchen_resets_of_one_seed_agree_across_processes(kitchen):
+    """Defect: RoboCasa orders candidate counter tops by memory address (``list(set(...))``), so a seed's objects
+    landed left or right of the sink depending on the process. Two other processes (different hash seeds, run side
+    by side) and this one must reset a seed to one fingerprint, bit for bit (a seed's other resets and other seeds:
+    test_kitchen_reset_is_reproducible_and_leaves_global_random_alone)."""
+    procs = [subprocess.Popen([sys.executable, "-c", _FINGERPRINT, _kit_opt_in() or "", str(SEED)],
+                              env={**os.environ, "PYTHONHASHSEED": hash_seed}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for hash_seed in ("1", "2")]
+    kitchen.reset(SEED)
+    here = kitchen.fingerprint()
+    printed = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-2000:]
+        printed.append(out.strip().splitlines()[-1])  # RoboCasa prints warnings to stdout first
+    assert printed == [here, here]
+
+
+def test_records_and_manifest_carry_the_asset_kit(kitchen, protocol):
+    from robocasa_shift.config import StudyConfig
+    from robocasa_shift.core.records import RolloutKey
+    from robocasa_shift.engine.rollout import run_rollout
+    from robocasa_shift.policies import make_policy
+    from robocasa_shift.study.runner import study_manifest
+    from robocasa_shift.study.worker import StudyCache
+
+    kit = kitchen.asset_kit
+    record = run_rollout(kitchen, make_policy("random"), RolloutKey("formal", "PreSoakPan", 0, "clean"), protocol,
+                         specs.load_stage_spec("robocasa", "PreSoakPan"), "robocasa", horizon=2)
+    assert record.valid, record.error
+    assert (record.asset_kit, record.asset_kit_sha256) == ((kit or {}).get("kind"), (kit or {}).get("sha256"))
+    cache = StudyCache(StudyConfig(backend="robocasa", policy="random", asset_kit=_kit_opt_in()))
+    try:
+        manifest = study_manifest(cache, ["PreSoakPan"])
+    finally:
+        cache.close()
+    assert manifest["env_config"]["asset_kit"] == kit
+    assert manifest.get("asset_kit") == kit  # at the top, where no reader can miss it (absent on real assets)
+
+
+def test_a_run_on_the_standin_kit_without_the_opt_in_exits_3_before_any_rollout(tmp_path):
+    if _kit_opt_in() is None:
+        pytest.skip("the assets in use are RoboCasa's own, not the stand-in kit")
+    run_dir = tmp_path / "x"
+    proc = cli("run", "--backend", "robocasa", "--task", "WashLettuce", "--condition", "clean", "--episodes", "0",
+               "--policy", "random", "--run-dir", str(run_dir), check=False)
+    assert proc.returncode == 3, proc.stderr
+    assert "stand-in kit" in proc.stderr and "--asset-kit standin" in proc.stderr
+    assert not run_dir.exists()
+
+
+@pytest.fixture(scope="module")
+def rinse_kitchen():
+    reason = _unavailable_reason()
+    if reason is not None:
+        _skip_unless_required(f"needs a working robocasa backend (kitchen assets included): {reason}")
+    if _kit_opt_in() is None:
+        pytest.skip("the scripted kitchen expert is written for the stand-in kit's sinks (lever handle, hinged spout)")
+    env = _kitchen_backend().make("RinseSinkBasin")
+    yield env
+    env.close()
+
+
+def test_the_kitchen_expert_rinses_the_basin_milestones_in_order(rinse_kitchen, protocol):
+    """One demonstration as validate-stages records it: success, every subgoal latched in order, none at the start
+    (``make validate-stages-robocasa`` runs the full check: 5 demos and 5 random rollouts per task)."""
+    from robocasa_shift.core.records import RolloutKey
+    from robocasa_shift.core.stages import StageTracker
+    from robocasa_shift.engine.rollout import run_rollout
+    from robocasa_shift.policies import make_policy
+
+    spec = specs.load_stage_spec("robocasa", "RinseSinkBasin")
+    rinse_kitchen.reset(0)
+    assert StageTracker(spec).update(rinse_kitchen, 0) == []  # nothing holds on the initial state
+    record = run_rollout(rinse_kitchen, make_policy("expert"), RolloutKey("validation", "RinseSinkBasin", 0, "clean"),
+                         protocol, spec, "robocasa")
+    assert record.valid and record.success, (record.error, record.stage_steps, record.steps)
+    assert record.stages_completed == 3 and record.stage_steps == sorted(record.stage_steps)
+    assert record.stage_steps[0] > 1  # the water was off at the start
+
+
+class _KitchenStandInN15:
+    """A deterministic stand-in for GR00T N1.5 on RoboCasa's keys: a chunk from the image brightness and the
+    session's noise (numpy's global generator, as the launcher hands it over without torch)."""
+
+    def get_modality_config(self):
+        return {}
+
+    def get_action(self, obs):
+        brightness = obs["video.robot0_agentview_left"].mean() / 255.0
+        noise = np.random.standard_normal((16, 4))
+        return {
+            "action.end_effector_position": np.tile([0.1 * brightness, 0.0, -0.05], (16, 1)) + 0.01 * noise[:, :3],
+            "action.end_effector_rotation": np.zeros((16, 3)),
+            "action.gripper_close": np.ones(16),  # (T,), as N1.5 squeezes it
+            "action.base_motion": np.tile([0.0, 0.0, 0.0, 0.3], (16, 1)),  # base x, y, yaw, then torso
+            "action.control_mode": np.zeros((16, 1)),  # arm
+        }
+
+
+def test_paired_kitchen_rollouts_through_the_gr00t_client_send_robocasas_action_order(kitchen, protocol):
+    """The loop the paper ran: GR00T N1.5's protocol (a stand-in model on loopback), a kitchen, clean / camera:L2 /
+    clean; the 12-D actions RoboCasa's env.step receives are in its controller's order (gripper 6, torso 10)."""
+    pytest.importorskip("zmq")
+    from robocasa_shift.core.records import RolloutKey
+    from robocasa_shift.engine.rollout import run_rollout
+    from robocasa_shift.policies.gr00t.launcher import Gr00tLauncher
+    from robocasa_shift.policies.gr00t.policy import Gr00tPolicy
+
+    launcher = Gr00tLauncher(_KitchenStandInN15(), "127.0.0.1", 0, model_info={"name": "standin-n15-kitchen", "version": 1})
+    launcher.start()
+    sent = []
+    raw_step = kitchen._raw_step
+    kitchen._raw_step = lambda action: sent.append(np.array(action)) or raw_step(action)
+    policy = Gr00tPolicy(host="127.0.0.1", port=launcher.port, timeout_s=30.0, image_size=64)
+    spec = specs.load_stage_spec("robocasa", "PreSoakPan")
+    runs = {}
+    try:
+        for name, condition in (("clean", "clean"), ("camera", "camera:L2"), ("again", "clean")):
+            sent.clear()
+            record = run_rollout(kitchen, policy, RolloutKey("formal", "PreSoakPan", 0, condition), protocol, spec,
+                                 "robocasa", horizon=10)
+            assert record.valid, record.error
+            runs[name] = (record, np.array(sent))
+    finally:
+        del kitchen._raw_step
+        policy.close()
+        launcher.stop()
+    clean, camera, again = (runs[k][0] for k in ("clean", "camera", "again"))
+    assert clean.env_fingerprint == camera.env_fingerprint == again.env_fingerprint
+    assert clean.policy_rng_fingerprint == camera.policy_rng_fingerprint == again.policy_rng_fingerprint
+    assert np.array_equal(runs["clean"][1], runs["again"][1])
+    assert not np.array_equal(runs["clean"][1], runs["camera"][1])  # the rotated cameras change what it sees
+    actions = runs["clean"][1]
+    assert actions.shape == (10, 12)
+    assert np.all(actions[:, 6] == 1.0)  # gripper (closed) at RoboCasa's index 6
+    assert np.allclose(actions[:, 10], 0.3)  # torso at RoboCasa's index 10
+    assert np.all(actions[:, 7:10] == 0.0) and np.all(actions[:, 11] == -1.0)  # base still, arm mode

@@ -25,17 +25,26 @@ import zmq
 from click.testing import CliRunner
 from helpers import ROOT
 
-from robocasa_shift.backends.fake import FakeExpertPolicy
 from robocasa_shift.config import ExecutionConfig, StudyConfig
-from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.engine.replay import Replayer, replay_policy_options
-from robocasa_shift.errors import PolicyOptionError, PolicyServerError, PolicyServerTimeout
+from robocasa_shift.errors import (
+    PolicyOptionError,
+    PolicyServerError,
+    PolicyServerTimeout,
+)
 from robocasa_shift.policies import POLICIES
+from robocasa_shift.policies.fake import FakeExpertPolicy
 from robocasa_shift.policies.gr00t import launcher as launcher_cli
 from robocasa_shift.policies.gr00t.client import Gr00tClient
 from robocasa_shift.policies.gr00t.launcher import Gr00tLauncher
 from robocasa_shift.policies.gr00t.policy import Gr00tPolicy
-from robocasa_shift.policies.gr00t.protocol import PickleSerializerWarning, packb, torch_packb, unpackb
+from robocasa_shift.policies.gr00t.protocol import (
+    PickleSerializerWarning,
+    packb,
+    torch_packb,
+    unpackb,
+)
 
 HOST = "127.0.0.1"
 TOKEN = "s3cret-token-for-tests"

@@ -8,12 +8,12 @@ import pytest
 from helpers import run_python
 
 from robocasa_shift import seeding
-from robocasa_shift.engine.perturbations import BaseOffset, CameraRotation, LightScale
-from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.core.factors import BaseOffset, CameraRotation, LightScale
+from robocasa_shift.core.records import RolloutKey
+from robocasa_shift.core.specs import load_stage_spec
+from robocasa_shift.core.stages import StageTracker
 from robocasa_shift.engine.rollout import inject, prepare_episode, run_rollout
-from robocasa_shift.engine.stages import StageTracker
 from robocasa_shift.policies import POLICIES, make_policy
-from robocasa_shift.specs import load_stage_spec
 
 pytestmark = pytest.mark.sim
 TASKS = ("Lift", "Stack", "PickPlaceCan", "NutAssemblySquare")
@@ -97,7 +97,7 @@ def test_illumination_darkens_monotonically(lift_env, protocol):
 
 
 def test_blur_lowers_sharpness_monotonically(lift_env, protocol):
-    from robocasa_shift.engine.perturbations import GaussianBlur
+    from robocasa_shift.core.factors import GaussianBlur
 
     prepare_episode(lift_env, protocol, key())
     img = lift_env.render("robot0_robotview", 128)
@@ -246,9 +246,9 @@ def test_clean_after_perturbed_equals_clean_in_fresh_process(lift_env, protocol)
     code = """
 import numpy as np, json
 from robocasa_shift.backends import get_backend
-from robocasa_shift import specs
+from robocasa_shift.core import specs
 from robocasa_shift.policies import make_policy
-from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.engine.rollout import run_rollout
 env = get_backend('robosuite').make('Lift')
 rec = run_rollout(env, make_policy('random'), RolloutKey('formal', 'Lift', 6, 'clean'), specs.load_protocol(),
@@ -290,8 +290,8 @@ class CrashPolicy:
 
 def test_a_crashing_rollout_becomes_an_invalid_record_and_the_run_goes_on(tmp_path):
     from robocasa_shift.config import ExecutionConfig, StudyConfig
+    from robocasa_shift.rundir.store import RunStore
     from robocasa_shift.study.runner import run
-    from robocasa_shift.study.store import RunStore
 
     if "crash-at-5" not in POLICIES:
         POLICIES.register("crash-at-5", CrashPolicy)
@@ -307,8 +307,8 @@ def test_a_crashing_rollout_becomes_an_invalid_record_and_the_run_goes_on(tmp_pa
 
 def test_resume_skips_recorded_keys_and_keeps_them(tmp_path):
     from robocasa_shift.config import ExecutionConfig, StudyConfig
+    from robocasa_shift.rundir.store import RunStore
     from robocasa_shift.study.runner import run
-    from robocasa_shift.study.store import RunStore
 
     run_dir = tmp_path / "run"
     serial = ExecutionConfig(workers=1, progress=False)

@@ -3,7 +3,8 @@ import json
 import pytest
 import yaml
 
-from robocasa_shift import errors, specs
+from robocasa_shift import errors
+from robocasa_shift.core import specs
 
 FROZEN = {
     "illumination": {"L1": {"alpha": 0.8}, "L2": {"alpha": 0.6}, "L3": {"alpha": 0.4}},
@@ -129,6 +130,6 @@ def test_unknown_condition_lists_valid_ones(protocol):
     from robocasa_shift.errors import UnknownNameError
 
     with pytest.raises(UnknownNameError, match="known: clean, illumination:L1"):
-        specs.parse_condition("camera:L4", protocol)
-    assert specs.parse_condition("camera:L2", protocol) == ("camera", "L2")
-    assert specs.parse_condition("clean", protocol) == (None, None)
+        protocol.condition("camera:L4")
+    assert (protocol.condition("camera:L2").factor, protocol.condition("camera:L2").level) == ("camera", "L2")
+    assert protocol.condition("clean").is_clean and protocol.condition("clean").factor is None

@@ -2,8 +2,8 @@
 
 import pytest
 
-from robocasa_shift.engine.stages import PREDICATES, StageTracker, predicate
-from robocasa_shift.specs import StageSpec, Subgoal
+from robocasa_shift.core.specs import StageSpec, Subgoal
+from robocasa_shift.core.stages import PREDICATES, StageTracker, predicate
 
 
 class FakeState:
@@ -134,8 +134,8 @@ def test_unordered_groups_snapshot_and_restore_exactly():
 
 
 def test_a_stage_spec_mixing_grouped_and_ungrouped_subgoals_or_splitting_a_group_is_refused(tmp_path):
+    from robocasa_shift.core.specs import load_stage_spec
     from robocasa_shift.errors import SpecError
-    from robocasa_shift.specs import load_stage_spec
 
     folder = tmp_path / "fake"
     folder.mkdir()

@@ -97,7 +97,7 @@ def test_a_fingerprint_mismatch_makes_the_pair_invalid():
     assert camera["invalid_pairs"] == {"missing_twin": 0, "fingerprint_mismatch": 2, "perturbed_invalid": 0,
                                        "clean_invalid": 0}
     assert camera["per_task_invalid_pairs"]["Alpha"]["fingerprint_mismatch"] == 2
-    # the mismatched perturbed rollouts are invalid rollouts (PROTOCOL.md section 6): out of SR too
+    # the mismatched perturbed rollouts are invalid rollouts (docs/protocol.md section 6): out of SR too
     assert camera["per_task_n_valid"]["Alpha"] == 2 and camera["per_task_n_invalid"]["Alpha"] == 2
     clean = analyze(table, n_boot=200)["conditions"]["clean"]
     assert clean["per_task_n_valid"]["Alpha"] == 4  # the clean twins stay the reference
@@ -141,7 +141,7 @@ def edit_record(run_dir, task, episode, condition, **changes):
 def test_fingerprint_mismatch_in_a_run_directory_reaches_analyze_compare_and_report(fake_runs, tmp_path):
     from robocasa_shift.analysis.compare import compare_runs
     from robocasa_shift.analysis.export import records_frame
-    from robocasa_shift.analysis.report import build_report
+    from robocasa_shift.report.page import build_report
 
     run_dir = copy_run(fake_runs, tmp_path)
     edit_record(run_dir, "Reach", 1, "camera:L2", env_fingerprint="f" * 64)
@@ -179,7 +179,7 @@ def test_a_macro_over_fewer_tasks_is_null_and_names_the_missing_task():
 
 
 def test_the_report_says_when_a_macro_is_missing(fake_runs, tmp_path):
-    from robocasa_shift.analysis.report import build_report
+    from robocasa_shift.report.page import build_report
 
     run_dir = copy_run(fake_runs, tmp_path)
     for episode in range(3):
@@ -240,7 +240,8 @@ def test_holm_families_are_stated_and_applied():
     table = pd.concat([pairs_table(spec, "camera:L1"), pairs_table(spec, "camera:L3")])
     table = table.drop_duplicates(["task", "episode", "condition"])
     summary = analyze(table, n_boot=200)
-    assert set(summary["holm_families"]) == {"signflip", "mcnemar_pooled", "mcnemar_per_task", "trend"}
+    assert set(summary["holm_families"]) == {"signflip", "mcnemar_pooled", "mcnemar_per_task", "equivalence",
+                                             "equivalence_per_task", "reversal", "trend"}
     for condition in ("camera:L1", "camera:L3"):
         signflip = summary["conditions"][condition]["signflip"]
         assert signflip["p_holm"] == pytest.approx(min(1.0, 2 * signflip["p"]))  # two equal p-values, m = 2
@@ -344,20 +345,22 @@ def test_the_calibrated_interval_does_not_collapse_where_the_percentile_one_does
 
 
 def test_macro_interval_formula_by_hand():
-    from robocasa_shift.analysis.statistics import calibrated_interval
+    from robocasa_shift.analysis.statistics import calibrated_interval, task_interval
 
-    # one task, SS 10, SF 6, FS 2, FF 2 (n = 20): d = 0.2; pseudo-table 10.5, 6.5, 2.5, 2.5 (m = 22)
-    m, b, c = 22, 6.5, 2.5
-    variance = m / (m - 1) * ((b + c) / m - ((b - c) / m) ** 2) / 20
-    half = 1.959963984540054 * variance ** 0.5
-    assert calibrated_interval([[10, 6, 2, 2]]) == pytest.approx([0.2 - half, 0.2 + half])
-    # two tasks: the macro's variance is the mean of the two variances over 2
+    # one task, SS 10, SF 6, FS 2, FF 2 (n = 20): the task's own interval (Tango's score interval, corrected)
+    lower, upper = task_interval(6, 2, 20)
+    assert calibrated_interval([[10, 6, 2, 2]]) == pytest.approx([float(lower), float(upper)])
+    # two equal tasks: square-and-add of the same distances, divided by 2 tasks: the half-widths shrink by sqrt(2)
     two = calibrated_interval([[10, 6, 2, 2], [10, 6, 2, 2]])
-    assert two == pytest.approx([0.2 - half / 2 ** 0.5, 0.2 + half / 2 ** 0.5])
+    assert two == pytest.approx([0.2 - (0.2 - float(lower)) / 2 ** 0.5, 0.2 + (float(upper) - 0.2) / 2 ** 0.5])
 
 
 def test_coverage_simulation_on_a_tiny_grid():
-    from robocasa_shift.analysis.statistics import cell_probabilities, coverage_failures, coverage_grid
+    from robocasa_shift.analysis.statistics import (
+        cell_probabilities,
+        coverage_failures,
+        coverage_grid,
+    )
 
     assert cell_probabilities(0.8, 0.2, 1.0) == pytest.approx([0.6, 0.2, 0.0, 0.2])
     assert cell_probabilities(0.8, 0.2, 0.0) == pytest.approx([0.48, 0.32, 0.12, 0.08])
@@ -378,8 +381,9 @@ def test_coverage_simulation_on_a_tiny_grid():
 def test_check_coverage_command_prints_both_intervals(tmp_path):
     out = tmp_path / "coverage.json"
     proc = cli("check-coverage", "--clean-success", "0.8", "--dsr", "0.2", "--tasks", "4", "--pairs", "20",
-               "--studies", "300", "--n-boot", "100", "--out", str(out))
-    assert "percentile" in proc.stdout and "calibrated" in proc.stdout and "4 tasks x 20 pairs" in proc.stdout
+               "--concordance", "0.5", "--no-ceiling", "--no-exact", "--studies", "300", "--n-boot", "100",
+               "--out", str(out))
+    assert "percentile" in proc.stdout and "calibrated" in proc.stdout and "4 x 20, clean 0.8, dSR 0.2" in proc.stdout
     written = json.loads(out.read_text())
     assert written["cells"][0]["n_tasks"] == 4 and 0 < written["cells"][0]["calibrated"] <= 1
     bad = cli("check-coverage", "--clean-success", "0.5", "--dsr", "0.7", check=False)
@@ -422,22 +426,27 @@ def test_verdicts_per_condition_and_task_in_the_summary():
 
 
 def test_minimum_detectable_dsr_has_the_promised_power():
-    from robocasa_shift.analysis.statistics import minimum_detectable_dsr, signflip_power, signflip_test
+    from robocasa_shift.analysis.statistics import (
+        minimum_detectable_dsr,
+        pair_probabilities,
+        random_outcome_power,
+        signflip_test,
+    )
 
     n_pairs, rates = [20, 20, 20, 20], [0.3, 0.2, 0.4, 0.3]
     mde = minimum_detectable_dsr(n_pairs, rates)
-    assert 0.1 < mde < 0.4
-    discordant = [max(round(r * n), int(np.ceil(mde * n - 1e-9))) for n, r in zip(n_pairs, rates)]
-    exact = signflip_power(n_pairs, discordant, mde)
-    assert exact >= 0.8
-    # the exact power against a simulation of the test itself
+    assert 0.1 < mde.first < 0.4 and mde.method == "exact"
+    exact = random_outcome_power(n_pairs, rates, mde.first).power
+    assert exact >= 0.8 and exact == pytest.approx(mde.power_at_first)
+    # the exact power against a simulation of the test itself over random pair outcomes
     rng = np.random.default_rng(0)
     rejected = 0
     for _ in range(400):
-        sf = [rng.binomial(m, 0.5 * (1 + mde * n / m)) for n, m in zip(n_pairs, discordant)]
-        rejected += signflip_test(n_pairs, sf, [m - b for m, b in zip(discordant, sf)]).p <= 0.05
+        drawn = [rng.multinomial(n, [*pair_probabilities(r, mde.first), 0]) for n, r in zip(n_pairs, rates)]
+        drawn = [[d[0], d[1], n - d[0] - d[1]] for d, n in zip(drawn, n_pairs)]
+        rejected += signflip_test(n_pairs, [d[0] for d in drawn], [d[1] for d in drawn]).p <= 0.05
     assert rejected / 400 == pytest.approx(exact, abs=0.06)
-    assert minimum_detectable_dsr([200] * 4, rates) < mde  # more pairs, smaller detectable shift
+    assert minimum_detectable_dsr([200] * 4, rates).first < mde.first  # more pairs, smaller detectable shift
 
 
 def test_the_summary_reports_the_minimum_detectable_dsr_and_its_assumption():
@@ -445,17 +454,17 @@ def test_the_summary_reports_the_minimum_detectable_dsr_and_its_assumption():
     summary = analyze(table, n_boot=100)
     power = summary["conditions"]["camera:L2"]["power"]
     assert power["per_task_discordance"] == {"Alpha": 0.3, "Beta": 0.2}
-    assert 0 < power["mde_dsr"] < 1
-    assert "observed discordance" in summary["power"]["assumption"]
+    assert 0 < power["mde_dsr"] <= power["mde_dsr_stable"] < 1
+    assert "observed share of discordant pairs" in summary["power"]["assumption"]
 
 
 def test_plan_power_command(tmp_path):
     from robocasa_shift.analysis.statistics import minimum_detectable_dsr, plan_pairs
 
     needed = plan_pairs(4, 0.2, 0.3)
-    assert minimum_detectable_dsr([needed] * 4, [0.3] * 4) <= 0.2 + 1e-9
+    assert minimum_detectable_dsr([needed.first] * 4, [0.3] * 4).first <= 0.2 + 1e-9
     proc = cli("plan-power", "--dsr", "0.2", "--tasks", "4", "--discordance", "0.3")
-    assert f"{needed} base episodes per task detect a macro dSR of 0.200" in proc.stdout
+    assert f"{needed.first} base episodes per task detect a macro dSR of 0.200" in proc.stdout
     assert "assumption" in proc.stdout
     out = tmp_path / "analysis"
     from robocasa_shift.analysis.measures import write_analysis

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 from helpers import cli
 
-from robocasa_shift import specs
 from robocasa_shift.config import ExecutionConfig, StudyConfig
-from robocasa_shift.engine.records import RolloutKey, comparable
-from robocasa_shift.engine.steplog import StepLog, StepLogError, StepLogger, log_path
+from robocasa_shift.core import specs
+from robocasa_shift.core.records import RolloutKey, comparable
+from robocasa_shift.core.steplog import StepLog, StepLogError, log_path
+from robocasa_shift.engine.steplog import StepLogger
+from robocasa_shift.rundir.store import RunStore
 from robocasa_shift.study.runner import run
-from robocasa_shift.study.store import RunStore
 
 TASKS, CONDITIONS = ["Reach", "PickPlace"], ["clean", "base:L2", "blur:L3", "camera:L3"]
 

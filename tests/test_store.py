@@ -7,9 +7,9 @@ import sys
 import pytest
 from helpers import ROOT
 
-from robocasa_shift.engine.records import Record, RolloutKey
+from robocasa_shift.core.records import Record, RolloutKey
 from robocasa_shift.errors import RunDirError, RunDirLocked
-from robocasa_shift.study.store import RunStore
+from robocasa_shift.rundir.store import RunStore
 
 
 def record(episode=0, condition="clean", valid=True):
@@ -25,7 +25,7 @@ def record(episode=0, condition="clean", valid=True):
 
 def hold_lock(run_dir):
     code = (
-        "import sys, time; from robocasa_shift.study.store import RunStore; "
+        "import sys, time; from robocasa_shift.rundir.store import RunStore; "
         f"s = RunStore({str(run_dir)!r}).lock(); print('locked', flush=True); time.sleep(60)"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)

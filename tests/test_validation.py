@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from helpers import cli
 
-from robocasa_shift.engine.demos import load_demo
+from robocasa_shift.core.demos import load_demo
 from robocasa_shift.policies import make_policy
 
 
@@ -29,8 +29,8 @@ def test_validate_stages_fails_a_predicate_that_always_holds(tmp_path, monkeypat
     """The negative controls catch a subgoal that is true from the start."""
     import shutil
 
-    from robocasa_shift import specs
     from robocasa_shift.checks.validation import validate_stages
+    from robocasa_shift.core import specs
 
     stage_dir = tmp_path / "stage_specs"
     shutil.copytree(specs.STAGE_SPECS_DIR, stage_dir)
@@ -44,10 +44,10 @@ def test_validate_stages_fails_a_predicate_that_always_holds(tmp_path, monkeypat
 
 def test_replay_policy_reproduces_a_demonstration(tmp_path):
     from robocasa_shift.backends import get_backend
+    from robocasa_shift.core.records import RolloutKey
+    from robocasa_shift.core.specs import load_protocol, load_stage_spec
     from robocasa_shift.engine.demos import record_demo
-    from robocasa_shift.engine.records import RolloutKey
     from robocasa_shift.engine.rollout import run_rollout
-    from robocasa_shift.specs import load_protocol, load_stage_spec
 
     protocol, spec = load_protocol(), load_stage_spec("fake", "PickPlace")
     env = get_backend("fake").make("PickPlace")

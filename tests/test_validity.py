@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 from helpers import cli
 
-from robocasa_shift import seeding, specs
+from robocasa_shift import seeding
 from robocasa_shift.checks.audit import audit_run
 from robocasa_shift.checks.screening import load_pool, screening_decisions
-from robocasa_shift.engine.records import RolloutKey
-from robocasa_shift.engine.stages import StageTracker, predicate
-from robocasa_shift.specs import StageSpec, Subgoal
-from robocasa_shift.study.store import RunStore
+from robocasa_shift.core import specs
+from robocasa_shift.core.records import RolloutKey
+from robocasa_shift.core.specs import StageSpec, Subgoal
+from robocasa_shift.core.stages import StageTracker, predicate
+from robocasa_shift.rundir.store import RunStore
 
 RUN = ["--backend", "fake", "--policy", "fake", "--workers", "1", "--no-progress"]
 CONDITIONS = ["clean", "camera:L1", "camera:L3", "base:L1", "base:L3", "blur:L1", "blur:L3"]
@@ -218,7 +219,7 @@ def test_blur_rollouts_record_the_measured_kernel_and_sharpness_within_the_froze
 
 def test_the_audit_fails_a_blur_that_never_reached_the_policy(tmp_path, monkeypatch):
     from robocasa_shift.config import ExecutionConfig, StudyConfig
-    from robocasa_shift.engine.perturbations import GaussianBlur
+    from robocasa_shift.core.factors import GaussianBlur
     from robocasa_shift.study.runner import run
 
     # the read-back of blur equals its expectation whatever the transform does: only a measurement can fail

@@ -32,12 +32,29 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
-from robocasa_shift.analysis.measures import order_conditions
-from robocasa_shift.branching import estimator
-from robocasa_shift.branching.estimator import combined_estimate, jeffreys_lower, recoverability_horizon
-from robocasa_shift.errors import AnalysisError
+from robocasa_shift.analysis import recoverability
+from robocasa_shift.analysis.recoverability import (
+    combined_estimate,
+    jeffreys_lower,
+    recoverability_horizon,
+)
+from robocasa_shift.core.conditions import Condition, order_conditions
+from robocasa_shift.core.specs import load_protocol
+from robocasa_shift.errors import AnalysisError, BadInput
+from robocasa_shift.seeding import derive_seed
+from robocasa_shift.rundir.files import (
+    MAX_JSON_BYTES,
+    atomic_write_text,
+    confined,
+    read_bytes,
+    save_figure,
+)
 
 KEY_FIELDS = ("phase", "task", "episode", "condition", "replicate")
+# Task events a trunk records (branching/events.py): the horizon is placed relative to each of them.
+EVENTS = ("grasp_attempt", "drop", "target_contact")
+EVENT_TEXT = {"grasp_attempt": "the first grasp attempt", "drop": "the first drop",
+              "target_contact": "the first contact with the target"}
 COMBINED = "combined"
 ALL_TASKS = "all"
 CONTINUE, RECOVER = "continue", "recover"
@@ -46,7 +63,6 @@ CONTINUE, RECOVER = "continue", "recover"
 ESTIMATE_TOLERANCE = 1e-3
 MAX_TRUNKS_PLOTTED = 8
 INTERVENTION_COLORS = {CONTINUE: "#1f77b4", RECOVER: "#e07000"}
-_CONDITION_RE = re.compile(r"^(clean|[A-Za-z0-9_.\-]+:L[0-9]+)$")
 
 
 # --------------------------------------------------------------------------- loading
@@ -69,16 +85,16 @@ class BranchStudy:
     @property
     def tau(self) -> float:
         """The primary criterion of the study (the settings' ``tau``, else the estimator's)."""
-        return float(self.settings.get("tau", estimator.TAU))
+        return float(self.settings.get("tau", recoverability.TAU))
 
     @property
     def q(self) -> float:
-        return float(self.settings.get("q", estimator.Q))
+        return float(self.settings.get("q", recoverability.Q))
 
     @property
     def taus(self) -> List[float]:
         """The criteria of the sensitivity table: the manifest's ``taus`` (else the reported ones) and ``tau``."""
-        return sorted({float(t) for t in (self.settings.get("taus") or estimator.TAUS_REPORTED)} | {self.tau})
+        return sorted({float(t) for t in (self.settings.get("taus") or recoverability.TAUS_REPORTED)} | {self.tau})
 
     @property
     def interventions(self) -> List[str]:
@@ -102,7 +118,9 @@ def _intervention_names(value: Any) -> List[str]:
 
 def _read_json(path: Path) -> Dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_bytes(path, None, MAX_JSON_BYTES, "branch study file").decode("utf-8"))
+    except RecursionError:
+        raise AnalysisError(f"{path}: JSON nested too deeply") from None
     except OSError as exc:
         raise AnalysisError(f"{path}: cannot be read ({exc.strerror})") from None
     except UnicodeDecodeError as exc:
@@ -126,8 +144,10 @@ def _check_key(path: Path, data: Mapping[str, Any]) -> None:
     for name in ("episode", "replicate"):
         if not _is_int(data[name]):
             raise AnalysisError(f"{path}: field '{name}' must be an integer, found {data[name]!r}")
-    if not isinstance(data["condition"], str) or not _CONDITION_RE.match(data["condition"]):
-        raise AnalysisError(f"{path}: field 'condition' must be 'clean' or 'factor:Lk', found {data['condition']!r}")
+    try:
+        Condition.parse(data["condition"])
+    except BadInput as exc:
+        raise AnalysisError(f"{path}: field 'condition': {exc}") from None
     for name in ("phase", "task"):
         if not isinstance(data[name], str) or not data[name]:
             raise AnalysisError(f"{path}: field '{name}' must be a non-empty string, found {data[name]!r}")
@@ -176,6 +196,12 @@ def _check_checkpoint(path: Path, checkpoint: Mapping[str, Any], q: float) -> No
         if abs(float(estimate) - expected) > ESTIMATE_TOLERANCE:
             raise AnalysisError(f"{path}: intervention '{name}': estimate {estimate} is not the lower {q} Jeffreys "
                                 f"quantile of k={k}, n={n} ({expected:.4f})")
+        fixed = entry.get("fixed")
+        if fixed is not None:
+            fk, fn = (fixed.get("k"), fixed.get("n")) if isinstance(fixed, Mapping) else (None, None)
+            if not (_is_int(fk) and _is_int(fn) and k <= fk <= fn and n <= fn and fk - k <= fn - n):
+                raise AnalysisError(f"{path}: intervention '{name}': the fixed-K reference needs integers with "
+                                    f"k <= fixed k <= fixed n, n <= fixed n, found {fk!r}/{fn!r} beside {k}/{n}")
 
 
 def load_branch_study(branch_dir: Path | str) -> BranchStudy:
@@ -347,6 +373,12 @@ def trunk_frame(study: BranchStudy, tau: Optional[float] = None) -> pd.DataFrame
             row[f"{name}_recoverable"] = horizon is not None
         horizon = row[f"{COMBINED}_horizon"]
         subgoal, latched = _last_latched(t, horizon) if horizon is not None else (None, None)
+        events = t.get("events") if isinstance(t.get("events"), Mapping) else {}
+        for event in EVENTS:
+            step = events.get(event)
+            step = int(step) if _is_int(step) else None
+            row[f"{event}_step"] = step
+            row[f"horizon_minus_{event}"] = horizon - step if horizon is not None and step is not None else None
         row.update(last_subgoal=subgoal, last_subgoal_step=latched,
                    closes_after_steps=horizon - latched if latched is not None else None,
                    fidelity_ok=sum(_fidelity_ok(c) for c in own),
@@ -357,9 +389,11 @@ def trunk_frame(study: BranchStudy, tau: Optional[float] = None) -> pd.DataFrame
     columns = [*KEY_FIELDS, "trunk", "selection", "success", "steps", "first_incomplete", "failed_subgoal",
                *[f"{n}_{part}" for n in names for part in ("horizon", "recoverable")],
                "last_subgoal", "last_subgoal_step", "closes_after_steps",
+               *[f"{e}_step" for e in EVENTS], *[f"horizon_minus_{e}" for e in EVENTS],
                "fidelity_ok", "fidelity_checked", "n_branched"]
     frame = pd.DataFrame(rows, columns=columns)
     for column in ("first_incomplete", "last_subgoal_step", "closes_after_steps", "steps",
+                   *[f"{e}_step" for e in EVENTS], *[f"horizon_minus_{e}" for e in EVENTS],
                    *[f"{n}_horizon" for n in names]):
         frame[column] = frame[column].astype("Int64")
     for column in [f"{n}_recoverable" for n in names]:
@@ -418,7 +452,7 @@ def condition_frame(trunks_df: pd.DataFrame, interventions: Sequence[str]) -> pd
     names = [n for n in interventions if n != COMBINED] + [COMBINED]
     rows = []
     if not trunks_df.empty:
-        conditions = order_conditions(trunks_df["condition"])
+        conditions = order_conditions(trunks_df["condition"], load_protocol().factor_order)
         for task in sorted(trunks_df["task"].unique()):
             for condition in conditions:
                 part = trunks_df[(trunks_df["task"] == task) & (trunks_df["condition"] == condition)]
@@ -481,6 +515,281 @@ def fidelity_tally(study: BranchStudy) -> Dict[str, Any]:
     }
 
 
+# --------------------------------------------------------------------------- non-monotone recoverability
+
+
+def antitonic_fit(k: Sequence[int], n: Sequence[int]) -> np.ndarray:
+    """The non-increasing success probabilities closest to k/n (weighted least squares, weights n: the
+    pool-adjacent-violators algorithm), which is also their maximum-likelihood fit under the order."""
+    k, n = np.asarray(k, dtype=float), np.asarray(n, dtype=float)
+    blocks: List[List[float]] = []  # [sum k, sum n, count]
+    for ki, ni in zip(k, n):
+        blocks.append([ki, ni, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
+            a, b = blocks[-2], blocks.pop()
+            a[0] += b[0]
+            a[1] += b[1]
+            a[2] += b[2]
+    return np.concatenate([np.full(int(c), s / m) for s, m, c in blocks]) if blocks else np.zeros(0)
+
+
+def _loglik(k: np.ndarray, n: np.ndarray, p: np.ndarray) -> float:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = np.where(k > 0, k * np.log(p), 0.0)
+        b = np.where(n - k > 0, (n - k) * np.log1p(-p), 0.0)
+    return float(np.sum(a + b))
+
+
+def monotone_statistic(k: Sequence[int], n: Sequence[int]) -> float:
+    """The likelihood-ratio statistic of the checkpoints' own success rates against the best non-increasing
+    fit, ``G = 2 (log L(k/n) - log L(antitonic fit))`` (0 when the rates already never rise)."""
+    k, n = np.asarray(k, dtype=float), np.asarray(n, dtype=float)
+    return max(0.0, 2.0 * (_loglik(k, n, k / n) - _loglik(k, n, antitonic_fit(k, n))))
+
+
+def nonmonotone_test(k: Sequence[int], n: Sequence[int], n_boot: int = 1000, seed: int = 0) -> Dict[str, Any]:
+    """Is recoverability along a trunk non-monotone (recoverable, then not, then again)?
+
+    Null: the success probability never rises with time. The statistic is :func:`monotone_statistic`; its
+    p-value is a parametric bootstrap from the fitted non-increasing probabilities (``n_boot`` draws of
+    Binomial(n_i, p_i) at every checkpoint, a ``numpy.random.default_rng(seed)``), ``(1 + #{G* >= G}) /
+    (n_boot + 1)``.
+    """
+    k, n = np.asarray(k, dtype=int), np.asarray(n, dtype=int)
+    g = monotone_statistic(k, n)
+    fitted = antitonic_fit(k, n)
+    if g <= 0:
+        return {"statistic": 0.0, "p": 1.0, "fitted": fitted.tolist()}
+    rng = np.random.default_rng(int(seed))
+    draws = rng.binomial(n[None, :], fitted[None, :], size=(int(n_boot), len(n)))
+    exceed = sum(monotone_statistic(row, n) >= g - 1e-9 for row in draws)
+    return {"statistic": g, "p": (1 + exceed) / (int(n_boot) + 1), "fitted": fitted.tolist()}
+
+
+def _counts(entry: Mapping[str, Any]) -> Tuple[int, int, str]:
+    """(k, n, source) of an intervention's entry: the fixed-K reference when it has one, else the adaptive set."""
+    fixed = entry.get("fixed")
+    if isinstance(fixed, Mapping) and fixed.get("n"):
+        return int(fixed["k"]), int(fixed["n"]), "fixed K"
+    return int(entry["k"]), int(entry["n"]), "adaptive"
+
+
+def has_pattern(verdicts: Sequence[bool]) -> bool:
+    """Recoverable, then not, then recoverable again (in time order)."""
+    seen_true = seen_gap = False
+    for v in verdicts:
+        if v and seen_gap:
+            return True
+        if v:
+            seen_true = True
+        elif seen_true:
+            seen_gap = True
+    return False
+
+
+def nonmonotone_frame(study: BranchStudy, tau: Optional[float] = None, n_boot: int = 1000, seed: int = 0,
+                      alpha: float = 0.05) -> pd.DataFrame:
+    """Per reproduced trunk and intervention with at least three usable checkpoints: the pattern (a recoverable
+    checkpoint, a later one that is not, a later one that is again, at ``tau``) and the test of
+    :func:`nonmonotone_test` on the branch counts (the fixed-K reference's where it exists), ``significant``
+    at ``alpha``."""
+    tau = study.tau if tau is None else float(tau)
+    by_trunk = _checkpoints_by_trunk(study)
+    rows = []
+    for t in study.trunks:
+        if not _included(t):
+            continue
+        usable = [c for c in by_trunk.get(_key(t), []) if _usable(c)]
+        for name in study.interventions:
+            cells = [(int(c["step"]), c["interventions"][name]) for c in usable if name in (c.get("interventions") or {})]
+            if len(cells) < 3:
+                continue
+            counts = [_counts(e) for _, e in cells]
+            estimates = [_estimate(e, study.q) for _, e in cells]
+            test = nonmonotone_test([c[0] for c in counts], [c[1] for c in counts], n_boot,
+                                    derive_seed(seed, stream="nonmonotone", trunk=trunk_label(t), intervention=name))
+            rows.append({"trunk": trunk_label(t), "task": t["task"], "condition": t["condition"], "intervention": name,
+                         "n_checkpoints": len(cells), "counts_from": ", ".join(sorted({c[2] for c in counts})),
+                         "steps": [s for s, _ in cells], "k": [c[0] for c in counts], "n": [c[1] for c in counts],
+                         "pattern": has_pattern([e is not None and e >= tau for e in estimates]),
+                         "statistic": test["statistic"], "p": test["p"], "significant": bool(test["p"] < alpha)})
+    columns = ["trunk", "task", "condition", "intervention", "n_checkpoints", "counts_from", "steps", "k", "n",
+               "pattern", "statistic", "p", "significant"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def nonmonotone_summary(frame: pd.DataFrame) -> List[Dict[str, Any]]:
+    """Per intervention: trunks tested, with the pattern, significantly non-monotone."""
+    out = []
+    for name, part in frame.groupby("intervention", sort=False):
+        out.append({"intervention": name, "trunks": int(len(part)), "pattern": int(part["pattern"].sum()),
+                    "significant": int(part["significant"].sum()),
+                    "text": f"{name}: {int(part['significant'].sum())}/{len(part)} trunks significantly non-monotone "
+                            f"(p < 0.05), {int(part['pattern'].sum())}/{len(part)} recoverable, then not, then again"})
+    return out
+
+
+# --------------------------------------------------------------------------- fixed-K agreement
+
+
+def fixed_k_frame(study: BranchStudy, tau: Optional[float] = None) -> pd.DataFrame:
+    """Per usable checkpoint and intervention with a fixed-K reference: the adaptive rule's verdict
+    (recoverable when its estimate reaches ``tau``) and the reference's (the same estimator on the K branches),
+    and whether they agree."""
+    tau = study.tau if tau is None else float(tau)
+    rows = []
+    for c in study.checkpoints:
+        if not _usable(c):
+            continue
+        for name, entry in (c.get("interventions") or {}).items():
+            fixed = entry.get("fixed")
+            if not isinstance(fixed, Mapping) or not fixed.get("n"):
+                continue
+            adaptive = _estimate(entry, study.q)
+            reference = jeffreys_lower(int(fixed["k"]), int(fixed["n"]), study.q)
+            rows.append({"trunk": trunk_label(c), "task": c["task"], "condition": c["condition"], "step": int(c["step"]),
+                         "intervention": name, "k": int(entry["k"]), "n": int(entry["n"]), "estimate": adaptive,
+                         "k_fixed": int(fixed["k"]), "n_fixed": int(fixed["n"]), "estimate_fixed": reference,
+                         "recoverable": bool(adaptive >= tau), "recoverable_fixed": bool(reference >= tau),
+                         "agree": bool((adaptive >= tau) == (reference >= tau))})
+    columns = ["trunk", "task", "condition", "step", "intervention", "k", "n", "estimate", "k_fixed", "n_fixed",
+               "estimate_fixed", "recoverable", "recoverable_fixed", "agree"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def fixed_k_summary(frame: pd.DataFrame) -> List[Dict[str, Any]]:
+    """Per intervention: checkpoints compared and disagreements, and per trunk whether "any recoverable
+    checkpoint" and the horizon (latest recoverable checkpoint) change under the reference."""
+    out = []
+    for name, part in frame.groupby("intervention", sort=False):
+        trunks = part.groupby("trunk", sort=False)
+        any_changed = horizon_moved = 0
+        for _, rows in trunks:
+            adaptive = recoverability_horizon(rows["step"].tolist(), [1.0 if r else 0.0 for r in rows["recoverable"]], 0.5)
+            fixed = recoverability_horizon(rows["step"].tolist(), [1.0 if r else 0.0 for r in rows["recoverable_fixed"]],
+                                           0.5)
+            any_changed += int((adaptive is None) != (fixed is None))
+            horizon_moved += int(adaptive != fixed)
+        disagree = int((~part["agree"]).sum())
+        out.append({"intervention": name, "checkpoints": int(len(part)), "disagree": disagree,
+                    "disagree_rate": disagree / len(part) if len(part) else None, "trunks": int(trunks.ngroups),
+                    "any_recoverable_changed": any_changed, "horizon_moved": horizon_moved,
+                    "text": f"{name}: the adaptive rule disagrees with fixed K = {int(part['n_fixed'].max())} on "
+                            f"{disagree}/{len(part)} checkpoints; 'any recoverable checkpoint' changes on "
+                            f"{any_changed}/{trunks.ngroups} trunks, the horizon moves on {horizon_moved}"})
+    return out
+
+
+# --------------------------------------------------------------------------- horizons relative to task events
+
+
+def event_summary(trunks_df: pd.DataFrame) -> List[Dict[str, Any]]:
+    """Per (task, condition) and event: over the trunks with both a combined horizon and the event, the median
+    of horizon minus event step (positive: the horizon comes after the event) and a sentence."""
+    out = []
+    if trunks_df.empty:
+        return out
+    for (task, condition), part in trunks_df.groupby(["task", "condition"], sort=True):
+        for event in EVENTS:
+            values = part[f"horizon_minus_{event}"].dropna().astype(float)
+            events = int(part[f"{event}_step"].notna().sum())
+            if not len(values):
+                out.append({"task": task, "condition": condition, "event": event, "n": 0, "trunks_with_event": events,
+                            "median": None, "text": f"{task}, {condition}: {EVENT_TEXT[event]} happens on {events} of "
+                                                    f"{len(part)} trunks; no recoverable horizon beside it"})
+                continue
+            median = float(values.median())
+            where = "after" if median >= 0 else "before"
+            out.append({"task": task, "condition": condition, "event": event, "n": int(len(values)),
+                        "trunks_with_event": events, "median": median,
+                        "text": f"{task}, {condition}: the horizon comes a median {abs(median):g} steps {where} "
+                                f"{EVENT_TEXT[event]} ({len(values)} trunk{'s' if len(values) != 1 else ''} with both)"})
+    return out
+
+
+# --------------------------------------------------------------------------- expected cost per (state, intervention)
+
+
+STOP = "stop"
+
+
+def workload_costs(records: Sequence[Mapping[str, Any]], kappa: float = 0.1, reset_cost: float = 1.0,
+                   phase: str = "formal") -> Dict[Tuple[str, str], Dict[str, Any]]:
+    """The renewal model's prices per (task, condition) workload, from a run's valid records of ``phase``.
+
+    ``c`` (per step) makes the task's median clean success cost ``kappa`` resets; ``A`` is the expected cost
+    to eventual completion from a fresh attempt of that workload, never intervening:
+    ``(p (R + c T_f) + (1 - p) c T_s) / (1 - p)`` with the cell's failure rate and mean lengths (None when
+    nothing in it succeeds). RESCUE Sec. III-C.
+    """
+    valid = [r for r in records if r.get("valid") and r.get("phase") == phase and r.get("success") is not None]
+    out: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    for task in sorted({r["task"] for r in valid}):
+        clean = [int(r["steps"]) for r in valid if r["task"] == task and r["condition"] == "clean" and r["success"]]
+        mine = [r for r in valid if r["task"] == task]
+        if not clean:
+            clean = [int(r["steps"]) for r in mine if r["success"]]
+        c = kappa * reset_cost / float(np.median(clean)) if clean else None
+        for condition in sorted({r["condition"] for r in mine}):
+            cell = [r for r in mine if r["condition"] == condition]
+            steps = np.array([float(r["steps"]) for r in cell])
+            ok = np.array([bool(r["success"]) for r in cell])
+            A = None
+            if c is not None and ok.any():
+                A = float((c * steps.sum() + reset_cost * (~ok).sum()) / ok.sum())
+            out[(task, condition)] = {"c": c, "A": A, "p": float((~ok).mean()), "n": len(cell), "kappa": kappa,
+                                      "reset_cost": reset_cost}
+    return out
+
+
+def cost_frame(study: BranchStudy, workload: Mapping[Tuple[str, str], Mapping[str, Any]]) -> pd.DataFrame:
+    """Expected cost to eventual completion of every (usable checkpoint, intervention), and of stopping.
+
+    ``Q(s_t, a) = mean over a's branches of c L + (R + A) [failed]`` with ``L`` the steps a branch ran after
+    the checkpoint (a failed branch runs to its budget, then resets and starts a fresh attempt, which costs
+    ``A`` in expectation); ``Q(s_t, stop) = R + A``. The cost already incurred, ``c t``, is common to every
+    choice at the checkpoint and left out (RESCUE Sec. III-C). ``best`` is the cheapest. None where the
+    workload's price is unknown (no run records, or nothing of it succeeded).
+    """
+    names = study.interventions
+    rows = []
+    for c in study.checkpoints:
+        if not _usable(c):
+            continue
+        price = workload.get((c["task"], c["condition"])) or {}
+        per_step, A, R = price.get("c"), price.get("A"), price.get("reset_cost", 1.0)
+        row: Dict[str, Any] = {"trunk": trunk_label(c), "task": c["task"], "condition": c["condition"],
+                               "step": int(c["step"]), f"Q_{STOP}": (R + A) if A is not None else None}
+        for name in names:
+            entry = (c.get("interventions") or {}).get(name)
+            branches = [b for b in (entry or {}).get("branches") or [] if b.get("valid", True)]
+            if not branches or per_step is None or A is None:
+                row[f"Q_{name}"] = None
+                continue
+            costs = [per_step * (int(b["steps"]) - int(c["step"])) + (0.0 if b["success"] else R + A) for b in branches]
+            row[f"Q_{name}"] = float(np.mean(costs))
+        options = {k[2:]: v for k, v in row.items() if k.startswith("Q_") and v is not None}
+        row["best"] = min(options, key=lambda k: (options[k], k != STOP)) if options else None
+        rows.append(row)
+    columns = ["trunk", "task", "condition", "step", *[f"Q_{n}" for n in names], f"Q_{STOP}", "best"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def cost_summary(frame: pd.DataFrame) -> List[Dict[str, Any]]:
+    """Per (task, condition): checkpoints priced, and how often each action is the cheapest."""
+    out = []
+    if frame.empty:
+        return out
+    for (task, condition), part in frame.groupby(["task", "condition"], sort=True):
+        priced = part[part["best"].notna()]
+        counts = {str(k): int(v) for k, v in priced["best"].value_counts().items()}
+        out.append({"task": task, "condition": condition, "checkpoints": int(len(part)), "priced": int(len(priced)),
+                    "best": counts,
+                    "text": f"{task}, {condition}: cheapest action over {len(priced)} priced checkpoints: "
+                            + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none")})
+    return out
+
+
 # --------------------------------------------------------------------------- figures
 
 
@@ -512,7 +821,6 @@ def plot_condition(study: BranchStudy, task: str, condition: str, out_path: Path
     plt = _plt()
     tau = study.tau if tau is None else float(tau)
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
     frame = trunk_frame(study, tau)
     frame = frame[(frame["task"] == task) & (frame["condition"] == condition)]
     trunks = {trunk_label(t): t for t in study.trunks if _included(t)}
@@ -581,7 +889,7 @@ def plot_condition(study: BranchStudy, task: str, condition: str, out_path: Path
     fig.suptitle(f"{task}, {condition}: recoverability per checkpoint{more}", fontsize=10)
     fig.tight_layout()
     # the legend sits below the axes; bbox_inches="tight" keeps it inside the image (as report._save)
-    fig.savefig(out_path, dpi=110, bbox_inches="tight")
+    save_figure(fig, out_path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return out_path
 
@@ -719,6 +1027,7 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
         lines += ["Trunks left out:", ""]
         lines += [f"- {e['trunk']}: {e['reason']}" + (f" ({e['detail']})" if e["detail"] else "")
                   for e in summary["excluded_trunks"]] + [""]
+    lines += _study_sections(summary)
     lines += ["## Sensitivity to tau", "",
               "Checkpoints were expanded to more branches around the primary tau only.", ""]
     sensitivity = pd.DataFrame(summary["sensitivity"])
@@ -729,14 +1038,90 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(branch_dir: Path | str, tau: Optional[float] = None) -> Dict[str, Any]:
+def extended_outputs(study: BranchStudy, trunks: pd.DataFrame, tau: float,
+                     workload: Mapping[Tuple[str, str], Mapping[str, Any]]) -> Dict[str, Any]:
+    """The summary's parts beyond horizons: non-monotone recoverability, the fixed-K agreement, horizons
+    relative to task events and the expected cost of every (checkpoint, intervention)."""
+    monotone = nonmonotone_frame(study, tau)
+    fixed = fixed_k_frame(study, tau)
+    costs = cost_frame(study, workload)
+    return {
+        "nonmonotone": {"summary": nonmonotone_summary(monotone), "trunks": _records(monotone),
+                        "definition": "per trunk and intervention (three or more checkpoints): the pattern "
+                                      "recoverable, then not, then again at tau; and a likelihood-ratio test of the "
+                                      "branch counts against the best non-increasing success probability "
+                                      "(parametric bootstrap p-value; fixed-K counts where they exist)"},
+        "fixed_k": {"summary": fixed_k_summary(fixed), "checkpoints": _records(fixed)},
+        "events": {"summary": event_summary(trunks),
+                   "definitions": {e: EVENT_TEXT[e] for e in EVENTS},
+                   "trunks_with_events": int(sum(isinstance(t.get("events"), Mapping) and "error" not in t["events"]
+                                                 for t in study.trunks if _included(t)))},
+        "expected_cost": {"summary": cost_summary(costs), "checkpoints": _records(costs),
+                          "workload": [{"task": k[0], "condition": k[1], **v} for k, v in sorted(workload.items())],
+                          "definition": "Q(s_t, a) = mean over a's branches of c L + (R + A) [failed]; Q(s_t, stop) "
+                                        "= R + A; c t (already spent) left out (RESCUE Sec. III-C)"},
+    }
+
+
+def _study_sections(summary: Mapping[str, Any]) -> List[str]:
+    """Markdown of :func:`extended_outputs`."""
+    lines: List[str] = []
+    monotone = summary.get("nonmonotone") or {}
+    lines += ["## Non-monotone recoverability", "", str(monotone.get("definition", "")) + ".", ""]
+    lines += [f"- {s['text']}" for s in monotone.get("summary") or []] or ["- no trunk with three usable checkpoints"]
+    lines.append("")
+    fixed = summary.get("fixed_k") or {}
+    lines += ["## Adaptive K against a fixed-K reference", ""]
+    lines += [f"- {s['text']}" for s in fixed.get("summary") or []] or [
+        "- no fixed-K reference in this study (run `branch ... --k-fixed 32`)"]
+    lines.append("")
+    events = summary.get("events") or {}
+    lines += ["## Horizons relative to task events", "",
+              f"{events.get('trunks_with_events', 0)} trunks recorded their events (first grasp attempt, first drop, "
+              "first contact with the target; from the trunk's actions and simulator predicates).", ""]
+    lines += [f"- {s['text']}" for s in events.get("summary") or []]
+    lines.append("")
+    cost = summary.get("expected_cost") or {}
+    lines += ["## Expected cost per (checkpoint, intervention)", "", str(cost.get("definition", "")) + ".", ""]
+    lines += [f"- {s['text']}" for s in cost.get("summary") or []] or ["- no priced checkpoint"]
+    rows = pd.DataFrame(cost.get("checkpoints") or [])
+    if not rows.empty:
+        lines += ["", markdown_table(rows.drop(columns=["task", "condition"]))]
+    lines.append("")
+    return lines
+
+
+def write_outputs(branch_dir: Path | str, tau: Optional[float] = None,
+                  workload: Optional[Mapping[Tuple[str, str], Mapping[str, Any]]] = None) -> Dict[str, Any]:
     """Write ``summary.json``, ``summary.md`` and ``figures/<task>__<condition>.png`` into ``branch_dir``.
+
+    ``workload`` prices the expected costs (:func:`workload_costs`); None: from the records of the run the
+    study lies in (``RUN_DIR/branching/<name>``), when it lies in one.
 
     Returns:
         The summary written to ``summary.json`` (settings, fidelity tally, per-trunk, per-condition
         and sensitivity rows, closing sentences, figure files; missing values as null).
     """
     branch_dir = Path(branch_dir)
+    # below the run directory (or the study's folder) nothing is read or written through a symbolic link
+    with confined(branch_dir.parent.parent if branch_dir.parent.name == "branching" else branch_dir):
+        if workload is None and branch_dir.parent.name == "branching":
+            workload = _run_workload(branch_dir.parent.parent)
+        return _write_outputs(branch_dir, tau, workload or {})
+
+
+def _run_workload(run_dir: Path) -> Dict[Tuple[str, str], Dict[str, Any]]:
+    """:func:`workload_costs` of the run's records ({} when it is not a run directory)."""
+    from robocasa_shift.rundir.store import RunStore
+
+    store = RunStore(run_dir)
+    if store.manifest() is None:
+        return {}
+    return workload_costs(store.records())
+
+
+def _write_outputs(branch_dir: Path, tau: Optional[float],
+                   workload: Mapping[Tuple[str, str], Mapping[str, Any]]) -> Dict[str, Any]:
     study = load_branch_study(branch_dir)
     tau = study.tau if tau is None else float(tau)
     trunks = trunk_frame(study, tau)
@@ -757,15 +1142,19 @@ def write_outputs(branch_dir: Path | str, tau: Optional[float] = None) -> Dict[s
         "conditions": _records(conditions),
         "closing": closing_sentences(trunks),
         "sensitivity": _records(sensitivity_frame(study)),
+        **extended_outputs(study, trunks, tau, workload),
         "figures": figures,
     }
     # allow_nan=False: a NaN that slipped through is a bug, not a number to publish.
-    (branch_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
-    (branch_dir / "summary.md").write_text(summary_markdown(summary))
+    atomic_write_text(branch_dir / "summary.json", json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    atomic_write_text(branch_dir / "summary.md", summary_markdown(summary))
     return summary
 
 
-__all__ = ["ALL_TASKS", "COMBINED", "BranchStudy", "checkpoint_frame", "closing_sentences", "condition_display",
+__all__ = ["ALL_TASKS", "COMBINED", "EVENTS", "BranchStudy", "antitonic_fit", "checkpoint_frame", "closing_sentences",
+           "condition_display", "cost_frame", "cost_summary", "event_summary", "extended_outputs", "fixed_k_frame",
+           "fixed_k_summary", "has_pattern", "monotone_statistic", "nonmonotone_frame", "nonmonotone_summary",
+           "nonmonotone_test", "workload_costs",
            "condition_frame",
            "excluded_trunks", "figure_name", "fidelity_tally", "load_branch_study", "markdown_table",
            "plot_condition", "sensitivity_frame", "sign_test", "summary_markdown", "trunk_frame", "trunk_label",

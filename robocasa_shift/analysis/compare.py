@@ -9,7 +9,7 @@ success difference (Holm-adjusted across conditions), and an exact McNemar
 test on the discordant pairs as a pooled diagnostic.
 
 A pair is valid when both rollouts are valid, neither is a perturbed rollout
-whose fingerprints differ from its own clean twin's (PROTOCOL.md section 6),
+whose fingerprints differ from its own clean twin's (docs/protocol.md section 6),
 and both runs started from the same initial state (equal ``env_fingerprint``).
 Stage depth compares only pairs without a StageTracker error on either side.
 A macro over fewer tasks than the runs share is null, with ``missing_tasks``.
@@ -31,13 +31,15 @@ from robocasa_shift.analysis.measures import (
     _condition_rng,
     _differ,
     _percentile_interval,
-    holm_adjust,
+    equivalence_p_values,
     mark_fingerprint_mismatches,
-    mcnemar_exact_p,
     normalize,
-    order_conditions,
 )
-from robocasa_shift.study.store import RunStore
+from robocasa_shift.analysis.statistics import holm_adjust, mcnemar_exact_p
+from robocasa_shift.core import kits
+from robocasa_shift.core.conditions import order_conditions
+from robocasa_shift.core.specs import load_protocol
+from robocasa_shift.rundir.store import RunStore
 
 KEYS = ["phase", "task", "episode", "condition", "replicate"]
 COMPARE_INVALID_REASONS = ("missing_in_a", "missing_in_b", "fingerprint_mismatch", "invalid_in_a", "invalid_in_b")
@@ -50,6 +52,19 @@ def _check_stage_specs(ma: Dict[str, Any], mb: Dict[str, Any]) -> None:
     if differing:
         text = "; ".join(f"{t}: {a} vs {b}" for t, (a, b) in differing.items())
         raise AnalysisError(f"runs differ in stage_spec_hashes ({text}); compare only runs of one stage-spec version")
+
+
+def _check_asset_kits(run_a, run_b, ma: Dict[str, Any], mb: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The asset kit both runs were made on; refuse runs on different kits, or a run whose records mix kits."""
+    try:
+        kits.same_kit_or_raise(kits.run_asset_kit(ma), kits.run_asset_kit(mb), f"run A ({run_a})", f"run B ({run_b})")
+    except Exception as exc:
+        raise AnalysisError(str(exc)) from None
+    for run, manifest in ((run_a, ma), (run_b, mb)):
+        problems = kits.kit_problems(manifest, RunStore(run).records())
+        if problems:
+            raise AnalysisError(f"{run}: {'; '.join(problems)}")
+    return kits.run_asset_kit(ma)
 
 
 def _run_rows(run_dir: Path | str, phase: str) -> pd.DataFrame:
@@ -84,6 +99,7 @@ def compare_runs(run_a: Path | str, run_b: Path | str, phase: str = "formal", n_
         if ma.get(field) != mb.get(field):
             raise AnalysisError(f"runs differ in {field}: {ma.get(field)} vs {mb.get(field)}; compare only runs of one frozen suite")
     _check_stage_specs(ma, mb)
+    kit = _check_asset_kits(run_a, run_b, ma, mb)
     a, b = _run_rows(run_a, phase), _run_rows(run_b, phase)
     both = a.merge(b, on=KEYS, suffixes=("_a", "_b"), how="outer", indicator=True)
     # Canonical order: the bootstrap draws pair positions, which must not depend on file order.
@@ -96,9 +112,11 @@ def compare_runs(run_a: Path | str, run_b: Path | str, phase: str = "formal", n_
         merged[name] = merged[name].astype(bool)
     merged["depth_a"] = merged.stages_completed_a.astype(float) / merged.n_stages_a.astype(float)
     merged["depth_b"] = merged.stages_completed_b.astype(float) / merged.n_stages_b.astype(float)
-    # PROTOCOL.md section 6: a StageTracker error leaves a rollout valid for success, not for stage measures.
+    # docs/protocol.md section 6: a StageTracker error leaves a rollout valid for success, not for stage measures.
     merged["depth_ok"] = ~(merged.stage_error_a | merged.stage_error_b)
     out: Dict[str, Any] = {
+        "asset_kit": kit,
+        "banner": kits.banner(kit),
         "a": {"run": str(run_a), "policy": ma.get("policy")},
         "b": {"run": str(run_b), "policy": mb.get("policy")},
         "spec_hash": ma.get("spec_hash"),
@@ -110,23 +128,33 @@ def compare_runs(run_a: Path | str, run_b: Path | str, phase: str = "formal", n_
         "holm_families": {
             "signflip": "the stratified sign-flip test of the macro success difference, across conditions",
             "mcnemar": "the pooled McNemar test (a diagnostic), across conditions",
+            "equivalence": "the equivalence tests at +-min_effect, across conditions (NO CHANGE DETECTED needs "
+            "p_holm < 0.025)",
         },
         "min_effect": float(min_effect),
         "invalid_pair_reasons": list(COMPARE_INVALID_REASONS),
         "conditions": {},
     }
     tasks = sorted(set(both.task))
-    for cond in order_conditions(set(both.condition)):
+    for cond in order_conditions(set(both.condition), load_protocol().factor_order):
         out["conditions"][cond] = _compare_condition(merged[merged.condition == cond], both[both.condition == cond],
                                                      reasons[(both.condition == cond).to_numpy()], tasks, cond,
                                                      n_boot, bootstrap_seed)
     adjusted = holm_adjust({c: v["mcnemar_p"] for c, v in out["conditions"].items()})
     headline = holm_adjust({c: (v["signflip"] or {}).get("p") for c, v in out["conditions"].items()})
+    # NO CHANGE DETECTED is Holm-controlled across the conditions too (the equivalence tests the interval inverts)
+    equivalence = equivalence_p_values({c: v.pop("_task_counts") for c, v in out["conditions"].items()}, min_effect)
+    equivalence_holm = holm_adjust(equivalence)
     for c, v in out["conditions"].items():
         v["mcnemar_p_holm"] = adjusted[c]
         if v["signflip"] is not None:
             v["signflip"]["p_holm"] = headline[c]
-        v["verdict"] = stats.verdict(v["macro_success_diff"], headline[c], v["success_diff_ci95_calibrated"], min_effect)
+        v["equivalence"] = {"margin": float(min_effect), "p": equivalence[c], "p_holm": equivalence_holm[c]}
+        # interval and verdict as one object: extended to 0 where the Holm-adjusted test does not reject
+        chosen = stats.decision(v["success_diff_ci95_calibrated"], headline[c], equivalence_holm[c], min_effect)
+        v["success_diff_ci95_calibrated"] = None if chosen is None else chosen["interval"]
+        v["success_diff_ci95_calibrated_extended_to_zero"] = None if chosen is None else chosen["extended_to_zero"]
+        v["verdict"] = None if chosen is None or v["macro_success_diff"] is None else chosen["verdict"]
     return out
 
 
@@ -177,6 +205,7 @@ def _compare_condition(rows: pd.DataFrame, all_rows: pd.DataFrame, reasons: np.n
         "macro_success_diff": float(np.mean([v["success_diff"] for v in per_task.values()])) if complete else None,
         "success_diff_ci95": _percentile_interval(np.mean(boots_s, axis=0)) if complete else None,
         "success_diff_ci95_calibrated": stats.calibrated_interval(counts) if complete else None,
+        "_task_counts": counts if complete else None,
         "macro_depth_diff": float(np.mean([v["depth_diff"] for v in per_task.values()])) if depth_complete else None,
         "depth_diff_ci95": _percentile_interval(np.mean(boots_d, axis=0)) if depth_complete else None,
         "n_stage_error_dropped": n_depth_dropped,
@@ -199,7 +228,7 @@ def _fmt_ci(ci: Optional[List[float]]) -> str:
 
 def compare_markdown(result: Dict[str, Any]) -> str:
     """The comparison as a Markdown page (compare.md)."""
-    lines = ["# Paired comparison", "",
+    lines = ([f"**{result['banner']}**", ""] if result.get("banner") else []) + ["# Paired comparison", "",
              f"A = `{json.dumps(result['a']['policy'])}` ({result['a']['run']}); B = `{json.dumps(result['b']['policy'])}` ({result['b']['run']}).",
              "Differences are A - B over rollouts with the same key; CIs from the within-task pair bootstrap "
              "(the paper's method) and the calibrated interval; p from the exact stratified sign-flip test of the macro "
@@ -220,13 +249,14 @@ def compare_markdown(result: Dict[str, Any]) -> str:
 def write_comparison(run_a, run_b, out_dir: Path | str, **kw) -> Dict[str, Any]:
     """Compare two runs and write compare.json, compare.md and compare_per_task.csv into ``out_dir``."""
     result = compare_runs(run_a, run_b, **kw)
+    from robocasa_shift.rundir.files import atomic_write_text, write_csv
+
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "compare.md").write_text(compare_markdown(result))
+    atomic_write_text(out / "compare.json", json.dumps(result, indent=1) + "\n")
+    atomic_write_text(out / "compare.md", compare_markdown(result))
     rows: List[Dict[str, Any]] = []
     for c, v in result["conditions"].items():
         for task, t in v["per_task"].items():
             rows.append({"condition": c, "task": task, **{k: t[k] for k in ("n_pairs", "success_diff", "depth_diff", "a_only", "b_only", "mcnemar_p")}})
-    pd.DataFrame(rows).to_csv(out / "compare_per_task.csv", index=False)
+    write_csv(pd.DataFrame(rows), out / "compare_per_task.csv")
     return result

@@ -1,4 +1,4 @@
-"""A run's records as a pandas table (DESIGN.md, "Records table"), and reading such a table back."""
+"""A run's records as a pandas table (docs/records.md), and reading such a table back."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from robocasa_shift.engine.records import RolloutKey, to_row
+from robocasa_shift.core.records import RolloutKey, to_row
 from robocasa_shift.errors import AnalysisError
-from robocasa_shift.study.store import RunStore
+from robocasa_shift.rundir.store import RunStore
 
 
 def read_records_csv(path: Path | str) -> pd.DataFrame:
@@ -58,9 +58,11 @@ def records_frame(run_dir: Path | str) -> pd.DataFrame:
 
 def export_records(run_dir: Path | str, out: Path | str) -> int:
     """Write the records table of ``run_dir`` to ``out`` (CSV); return the number of rows."""
+    from robocasa_shift.rundir.files import confined, write_csv
+
     frame = records_frame(run_dir)
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(out, index=False)
+    with confined(run_dir):  # an --out inside the run directory is never written through a symbolic link
+        write_csv(frame, out)
     return len(frame)
 
 

@@ -1,10 +1,10 @@
-"""Every measure of PROTOCOL.md section 7, as pure functions over a records table.
+"""Every measure of docs/protocol.md section 7, as pure functions over a records table.
 
-The input is the records table of DESIGN.md ("Records table"): one row per
+The input is the records table (docs/records.md): one row per
 rollout, from this project's ``export`` or from anywhere else. Nothing here
 imports a simulator, so the analysis runs wherever pandas and numpy do.
 
-Measures (PROTOCOL.md section 7), all from rows of one phase:
+Measures (docs/protocol.md section 7), all from rows of one phase:
 
 - SR(t, c) = successes / valid rollouts of task t under condition c.
 - A pair is the clean and the perturbed rollout of one (task, episode,
@@ -30,16 +30,20 @@ intervals, tests, power and verdicts"; the statistics live in
 :mod:`robocasa_shift.analysis.statistics`):
 
 - validity: a perturbed rollout whose pairing fingerprints differ from its
-  clean twin's is invalid (PROTOCOL.md section 6); invalid rollouts and
+  clean twin's is invalid (docs/protocol.md section 6); invalid rollouts and
   invalid pairs are counted per condition and task, by reason; a table mixing
   policies, backends or a task's stage-spec versions is refused;
 - a macro over fewer tasks than the table has is null, with ``missing_tasks``;
 - pairs are sorted by key before resampling, so no interval depends on the
   row order of the table;
-- the calibrated interval beside the paper's percentile bootstrap, the exact
-  stratified sign-flip test of the macro (Holm across conditions), the
-  minimum detectable dSR, a verdict per condition and task, and a severity
-  trend test per factor.
+- the calibrated interval (Tango's corrected score interval per task,
+  combined by square-and-add for the macro) before the paper's percentile
+  bootstrap, the exact stratified sign-flip test of the macro (Holm across
+  conditions), interval and verdict as one object (the interval reaches 0
+  wherever the test does not reject; NO CHANGE DETECTED is Holm-controlled
+  through equivalence tests), the minimum detectable dSR over random pair
+  outcomes (smallest and stable), and per factor a severity reversal test and
+  an exact stratified trend test.
 
 Every measure except the noise floor uses replicate 0, so SR and dSR are
 computed on the same rollouts.
@@ -51,7 +55,6 @@ import itertools
 import json
 import math
 import numbers
-import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,10 +63,21 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
+from robocasa_shift.analysis import interactions
 from robocasa_shift.analysis import statistics as stats
-from robocasa_shift.errors import AnalysisError
+from robocasa_shift.analysis.statistics import (
+    holm_adjust,
+    mcnemar_exact_p,
+    wilson_interval,
+)
+from robocasa_shift.core.conditions import (
+    CLEAN,
+    Condition,
+    factor_levels,
+    order_conditions,
+)
+from robocasa_shift.errors import AnalysisError, BadInput
 
-CLEAN = "clean"
 REQUIRED_COLUMNS = ("task", "episode", "condition", "success", "n_stages", "stages_completed", "first_incomplete")
 OPTIONAL_DEFAULTS: Dict[str, Any] = {
     "valid": True,
@@ -73,23 +87,18 @@ OPTIONAL_DEFAULTS: Dict[str, Any] = {
     "stage_error": False,
 }
 # Optional text columns carried through normalize for the validity checks: the pairing fingerprints
-# (a perturbed rollout whose fingerprint differs from its clean twin's is invalid, PROTOCOL.md
+# (a perturbed rollout whose fingerprint differs from its clean twin's is invalid, docs/protocol.md
 # section 6) and the identity a table must not mix (one policy, one backend, one stage spec per task).
 IDENTITY_COLUMNS = ("env_fingerprint", "policy_rng_fingerprint", "stage_spec_hash", "policy", "backend")
 FINGERPRINT_COLUMNS = ("env_fingerprint", "policy_rng_fingerprint")
 KEY_COLUMNS = ("phase", "task", "episode", "condition", "replicate")
-# Display order of the factors (PROTOCOL.md section 1; the `factors` list of
-# perturbations/study.yaml). It only orders the output; unknown factors follow, sorted.
-DEFAULT_FACTOR_ORDER = ("illumination", "camera", "base", "blur")
 PAIRED_REPLICATE = 0
 NOISE_REPLICATE = 1
 # Two-sided 95%: the 0.975 quantile of the standard normal.
-WILSON_Z = 1.959963984540054
 CI_QUANTILES = (0.025, 0.975)
 COMPLETE = "complete"
 TRANSITIONS = ("SS", "SF", "FS", "FF")
 
-_CONDITION_RE = re.compile(r"^(?P<factor>[A-Za-z0-9_.\-]+):L(?P<level>[0-9]+)$")
 _TRUE_STRINGS = {"true", "1", "1.0"}
 _FALSE_STRINGS = {"false", "0", "0.0"}
 
@@ -153,8 +162,8 @@ def normalize(df: pd.DataFrame) -> pd.DataFrame:
     """Check a records table and return it with typed columns and defaults filled in.
 
     Args:
-        df: one row per rollout with the required columns of DESIGN.md
-            ("Records table"); extra columns are dropped.
+        df: one row per rollout with the required columns of the records table (docs/records.md);
+            extra columns are dropped.
 
     Returns:
         A new frame with exactly the required and optional columns: ``success``,
@@ -227,9 +236,11 @@ def normalize(df: pd.DataFrame) -> pd.DataFrame:
         if out[name].isna().any():
             rows = list(np.flatnonzero(out[name].isna().to_numpy())[:5])
             raise AnalysisError(f"column '{name}' is empty in row(s) {rows}; every rollout needs a key")
-    bad_conditions = sorted({c for c in out["condition"] if c != CLEAN and not _CONDITION_RE.match(c)})
-    if bad_conditions:
-        raise AnalysisError(f"condition(s) {bad_conditions} are neither '{CLEAN}' nor 'factor:Lk' (e.g. 'camera:L2')")
+    for condition in sorted(set(out["condition"])):
+        try:
+            Condition.parse(condition)
+        except BadInput as exc:
+            raise AnalysisError(str(exc)) from None
 
     hashes = sorted({h for h in out["spec_hash"] if h is not None})
     if len(hashes) > 1:
@@ -284,7 +295,7 @@ def _refuse_mixed_identity(frame: pd.DataFrame) -> None:
 
 
 def _check_stage_columns(frame: pd.DataFrame) -> None:
-    """Refuse stage columns that cannot come from a latched StageTracker (PROTOCOL.md section 3)."""
+    """Refuse stage columns that cannot come from a latched StageTracker (docs/protocol.md section 3)."""
     for task, rows in frame.groupby("task", sort=True):
         sizes = sorted(set(rows["n_stages"].dropna().astype(int)))
         if len(sizes) > 1:
@@ -318,7 +329,9 @@ def load_records(path: Path | str) -> pd.DataFrame:
     Every column is read as text first so task names such as ``007`` stay
     strings and booleans written as true/false/1/0 all parse the same way.
     """
-    from robocasa_shift.analysis.export import read_records_csv  # names the file and line of a broken CSV
+    from robocasa_shift.analysis.export import (
+        read_records_csv,  # names the file and line of a broken CSV
+    )
 
     return normalize(read_records_csv(path))
 
@@ -326,49 +339,10 @@ def load_records(path: Path | str) -> pd.DataFrame:
 # --------------------------------------------------------------------------- small statistics
 
 
-def wilson_interval(successes: int, n: int, z: float = WILSON_Z) -> Optional[List[float]]:
-    """Wilson score interval of a binomial proportion; None when n == 0."""
-    if n <= 0:
-        return None
-    p = successes / n
-    denominator = 1.0 + z * z / n
-    centre = (p + z * z / (2 * n)) / denominator
-    half_width = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return [max(0.0, centre - half_width), min(1.0, centre + half_width)]
-
-
-def mcnemar_exact_p(b: int, c: int) -> float:
-    """Exact two-sided McNemar p-value from the discordant counts b (S->F) and c (F->S).
-
-    p = min(1, 2 * P[Binomial(b + c, 1/2) <= min(b, c)]), and 1 when b + c == 0.
-    Computed in exact integer arithmetic, so it stays accurate for hundreds of pairs.
-    """
-    n = b + c
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1))
-    return min(1.0, 2 * tail / (1 << n))
-
-
-def holm_adjust(p_values: Mapping[str, Optional[float]]) -> Dict[str, Optional[float]]:
-    """Holm step-down adjusted p-values over the non-null entries; nulls stay null.
-
-    The i-th smallest of m p-values becomes max_{j <= i} min(1, (m - j + 1) p_(j)).
-    """
-    named = sorted(((p, name) for name, p in p_values.items() if p is not None), key=lambda item: item[0])
-    m = len(named)
-    adjusted: Dict[str, Optional[float]] = {name: None for name in p_values}
-    running_max = 0.0
-    for rank, (p, name) in enumerate(named):
-        running_max = max(running_max, min(1.0, (m - rank) * p))
-        adjusted[name] = running_max
-    return adjusted
-
-
 def _percentile_interval(values: np.ndarray) -> Optional[List[float]]:
     if values.size == 0:
         return None
-    lo, hi = np.quantile(values, CI_QUANTILES)  # linear interpolation, PROTOCOL.md section 7
+    lo, hi = np.quantile(values, CI_QUANTILES)  # linear interpolation, docs/protocol.md section 7
     return [float(lo), float(hi)]
 
 
@@ -378,22 +352,6 @@ def _mean_or_none(values: Iterable[Optional[float]]) -> Optional[float]:
 
 
 # --------------------------------------------------------------------------- conditions and pairs
-
-
-def order_conditions(conditions: Iterable[str], factor_order: Sequence[str] = DEFAULT_FACTOR_ORDER) -> List[str]:
-    """``clean`` first, then factors in ``factor_order`` (unknown ones after, sorted), levels by number."""
-    rank = {name: i for i, name in enumerate(factor_order)}
-
-    def key(condition: str) -> Tuple[int, int, str, int]:
-        if condition == CLEAN:
-            return (0, 0, "", 0)
-        match = _CONDITION_RE.match(condition)
-        if match is None:
-            raise AnalysisError(f"condition {condition!r} is neither '{CLEAN}' nor 'factor:Lk'")
-        factor = match["factor"]
-        return (1, rank.get(factor, len(rank)), factor, int(match["level"]))
-
-    return sorted(set(conditions), key=key)
 
 
 @dataclass(frozen=True)
@@ -462,11 +420,11 @@ def analyze(
     phase: str = "formal",
     n_boot: int = 10000,
     bootstrap_seed: int = 0,
-    factor_order: Sequence[str] = DEFAULT_FACTOR_ORDER,
+    factor_order: Optional[Sequence[str]] = None,
     min_effect: float = stats.MIN_EFFECT,
     variant_of: Optional[Mapping[str, str]] = None,
 ) -> Dict[str, Any]:
-    """Every measure of PROTOCOL.md section 7 for one phase, as a JSON-ready summary.
+    """Every measure of docs/protocol.md section 7 for one phase, as a JSON-ready summary.
 
     Args:
         df: a records table (normalized here; see :func:`normalize`).
@@ -474,14 +432,15 @@ def analyze(
         n_boot: bootstrap resamples for every interval except Wilson's.
         bootstrap_seed: recorded in the summary; each (condition, task)
             draws from its own stream derived from it and the two names.
-        factor_order: display order of the factors.
+        factor_order: display order of the factors; by default the frozen protocol's (``study.yaml``), factors
+            it does not know after them, by name.
         min_effect: the declared margin of the verdicts: NO CHANGE DETECTED
             needs the calibrated interval inside [-min_effect, +min_effect].
         variant_of: scene-variant task -> the task it changes (LIBERO-PRO's); where both are in the
             table, ``unpaired_variants`` compares their clean success rates, unpaired.
 
     Returns:
-        The summary of DESIGN.md (``tasks``, ``conditions``) plus the extra keys
+        The summary (docs/records.md: ``tasks``, ``conditions``) plus the extra keys
         described in the module docstring and in the README ("summary.json:
         validity, intervals, tests, power and verdicts"). Only plain ints,
         floats, str, lists, dicts and None: undefined values are None, never NaN.
@@ -501,6 +460,10 @@ def analyze(
         raise AnalysisError(f"no rows of phase '{phase}'; phases in the table: {phases}")
     rows = mark_fingerprint_mismatches(rows)
 
+    if factor_order is None:
+        from robocasa_shift.core.specs import load_protocol
+
+        factor_order = load_protocol().factor_order
     tasks = sorted(set(rows["task"]))
     n_stages = {task: _task_n_stages(rows, task) for task in tasks}
     conditions = order_conditions(list(rows["condition"]) + [CLEAN], factor_order)
@@ -540,37 +503,53 @@ def analyze(
             "on the row order of the table",
         },
         "intervals": {
-            "dsr_ci95": stats.PERCENTILE_METHOD,
             "dsr_ci95_calibrated": stats.CALIBRATED_METHOD,
+            "per_task_dsr_ci95_calibrated": stats.TASK_METHOD + "; extended to reach 0 wherever the task's "
+            "Holm-adjusted McNemar test does not reject",
+            "dsr_ci95": stats.PERCENTILE_METHOD,
+            "coverage": dict(stats.MEASURED_COVERAGE),
+            "coverage_short": dict(stats.COVERAGE_SHORT),
         },
         "tests": {
             "signflip": "exact stratified sign-flip test of the macro dSR: within each task every discordant pair "
             "is S->F or F->S with probability 1/2 under the null; statistic the macro itself (pair weights "
             "1/(n_tasks * n_pairs_t)); null distribution by convolution of the per-task binomials; two-sided",
-            "mcnemar": "exact McNemar on the discordant pairs, per task and pooled over tasks: diagnostics (the "
-            "pooled test weights pairs, not tasks, and can disagree with the macro in sign)",
+            "mcnemar": "exact McNemar on the discordant pairs, per task (it drives the per-task verdicts) and pooled "
+            "over tasks (a diagnostic: it weights pairs, not tasks, and can disagree with the macro in sign)",
+            "equivalence": "two one-sided tests of |dSR| >= min_effect, the tests the calibrated interval inverts: "
+            "p <= a exactly when the (1 - 2a) calibrated interval lies inside +-min_effect (conditions[c].equivalence)",
         },
         "holm_families": HOLM_FAMILIES,
         "verdict_rule": {
             "vocabulary": list(stats.VERDICTS),
             "alpha": stats.ALPHA,
             "min_effect": float(min_effect),
-            "rule": "DEGRADED / IMPROVED: the Holm-adjusted test (signflip for a condition, McNemar for a task) "
-            "rejects at alpha and the estimate is positive / negative; otherwise NO CHANGE DETECTED when the "
-            "calibrated interval lies inside [-min_effect, +min_effect], else UNDERPOWERED; null where the "
-            "estimate is undefined (no pairs, or a task missing from the macro)",
+            "equivalence_alpha": stats.EQUIVALENCE_ALPHA,
+            "rule": "interval and verdict are one object: the calibrated 95% interval is extended to reach 0 wherever "
+            "the Holm-adjusted exact test (signflip for a condition, McNemar for a task) does not reject at alpha, and "
+            "the verdict is read off that interval: DEGRADED when it lies above 0, IMPROVED below 0 (so the test "
+            "rejected too), NO CHANGE DETECTED when it lies inside [-min_effect, +min_effect] and the Holm-adjusted "
+            "equivalence test rejects at equivalence_alpha, else UNDERPOWERED; null where the estimate is undefined "
+            "(no pairs, or a task missing from the macro)",
+            "multiplicity": stats.MULTIPLICITY,
         },
         "power": {
             "alpha": stats.ALPHA,
             "power": stats.POWER,
             "test": "the two-sided exact stratified sign-flip test of the headline, unadjusted alpha",
             "assumption": stats.POWER_ASSUMPTION,
+            "mde_dsr": "the smallest grid value with power >= power",
+            "mde_dsr_stable": "the smallest from which every larger grid value has power >= power (they differ where "
+            "the exact test's power saw-tooths)",
         },
         "trend": severity_trend(summary_conditions, valid_pairs, tasks, factor_order),
         "invalid_pair_reasons": list(INVALID_PAIR_REASONS),
-        "wilson_z": WILSON_Z,
+        "wilson_z": stats.Z95,
         "noise_floor": _noise_floor(rows, tasks),
         "unpaired_variants": _unpaired_variants(paired_rows, variant_of or {}, n_boot, bootstrap_seed),
+        # combined conditions: dSR(A+B) - dSR(A) - dSR(B) pair by pair (analysis/interactions.py)
+        "interactions": interactions.interactions(paired_rows, conditions, tasks, summary_conditions, min_effect),
+        "interaction_method": {"estimate": interactions.METHOD, "coverage": interactions.MEASURED_COVERAGE},
     }
 
 
@@ -601,8 +580,13 @@ HOLM_FAMILIES = {
     "mcnemar_pooled": "pooled McNemar: one family of all perturbed conditions (conditions[c].mcnemar.p_holm)",
     "mcnemar_per_task": "per-task McNemar: one family per task, across the perturbed conditions "
     "(conditions[c].mcnemar.per_task[t].p_holm); these drive the per-task verdicts",
-    "trend": "severity trend: one family of the factors (trend[f].p_holm); within a factor the level "
+    "equivalence": "the equivalence tests of the macro: one family of all perturbed conditions "
+    "(conditions[c].equivalence.p_holm); NO CHANGE DETECTED needs p_holm < 0.025",
+    "equivalence_per_task": "the per-task equivalence tests: one family per task, across the perturbed conditions "
+    "(conditions[c].equivalence.per_task[t].p_holm)",
+    "reversal": "severity reversal test: one family of the factors (trend[f].p_holm); within a factor the level "
     "comparisons are combined by Bonferroni (trend[f].p)",
+    "trend": "severity trend test: one family of the factors (trend[f].trend_p_holm)",
 }
 
 
@@ -616,7 +600,7 @@ def _differ(a: Any, b: Any) -> bool:
 def mark_fingerprint_mismatches(rows: pd.DataFrame) -> pd.DataFrame:
     """Invalidate every perturbed rollout whose pairing fingerprints differ from its clean twin's.
 
-    PROTOCOL.md section 6: a fingerprint mismatch makes a rollout invalid. The twin is the valid
+    docs/protocol.md section 6: a fingerprint mismatch makes a rollout invalid. The twin is the valid
     clean rollout of the same (phase, task, episode, replicate); ``env_fingerprint`` (the initial
     simulator state) and ``policy_rng_fingerprint`` (the policy's RNG state) must both equal its
     values. The perturbed rollout then leaves SR and every paired measure; the clean twin stays
@@ -813,10 +797,11 @@ def _paired_measures(
         "per_task_transitions": per_task_transitions,
         "signflip": None if signflip is None else {**signflip.to_json(), "p_holm": None},
         "power": {
-            "mde_dsr": stats.minimum_detectable_dsr(
+            **(stats.minimum_detectable_dsr(
                 [per_task_n[t] for t in tasks],
                 [per_task_transitions[t]["changed"] / per_task_n[t] for t in tasks],
-            ) if complete else None,
+                seed=seed,
+            ).to_json() if complete else _NO_POWER),
             "per_task_discordance": {
                 t: (per_task_transitions[t]["changed"] / per_task_n[t] if per_task_n[t] else None) for t in tasks
             },
@@ -866,40 +851,95 @@ def _add_holm(conditions: Dict[str, Dict[str, Any]], perturbed: List[str], tasks
             conditions[condition]["signflip"]["p_holm"] = headline[condition]
 
 
+_NO_POWER = {"mde_dsr": None, "mde_dsr_stable": None, "method": None, "power_at_mde": None,
+             "monte_carlo_standard_error": None, "monte_carlo_studies": None, "grid_step": stats.MDE_STEP}
+
+
+def equivalence_p_values(task_counts: Mapping[str, Optional[Sequence[Sequence[int]]]],
+                         margin: float) -> Dict[str, Optional[float]]:
+    """:func:`stats.equivalence_p` of several designs with the same number of tasks at once ({name: counts})."""
+    named = [(name, np.asarray(counts, dtype=float)) for name, counts in task_counts.items() if counts is not None]
+    out: Dict[str, Optional[float]] = {name: None for name in task_counts}
+    by_shape: Dict[Tuple[int, ...], List[Tuple[str, np.ndarray]]] = {}
+    for name, counts in named:
+        by_shape.setdefault(counts.shape, []).append((name, counts))
+    for group in by_shape.values():
+        values = stats.equivalence_p(np.stack([counts for _, counts in group]), margin)
+        out.update({name: float(v) for (name, _), v in zip(group, values)})
+    return out
+
+
+def _decide(interval: Optional[List[float]], p_holm: Optional[float],
+            p_equivalence_holm: Optional[float],
+            min_effect: float) -> Tuple[Optional[List[float]], Optional[str], Optional[bool]]:
+    chosen = stats.decision(interval, p_holm, p_equivalence_holm, min_effect)
+    if chosen is None:
+        return None, None, None
+    return chosen["interval"], chosen["verdict"], chosen["extended_to_zero"]
+
+
 def _add_verdicts(conditions: Dict[str, Dict[str, Any]], perturbed: List[str], tasks: List[str],
                   min_effect: float) -> None:
-    """A verdict per condition (headline test, calibrated macro interval) and per task (McNemar, task interval)."""
+    """Interval and verdict as one object, per condition (sign-flip test) and per task (McNemar).
+
+    The calibrated interval is extended to 0 wherever the Holm-adjusted exact test does not reject,
+    and the verdict is read off the interval (:func:`stats.decide`); NO CHANGE DETECTED also needs
+    the Holm-adjusted equivalence test (family: the perturbed conditions; per task: the conditions
+    within the task).
+    """
+    def counts(condition: str, task: str) -> List[int]:
+        return [conditions[condition]["per_task_transitions"][task][k] for k in TRANSITIONS]
+
+    macro_counts = {c: ([counts(c, t) for t in tasks] if conditions[c]["macro_dsr"] is not None else None)
+                    for c in perturbed}
+    macro_p = equivalence_p_values(macro_counts, min_effect)
+    macro_holm = holm_adjust(macro_p)
+    task_p = equivalence_p_values({(c, t): ([counts(c, t)] if conditions[c]["per_task_n_pairs"][t] else None)
+                                   for c in perturbed for t in tasks}, min_effect)
+    task_holm = {}
+    for task in tasks:
+        task_holm.update({(c, task): v for c, v in holm_adjust({c: task_p[(c, task)] for c in perturbed}).items()})
     for condition in perturbed:
         measures = conditions[condition]
         signflip = measures["signflip"] or {}
-        measures["verdict"] = stats.verdict(
-            measures["macro_dsr"], signflip.get("p_holm"), measures["dsr_ci95_calibrated"], min_effect
-        )
-        measures["per_task_verdict"] = {
-            t: stats.verdict(measures["per_task_dsr"][t], measures["mcnemar"]["per_task"][t]["p_holm"],
-                             measures["per_task_dsr_ci95_calibrated"][t], min_effect)
-            for t in tasks
-        }
+        measures["equivalence"] = {"margin": float(min_effect), "p": macro_p[condition],
+                                   "p_holm": macro_holm[condition],
+                                   "per_task": {t: {"p": task_p[(condition, t)], "p_holm": task_holm[(condition, t)]}
+                                                for t in tasks}}
+        interval, measures["verdict"], measures["dsr_ci95_calibrated_extended_to_zero"] = _decide(
+            measures["dsr_ci95_calibrated"] if measures["macro_dsr"] is not None else None,
+            signflip.get("p_holm"), macro_holm[condition], min_effect)
+        measures["dsr_ci95_calibrated"] = interval
+        per_task = {t: _decide(measures["per_task_dsr_ci95_calibrated"][t],
+                               measures["mcnemar"]["per_task"][t]["p_holm"], task_holm[(condition, t)], min_effect)
+                    for t in tasks}
+        measures["per_task_dsr_ci95_calibrated"] = {t: v[0] for t, v in per_task.items()}
+        measures["per_task_verdict"] = {t: v[1] for t, v in per_task.items()}
+        measures["per_task_dsr_ci95_calibrated_extended_to_zero"] = {t: v[2] for t, v in per_task.items()}
 
 
 def severity_trend(conditions: Mapping[str, Mapping[str, Any]], valid_pairs: Mapping[str, pd.DataFrame],
-                   tasks: List[str], factor_order: Sequence[str] = DEFAULT_FACTOR_ORDER) -> Dict[str, Any]:
-    """Per factor: does dSR grow with the level? A one-sided test of monotonicity, and point reversals.
+                   tasks: List[str], factor_order: Sequence[str]) -> Dict[str, Any]:
+    """Per factor, two exact tests over its levels: a reversal test and a trend test.
 
-    The null hypothesis is the protocol's premise, dSR non-decreasing in the level (L1 <= L2 <= L3).
-    For every pair of levels Li < Lj the test compares the perturbed outcomes of the same base
-    episodes (valid pairs under both levels; their clean twin is shared, so
-    dSR(Li) - dSR(Lj) = SR(Lj) - SR(Li) on them) with the exact stratified sign-flip test of
+    Reversal (``p``, ``p_holm``, ``flag``): the null hypothesis is the protocol's premise, dSR
+    non-decreasing in the level. For every pair of levels Li < Lj the test compares the perturbed
+    outcomes of the same base episodes (valid pairs under both levels; their clean twin is shared,
+    so dSR(Li) - dSR(Lj) = SR(Lj) - SR(Li) on them) with the exact stratified sign-flip test of
     :func:`stats.signflip_test`, one-sided towards "Lj succeeds more than Li" (a reversal). The
     factor's p-value is the smallest of these, Bonferroni-adjusted for the number of level pairs;
     Holm then runs across the factors. ``flag`` is true when the adjusted p-value is below 0.05:
-    the data reject "L1 <= L2 <= L3". Point-estimate reversals (a higher level with a smaller
+    the data reject "L1 <= L2 <= L3". Not rejecting is no evidence of a reversal, and it does not
+    show that dSR grows with the level. Point-estimate reversals (a higher level with a smaller
     macro dSR) are listed as ``reversals`` whether or not the test rejects.
+
+    Trend (``trend_p``, ``trend_p_holm``, ``trend``): :func:`stats.stratified_trend_test` over every
+    level at once, on the base episodes that are valid pairs under every level, one-sided towards
+    "perturbed failures rise with the level"; Holm across the factors. ``trend`` true (adjusted p
+    below 0.05) supports "dSR rises with the level"; false is no evidence of a trend.
     """
-    by_factor: Dict[str, List[Tuple[int, str]]] = {}
-    for condition in order_conditions([c for c in conditions if c != CLEAN], factor_order):
-        match = _CONDITION_RE.match(condition)
-        by_factor.setdefault(match["factor"], []).append((int(match["level"]), condition))
+    by_factor = {factor: [(Condition.parse(c).single.level_index, c) for c in levels]
+                 for factor, levels in factor_levels(conditions, factor_order)}
     result: Dict[str, Any] = {}
     for factor, levels in by_factor.items():
         comparisons = []
@@ -927,6 +967,7 @@ def severity_trend(conditions: Mapping[str, Mapping[str, Any]], valid_pairs: Map
                 "p_reversal": None if test is None else test.p_greater,
             })
         p_values = [c["p_reversal"] for c in comparisons if c["p_reversal"] is not None]
+        trend = _trend_test([c for _, c in levels], valid_pairs, tasks)
         result[factor] = {
             "levels": [c for _, c in levels],
             "p": min(1.0, min(p_values) * len(p_values)) if p_values else None,
@@ -934,12 +975,37 @@ def severity_trend(conditions: Mapping[str, Mapping[str, Any]], valid_pairs: Map
             "flag": None,
             "reversals": reversals,
             "comparisons": comparisons,
+            "trend_p": None if trend is None else trend.p_increasing,
+            "trend_p_holm": None,
+            "trend": None,
+            "trend_n_episodes": 0 if trend is None else trend.n_episodes,
+            "trend_n_informative": 0 if trend is None else trend.n_informative,
         }
     adjusted = holm_adjust({f: v["p"] for f, v in result.items()})
+    adjusted_trend = holm_adjust({f: v["trend_p"] for f, v in result.items()})
     for factor, value in result.items():
         value["p_holm"] = adjusted[factor]
         value["flag"] = None if adjusted[factor] is None else bool(adjusted[factor] < stats.ALPHA)
+        value["trend_p_holm"] = adjusted_trend[factor]
+        value["trend"] = None if adjusted_trend[factor] is None else bool(adjusted_trend[factor] < stats.ALPHA)
     return result
+
+
+def _trend_test(levels: Sequence[str], valid_pairs: Mapping[str, pd.DataFrame],
+                tasks: List[str]) -> Optional[stats.TrendResult]:
+    """The stratified trend test of one factor's levels (in order), on base episodes valid under every level."""
+    if len(levels) < 2:
+        return None
+    merged = None
+    for i, condition in enumerate(levels):
+        frame = valid_pairs[condition][["task", "episode", "success_pert"]].rename(columns={"success_pert": f"ok{i}"})
+        merged = frame if merged is None else merged.merge(frame, on=["task", "episode"])
+    failures = []
+    for task in tasks:
+        rows = merged[merged["task"] == task]
+        if len(rows):
+            failures.append(1 - rows[[f"ok{i}" for i in range(len(levels))]].to_numpy(dtype=np.int64))
+    return stats.stratified_trend_test(failures) if failures else None
 
 
 def _noise_floor(rows: pd.DataFrame, tasks: List[str]) -> Optional[Dict[str, Any]]:
@@ -1015,6 +1081,8 @@ def tables(summary: Mapping[str, Any]) -> Dict[str, pd.DataFrame]:
                     "test_p_holm": measures["mcnemar"]["per_task"][task]["p_holm"],
                     "mde_dsr": None,
                     **{f"invalid_{r}": n for r, n in measures["per_task_invalid_pairs"][task].items()},
+                    "mde_dsr_stable": None,
+                    "equivalence_p_holm": measures["equivalence"]["per_task"][task]["p_holm"],
                 }
             )
         lo, hi = _interval_parts(measures["dsr_ci95"])
@@ -1023,7 +1091,9 @@ def tables(summary: Mapping[str, Any]) -> Dict[str, pd.DataFrame]:
             {"task": "macro", "condition": condition, "n_pairs": measures["n_pairs"], "dsr": measures["macro_dsr"],
              "ci_lo": lo, "ci_hi": hi, "calibrated_lo": cal_lo, "calibrated_hi": cal_hi, "verdict": measures["verdict"],
              "test_p_holm": (measures["signflip"] or {}).get("p_holm"), "mde_dsr": measures["power"]["mde_dsr"],
-             **{f"invalid_{r}": n for r, n in measures["invalid_pairs"].items()}}
+             **{f"invalid_{r}": n for r, n in measures["invalid_pairs"].items()},
+             "mde_dsr_stable": measures["power"]["mde_dsr_stable"],
+             "equivalence_p_holm": measures["equivalence"]["p_holm"]}
         )
         mcnemar = measures["mcnemar"]
         for task in tasks:
@@ -1068,7 +1138,8 @@ def tables(summary: Mapping[str, Any]) -> Dict[str, pd.DataFrame]:
         {"factor": factor, "low": c["low"], "high": c["high"], "n_pairs": c["n_pairs"],
          "higher_level_only_success": c["higher_level_only_success"],
          "lower_level_only_success": c["lower_level_only_success"], "p_reversal": c["p_reversal"],
-         "factor_p": value["p"], "factor_p_holm": value["p_holm"], "flag": value["flag"]}
+         "factor_p": value["p"], "factor_p_holm": value["p_holm"], "flag": value["flag"],
+         "trend_p": value.get("trend_p"), "trend_p_holm": value.get("trend_p_holm"), "trend": value.get("trend")}
         for factor, value in (summary.get("trend") or {}).items() for c in value["comparisons"]
     ]
 
@@ -1079,7 +1150,8 @@ def tables(summary: Mapping[str, Any]) -> Dict[str, pd.DataFrame]:
         "sr": frame(sr_rows, ["task", "condition", "n_valid", "successes", "sr", "wilson_lo", "wilson_hi"]),
         # new columns follow the original six, so readers of the old layout keep working
         "dsr": frame(dsr_rows, ["task", "condition", "n_pairs", "dsr", "ci_lo", "ci_hi", "calibrated_lo", "calibrated_hi",
-                                "verdict", "test_p_holm", "mde_dsr", *(f"invalid_{r}" for r in INVALID_PAIR_REASONS)]),
+                                "verdict", "test_p_holm", "mde_dsr", *(f"invalid_{r}" for r in INVALID_PAIR_REASONS),
+                                "mde_dsr_stable", "equivalence_p_holm"]),
         "transitions": frame(
             transition_rows, ["task", "condition", *TRANSITIONS, "changed", "mcnemar_p", "mcnemar_p_holm"]
         ),
@@ -1098,7 +1170,9 @@ def tables(summary: Mapping[str, Any]) -> Dict[str, pd.DataFrame]:
         ),
         "first_incomplete": frame(first_rows, ["condition", "task", "subgoal", "count"]),
         "trend": frame(trend_rows, ["factor", "low", "high", "n_pairs", "higher_level_only_success",
-                                    "lower_level_only_success", "p_reversal", "factor_p", "factor_p_holm", "flag"]),
+                                    "lower_level_only_success", "p_reversal", "factor_p", "factor_p_holm", "flag",
+                                    "trend_p", "trend_p_holm", "trend"]),
+        "interactions": frame(interactions.interaction_rows(summary), interactions.INTERACTION_COLUMNS),
     }
 
 
@@ -1113,12 +1187,14 @@ def write_analysis(df: pd.DataFrame, out_dir: Path | str, **kwargs: Any) -> Dict
     Returns:
         The summary written to ``summary.json``.
     """
+    from robocasa_shift.rundir.files import atomic_write_text, write_csv
+
     summary = analyze(df, **kwargs)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     # allow_nan=False: a NaN that slipped through is a bug, not a number to publish.
     text = json.dumps(summary, indent=2, allow_nan=False)
-    (out / "summary.json").write_text(text + "\n")
+    # the one safe writer: never through a symbolic link below a confined run directory (see rundir.files)
+    atomic_write_text(out / "summary.json", text + "\n")
     for name, table in tables(summary).items():
-        table.to_csv(out / f"{name}.csv", index=False)
+        write_csv(table, out / f"{name}.csv")
     return summary

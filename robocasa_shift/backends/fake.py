@@ -1,8 +1,8 @@
 """The testing backend: a point gripper and a point object on a table plane, in pure numpy.
 
-Registered as ``fake`` like any backend, with the policies ``fake`` (image-driven,
+Registered as ``fake`` like any backend; its policies ``fake`` (image-driven,
 stochastic), ``fake-expert`` (privileged, scripted, deterministic) and
-``fake-random`` (a negative control). It exists so that the harness's bookkeeping
+``fake-random`` (a negative control) live in ``policies/fake.py``. It exists so that the harness's bookkeeping
 (runs, resume, shards, merge, retry, audit, report, compare, executors) can be
 tested in milliseconds per rollout, the way Gymnasium's tests use
 ``GenericTestEnv``: it models no physics worth studying, and results on it say
@@ -25,34 +25,38 @@ It offers what a simulator backend offers:
 - Stage predicates registered under ``fake.*`` and stage specs in
   ``stage_specs/fake/``.
 
-Action (3,): planar gripper velocity in the base frame (each in [-1, 1], 1 =
-:data:`MAX_STEP_M` per step) and a gripper command (> 0 closes).
+Action: see ``embodiments/fake_planar.py`` (planar gripper velocity and a gripper command).
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from robocasa_shift.backends.base import PerturbableModel, PerturbableTable, TaskInfo, TaskTable
-from robocasa_shift.embodiments import ActionLayout
-from robocasa_shift.engine.stages import predicate
-from robocasa_shift.errors import PolicyServerError, UnknownNameError
-from robocasa_shift.geometry import axis_angle_quat, quat_mul, quat_to_mat
-from robocasa_shift.policies.base import NumpySeededPolicy, Observation, Policy, pack_arrays, unpack_arrays
+from robocasa_shift.core.backend import (
+    PerturbableModel,
+    PerturbableTable,
+    TaskInfo,
+    TaskTable,
+)
+from robocasa_shift.core.stages import predicate
+from robocasa_shift.embodiments.fake_planar import (
+    ACTION_DIM,
+    CAMERAS,
+    LAYOUT,
+    MAX_STEP_M,
+    THIRD_PERSON_CAMERAS,
+    WRIST_CAMERAS,
+    camera_mounts,
+    rot_z,
+)
+from robocasa_shift.errors import UnknownNameError
+from robocasa_shift.geometry import quat_to_mat
 
 HORIZON = 40
-ACTION_DIM = 3
-# The planar arm: velocity x, y (execution noise goes there), gripper at 2; a manoeuvre's z is dropped.
-LAYOUT = ActionLayout(name="fake-planar", dim=ACTION_DIM, arm_continuous=(0, 1), arm_translation=(0, 1), gripper=2,
-                      open=-1.0, close=1.0)
-MAX_STEP_M = 0.04  # gripper travel per control step at action 1.0
 GRASP_RADIUS_M = 0.025  # closing the gripper this close to the object grasps it
 TOUCH_M = 0.025  # Reach succeeds with the gripper this close to the object
 PLACE_TOL_M = 0.03  # PickPlace succeeds with the object released this close to the target
@@ -62,10 +66,13 @@ HOME_M = (0.25, 0.0)
 OBJECT_REGION_M = ((0.40, 0.70), (-0.20, 0.20))
 MIN_TARGET_DISTANCE_M = 0.15
 COLLISION_M = 0.04  # a base offset that puts the gripper this close to the object is invalid
+# The camera_pose factor orbits the third-person camera about this world point (the object region's centre).
+ORBIT_PIVOT_M = (0.55, 0.0, 0.0)
+# The arm_init factor's joints: the gripper's planar position in the base frame, one unit = 10 cm (so the frozen
+# levels' 0.1-0.5 "rad" move the gripper 1-5 cm, as a Panda's 0.1-0.5 rad moves its hand by centimetres).
+ARM_JOINTS = ("eef_x", "eef_y")
+ARM_JOINT_UNIT_M = 0.1
 
-THIRD_PERSON_CAMERAS = ("agentview",)
-WRIST_CAMERAS = ("eye_in_hand",)
-CAMERAS = THIRD_PERSON_CAMERAS + WRIST_CAMERAS
 RENDER_PROFILES = ("fast", "default")  # the same picture: the caster has no expensive features
 
 # State layout of the integration vector (``get_state()["integration"]``).
@@ -86,12 +93,6 @@ LIGHT_POS_M = np.array([[0.3, 0.6, 1.5], [0.8, -0.5, 1.2]])
 SHININESS = 24
 
 
-def _camera_quat(pitch_deg: float) -> np.ndarray:
-    """A camera whose image up is the base's +x, looking down and pitched forward (MuJoCo: looks along -z)."""
-    q = axis_angle_quat([0.0, 0.0, 1.0], -np.pi / 2)  # x -> -y (image right), y -> +x (image up)
-    return quat_mul(q, axis_angle_quat([1.0, 0.0, 0.0], np.deg2rad(pitch_deg)))
-
-
 def nominal_model() -> Dict[str, np.ndarray]:
     """The unperturbed model values: every light colour and every camera pose (cameras in CAMERAS order)."""
     grey = lambda *v: np.array([[x, x, x] for x in v], dtype=float)  # noqa: E731
@@ -102,10 +103,7 @@ def nominal_model() -> Dict[str, np.ndarray]:
         "headlight_diffuse": np.array([0.35, 0.35, 0.35]),
         "headlight_ambient": np.array([0.10, 0.10, 0.10]),
         "headlight_specular": np.array([0.15, 0.15, 0.15]),
-        # agentview on the base behind the gripper; eye_in_hand on the gripper, looking down
-        "cam_quat": np.array([_camera_quat(30.0), _camera_quat(0.0)]),
-        "cam_pos": np.array([[0.0, 0.0, 0.9], [0.0, 0.0, 0.2]]),
-        "cam_fovy": np.array([45.0, 60.0]),
+        **camera_mounts(),
     }
 
 
@@ -116,11 +114,6 @@ class FakeModel(SimpleNamespace):
 # Every value a perturbation may edit: restore_nominal and the fingerprint derive from this table.
 PERTURBABLE = PerturbableTable(tuple((name, name) for name in nominal_model()))
 LIGHT_FIELDS = tuple(k for k in PERTURBABLE.names if "light" in k)
-
-
-def _rot_z(theta: float) -> np.ndarray:
-    c, s = np.cos(theta), np.sin(theta)
-    return np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
 
 
 def pixel_rays(size: int, fovy_deg: float) -> np.ndarray:
@@ -152,12 +145,17 @@ class FakeTask:
 TASKS: Dict[str, FakeTask] = {
     t.name: t
     for t in [
+        # paraphrases at every band of word edit distance the language factor's levels select from
         FakeTask("Reach", "touch the red object", "Success: the gripper within 2.5 cm of the object.",
-                 "object position on the table; gripper start (+-1 cm)", paraphrases=("reach out and touch the red thing",)),
+                 "object position on the table; gripper start (+-1 cm)",
+                 paraphrases=("reach out and touch the red thing", "touch the red object now",
+                              "touch that red object", "move your gripper onto the crimson item")),
         FakeTask("PickPlace", "put the red object on the green target",
                  "Success: the object released within 3 cm of the target's centre.",
                  "object and target positions (at least 15 cm apart); gripper start (+-1 cm)",
-                 paraphrases=("place the red item onto the green goal",)),
+                 paraphrases=("please place the red item onto the green goal", "put the red object on top of the green target",
+                              "put the red object onto the green target", "grab the crimson disc and drop it onto "
+                              "the emerald circle")),
     ]
 }
 
@@ -200,6 +198,7 @@ class FakeEnv(PerturbableModel):
             target = rng.uniform([x0, y0], [x1, y1])
         eef = np.array(HOME_M) + rng.uniform(-0.01, 0.01, 2)
         self.x = np.concatenate([[0.0, 0.0, 0.0], eef, obj, target, [0.0, 0.0]])
+        self._eef0 = eef.copy()  # the episode's own arm "joints" (arm_init offsets them)
         self.steps = 0
 
     def step(self, action: np.ndarray) -> None:
@@ -227,7 +226,7 @@ class FakeEnv(PerturbableModel):
     # ------------------------------------------------------------------ geometry
 
     def base_rotation(self) -> np.ndarray:
-        return _rot_z(self.x[2])
+        return rot_z(self.x[2])
 
     def eef_world(self) -> np.ndarray:
         return self.x[BASE][:2] + self.base_rotation()[:2, :2] @ self.x[EEF]
@@ -369,10 +368,58 @@ class FakeEnv(PerturbableModel):
         """Move the base; the gripper moves with it (its position is kept in the base frame)."""
         self.x[BASE] = [offset["forward_m"], offset["side_m"], np.deg2rad(offset["yaw_deg"])]
 
+    # camera_poses: the cameras' mounts in their parent's frame (the base for agentview, the gripper for the wrist)
+
+    def nominal_camera_placement(self, camera: str) -> Dict[str, Any]:
+        i = CAMERAS.index(camera)
+        return {"pos": self._nominal["cam_pos"][i].copy(), "quat": self._nominal["cam_quat"][i].copy(),
+                "fovy_deg": float(self._nominal["cam_fovy"][i])}
+
+    def camera_placement(self, camera: str) -> Dict[str, Any]:
+        i = CAMERAS.index(camera)
+        return {"pos": self.model.cam_pos[i].copy(), "quat": self.model.cam_quat[i].copy(),
+                "fovy_deg": float(self.model.cam_fovy[i])}
+
+    def camera_parent_frame(self, camera: str):
+        """The base (third person) or the gripper (wrist) on the table plane, turned by the base's yaw."""
+        CAMERAS.index(camera)
+        parent = self.eef_world() if camera in WRIST_CAMERAS else self.x[BASE][:2]
+        return np.array([*parent, 0.0]), self.base_rotation()
+
+    def camera_orbit_pivot(self, camera: str) -> np.ndarray:
+        return np.array(ORBIT_PIVOT_M, dtype=float)
+
+    def set_camera_placement(self, camera: str, pose: Mapping[str, Any]) -> None:
+        i = CAMERAS.index(camera)
+        self.model.cam_pos[i] = pose["pos"]
+        self.model.cam_quat[i] = pose["quat"]
+        self.model.cam_fovy[i] = pose["fovy_deg"]
+
+    # robot_joints: the gripper's planar position, in units of ARM_JOINT_UNIT_M
+
+    def arm_joint_names(self) -> List[str]:
+        return list(ARM_JOINTS)
+
+    def arm_joint_offset(self) -> np.ndarray:
+        return (self.x[EEF] - self._eef0) / ARM_JOINT_UNIT_M
+
+    def set_arm_joint_offset(self, offset) -> None:
+        self.x[EEF] = self._eef0 + ARM_JOINT_UNIT_M * np.asarray(offset, dtype=float)
+
+    def arm_joint_offset_problem(self, offset) -> Optional[str]:
+        """Why the offset start is invalid (out of the arm's reach, or the gripper on the object), or None."""
+        eef = self._eef0 + ARM_JOINT_UNIT_M * np.asarray(offset, dtype=float)
+        if not (ARM_X_M[0] <= eef[0] <= ARM_X_M[1] and ARM_Y_M[0] <= eef[1] <= ARM_Y_M[1]):
+            return f"gripper start {eef.round(3).tolist()} m is out of the arm's reach"
+        world = self.x[BASE][:2] + self.base_rotation()[:2, :2] @ eef
+        if np.linalg.norm(world - self.x[OBJECT]) < COLLISION_M:
+            return f"gripper would start within {COLLISION_M * 100:.0f} cm of the object"
+        return None
+
     def base_offset_problem(self, offset: Mapping[str, float]) -> Optional[str]:
         """Why ``offset`` is invalid (the gripper would start on the object), or None; the state is unchanged."""
         base = np.array([offset["forward_m"], offset["side_m"]])
-        eef = base + _rot_z(np.deg2rad(offset["yaw_deg"]))[:2, :2] @ self.x[EEF]
+        eef = base + rot_z(np.deg2rad(offset["yaw_deg"]))[:2, :2] @ self.x[EEF]
         gap = float(np.linalg.norm(eef - self.x[OBJECT]))
         if gap < COLLISION_M:
             return (f"gripper would start {gap * 100:.1f} cm from the object "
@@ -393,9 +440,12 @@ class FakeBackend(TaskTable):
     """The testing backend: tasks Reach and PickPlace of a point gripper in the plane (no simulator)."""
 
     name = "fake"
+    demo_policy = "fake-expert"
+    negative_control_policy = "fake-random"
     tasks = TASKS
 
-    def make(self, task: str, render_profile: str = "fast") -> FakeEnv:
+    def make(self, task: str, render_profile: str = "fast", stock_simulator: bool = False) -> FakeEnv:
+        """A live fake environment (``stock_simulator`` changes nothing: the fake has no shortcuts)."""
         self.task(task)
         return FakeEnv(TASKS[task], render_profile)
 
@@ -448,190 +498,4 @@ def released_on_target(env: FakeEnv, distance_m: float) -> bool:
 
 # --------------------------------------------------------------------------- policies
 
-OPEN, CLOSE = -1.0, 1.0
-
-
-def _velocity(delta_m: np.ndarray) -> np.ndarray:
-    """The action (in [-1, 1] per axis) that moves the gripper by ``delta_m``, saturating at one step."""
-    return np.clip(np.asarray(delta_m) / MAX_STEP_M, -1.0, 1.0)
-
-
-def camera_to_table(pixel_rc: np.ndarray, size: int, camera: str = THIRD_PERSON_CAMERAS[0]) -> np.ndarray:
-    """Base-frame table point seen at (row, col) of a ``size`` image of the NOMINAL camera.
-
-    The image-driven policy assumes its camera is where it was calibrated: a rotated
-    camera biases its estimate, as it would a real policy's.
-    """
-    model = nominal_model()
-    i = CAMERAS.index(camera)
-    t = np.tan(np.deg2rad(model["cam_fovy"][i]) / 2)
-    r, c = pixel_rc
-    ray = np.array([((c + 0.5) / size * 2 - 1) * t, -((r + 0.5) / size * 2 - 1) * t, -1.0])
-    d = quat_to_mat(model["cam_quat"][i]) @ ray
-    pos = model["cam_pos"][i]
-    return pos[:2] - pos[2] / d[2] * d[:2]
-
-
-def find_colour(image: np.ndarray, channel: int, ratio: float = 1.6, floor: float = 40.0) -> Optional[np.ndarray]:
-    """Centroid (row, col) of the pixels where ``channel`` dominates the other two by ``ratio``; None if none."""
-    im = image.astype(np.float64)
-    others = np.delete(im, channel, axis=-1)
-    mask = (im[..., channel] > floor) & (im[..., channel] > ratio * others.max(axis=-1))
-    if not mask.any():
-        return None
-    rows, cols = np.nonzero(mask)
-    return np.array([rows.mean(), cols.mean()])
-
-
-class FakePolicy(NumpySeededPolicy):
-    """Image-driven: finds the red object (and the green target) in the third-person image.
-
-    It locates the object by colour in the image, back-projects it through the
-    nominal camera, moves the gripper (known from proprioception) there with
-    seeded Gaussian action noise, grasps, carries and releases. A rotated camera
-    biases its estimates; heavy blur or darkness hides the object from it (it
-    then wanders, seeded). Randomness: one numpy Generator seeded by ``reset``.
-    """
-
-    name = "fake"
-    camera_roles = ("third_person",)
-    image_size = 64
-    chunk = 2  # actions per decision, executed open loop
-
-    def __init__(self, action_noise: float = 0.15, act_delay_s: float = 0.0, crash_on_seed: Optional[int] = None,
-                 hang_on_seed: Optional[int] = None, server_down_while: Optional[str] = None,
-                 api_token: Optional[str] = None):
-        """
-        Args:
-            action_noise: standard deviation of the seeded noise added to each action component.
-            act_delay_s: wall time each decision takes, to emulate a slow model (tests that kill
-                a run half-way need rollouts that last); it changes no record.
-            crash_on_seed, hang_on_seed, server_down_while: fault injection for the harness's tests,
-                none of them in the identity: the process running the policy kills itself with
-                SIGKILL (a segfault or an OOM kill, as the executor sees it) or hangs when reset with
-                this policy seed; every decision raises ``PolicyServerError`` while the file
-                ``server_down_while`` exists (a policy server that went away and comes back).
-            api_token: a credential, as a remote policy takes one, for tests of how secrets are
-                handled; kept, never used, never in the identity.
-        """
-        super().__init__()
-        self.action_noise = float(action_noise)
-        self.act_delay_s = float(act_delay_s)
-        self.crash_on_seed, self.hang_on_seed, self.server_down_while = crash_on_seed, hang_on_seed, server_down_while
-        self.api_token = api_token
-        self._memory: Dict[str, np.ndarray] = {}
-
-    def reset(self, seed: int) -> None:
-        if seed == self.crash_on_seed:
-            os.kill(os.getpid(), signal.SIGKILL)
-        if seed == self.hang_on_seed:
-            time.sleep(24 * 3600)
-        super().reset(seed)
-        self._memory = {}
-
-    def get_state(self) -> Dict[str, np.ndarray]:
-        """The generator and the remembered object and target positions."""
-        return {**super().get_state(), **pack_arrays("memory", self._memory)}
-
-    def set_state(self, state: Mapping[str, np.ndarray]) -> None:
-        super().set_state(state)
-        self._memory = unpack_arrays("memory", state)
-
-    def _locate(self, obs: Observation, name: str, channel: int) -> Optional[np.ndarray]:
-        image = next(im for cam, im in obs.images.items() if obs.camera_roles[cam] == "third_person")
-        pixel = find_colour(image, channel)
-        if pixel is not None:
-            self._memory[name] = camera_to_table(pixel, image.shape[0])
-        return self._memory.get(name)
-
-    def act(self, obs: Observation) -> np.ndarray:
-        if self.act_delay_s > 0:
-            time.sleep(self.act_delay_s)
-        if self.server_down_while and os.path.exists(self.server_down_while):
-            raise PolicyServerError(f"the fake policy server is down while {self.server_down_while} exists")
-        return self._decide(obs, self.rng)
-
-    def sample_actions(self, obs: Observation, n: int, rng: np.random.Generator) -> np.ndarray:
-        """``n`` draws of this decision's first action with the noise drawn from ``rng``; state restored."""
-        saved = self.get_state()
-        try:
-            draws = []
-            for _ in range(n):
-                self.set_state(saved)
-                draws.append(self._decide(obs, rng)[0])
-        finally:
-            self.set_state(saved)
-        return np.array(draws)
-
-    def _decide(self, obs: Observation, rng: np.random.Generator) -> np.ndarray:
-        eef = obs.proprio["eef_pos"]
-        grasping = bool(obs.proprio["grasping"][0])
-        obj = self._locate(obs, "object", 0)
-        target = None
-        if obs.task == "PickPlace":
-            # the carried object hides part of the target: keep the estimate made before the grasp
-            target = self._memory.get("target") if grasping else self._locate(obs, "target", 1)
-        grip = OPEN
-        if obj is None:
-            goal = eef + rng.uniform(-0.08, 0.08, 2)  # nothing seen: look around
-        elif target is None:
-            goal = obj
-        elif not grasping:
-            goal = obj
-            grip = CLOSE if np.linalg.norm(obj - eef) < 0.012 else OPEN
-        else:
-            goal = target
-            grip = OPEN if np.linalg.norm(target - eef) < 0.012 else CLOSE
-        chunk = np.zeros((self.chunk, ACTION_DIM))
-        planned = np.array(eef, dtype=float)
-        for a in chunk:  # each action moves toward the goal from where the previous one should have ended
-            a[:2] = np.clip(_velocity(goal - planned) + rng.normal(0.0, self.action_noise, 2), -1.0, 1.0)
-            a[2] = grip
-            planned = planned + MAX_STEP_M * _velocity(goal - planned)
-        return chunk
-
-    def identity(self) -> Dict[str, Any]:
-        return {"name": self.name, "action_noise": self.action_noise, "act_delay_s": self.act_delay_s, "testing": True}
-
-
-class FakeExpertPolicy(Policy):
-    """Privileged and scripted: reads the object and target from the simulator state. Deterministic."""
-
-    name = "fake-expert"
-    privileged = True
-
-    def get_state(self) -> Dict[str, np.ndarray]:
-        """Nothing: each action is a function of the observation alone."""
-        return {}
-
-    def set_state(self, state: Mapping[str, np.ndarray]) -> None:
-        pass
-
-    def act(self, obs: Observation) -> np.ndarray:
-        s = obs.privileged
-        rot = _rot_z(s["base_pose"][2])[:2, :2]
-        eef, obj, target = s["eef_pos"], s["object_pos"], s["target_pos"]
-        action = np.zeros(ACTION_DIM)
-        if obs.task == "Reach":
-            goal, grip = obj, OPEN
-        elif not s["holding"][0]:
-            close = np.linalg.norm(obj - eef) < 0.005
-            goal, grip = obj, CLOSE if close else OPEN
-        else:
-            goal = target
-            grip = OPEN if np.linalg.norm(target - eef) < 0.005 else CLOSE
-        action[:2] = _velocity(rot.T @ (goal - eef))  # the action is in the base frame
-        action[2] = grip
-        return action[None]
-
-
-class FakeRandomPolicy(NumpySeededPolicy):
-    """Uniform random gripper velocity and gripper command: a negative control."""
-
-    name = "fake-random"
-
-    def act(self, obs: Observation) -> np.ndarray:
-        return np.concatenate([self.rng.uniform(-1.0, 1.0, 2), [self.rng.choice([OPEN, CLOSE])]])[None]
-
-
-__all__ = ["FakeBackend", "FakeEnv", "FakeExpertPolicy", "FakePolicy", "FakeRandomPolicy", "TASKS"]
+__all__ = ["FakeBackend", "FakeEnv", "TASKS"]

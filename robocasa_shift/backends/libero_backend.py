@@ -25,7 +25,7 @@ grasp check; stage specs are generated from the BDDL goals
 Base factor: LIBERO's Panda has no mobile base, so ``base`` moves the robot's root
 body (the arm on its mount) in the table plane and about the vertical, relative
 to the robot's own frame, with the same collision rejection as elsewhere
-(``../shared/PROTOCOL.md``).
+(``docs/protocol.md``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from robocasa_shift.backends.base import BaseEpisode, PerturbableTable, TaskInfo, TaskTable, installed_versions
 from robocasa_shift.backends.libero_tasks import (
     DEFAULT_SUITES,
     SETTLE_STEPS,
@@ -51,13 +50,34 @@ from robocasa_shift.backends.libero_tasks import (
     task_names,
 )
 from robocasa_shift.backends.mujoco_env import PERTURBABLE as MUJOCO_PERTURBABLE
-from robocasa_shift.backends.mujoco_env import MujocoEnv, check_render_profile
+from robocasa_shift.backends.mujoco_env import (
+    ArmJointHooks,
+    CameraPoseHooks,
+    MujocoEnv,
+    check_render_profile,
+)
+from robocasa_shift.core.backend import (
+    BaseEpisode,
+    PerturbableTable,
+    TaskInfo,
+    TaskTable,
+    installed_versions,
+)
+from robocasa_shift.core.stages import predicate
 from robocasa_shift.embodiments.panda import LAYOUT, NO_OP
-from robocasa_shift.engine.stages import predicate
-from robocasa_shift.errors import BackendUnavailable, BadInput, PerturbationError, UnknownNameError
+from robocasa_shift.errors import (
+    BackendUnavailable,
+    BadInput,
+    PerturbationError,
+    UnknownNameError,
+)
 from robocasa_shift.geometry import axis_angle_quat, quat_mul
 
 CONTROL_FREQ_HZ = 20
+# LIBERO-Plus moves its camera about this world point (its ``scale_distance_from_pivot`` and ``rotate_around_y``):
+# the table's centre at table height; LIBERO's agentview hangs from the world body, so world and parent frame agree.
+ORBIT_PIVOT_M = (0.0, 0.0, 0.8)
+LIBEROPLUS_PARAPHRASES = "liberoplus/paraphrases.yaml"  # frozen by `robocasa-shift import-liberoplus`
 THIRD_PERSON_CAMERAS = ("agentview",)
 WRIST_CAMERAS = ("robot0_eye_in_hand",)
 # robosuite's own done is never used: the harness ends rollouts at success or at the task's horizon
@@ -105,7 +125,7 @@ def _task_info(task: LiberoTask, record, goal: str) -> TaskInfo:
         randomization += (f"; LIBERO-PRO variant of {task.variant_of} ({VARIANTS[task.variant]}) with its own "
                           f"scene and initial states: compared with {task.variant_of} UNPAIRED")
     return TaskInfo(task.name, task.horizon, _instruction(task, record),
-                    f"{goal} ({task.benchmark} task {task.index}: {record.name})", randomization)
+                    f"{goal} ({task.benchmark} task {task.index}: {record.name})", randomization, task.variant_of)
 
 
 def _instruction(task: LiberoTask, record) -> str:
@@ -127,10 +147,6 @@ def _instruction(task: LiberoTask, record) -> str:
 def _read_text(path: str) -> str:
     with open(path, encoding="utf-8") as f:
         return f.read()
-
-
-def _without_language(bddl: str) -> List[str]:
-    return [line for line in bddl.splitlines() if "(:language" not in line]
 
 
 def _bddl_language(bddl: str, path: str) -> str:
@@ -157,8 +173,12 @@ def _yaw_of(quat: np.ndarray) -> float:
     return float(np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z)))
 
 
-class LiberoEnv(MujocoEnv):
-    """A live LIBERO environment of one task, reused across rollouts (see the module docstring)."""
+class LiberoEnv(CameraPoseHooks, ArmJointHooks, MujocoEnv):
+    """A live LIBERO environment of one task, reused across rollouts (see the module docstring).
+
+    Beyond the matrix's hooks: ``instructions`` (LIBERO-Plus's 50 paraphrases of the task), ``camera_poses``
+    (agentview about LIBERO-Plus's pivot) and ``robot_joints`` (the arm offset from its settled joints, after the
+    settle steps, as the other factors are applied)."""
 
     PERTURBABLE = PERTURBABLE
     LIGHT_FIELDS = LIGHT_FIELDS
@@ -172,13 +192,14 @@ class LiberoEnv(MujocoEnv):
     # replayed by stepping their actions (checks.validation.replay_states).
     replay_by_stepping = True
 
-    def __init__(self, task: LiberoTask, render_profile: str = "fast"):
+    def __init__(self, task: LiberoTask, render_profile: str = "fast", stock_simulator: bool = False):
         check_render_profile(render_profile)
         _import_libero()
         from libero.libero.envs.env_wrapper import ControlEnv
 
         self.spec = task
         self.render_profile = render_profile
+        self.stock_simulator = bool(stock_simulator)
         suite, record, self.bddl_path = _libero_task(task)
         self.initial_states = np.asarray(suite.get_task_init_states(task.index))
         self.control = ControlEnv(
@@ -197,25 +218,36 @@ class LiberoEnv(MujocoEnv):
         self.steps = 0
 
     def instruction_paraphrases(self) -> List[str]:
-        """LIBERO-PRO's paraphrase of the instruction: the `(:language ...)` of the task's ``*_lan`` BDDL file.
+        """LIBERO-Plus's 50 paraphrases of the task's instruction, in its order (``_language_1`` .. ``_50``), from
+        the frozen import (``perturbations/liberoplus/paraphrases.yaml``); [] for a task it has none of.
 
-        Refused unless that file equals the task's own in everything but its language line (a
-        paraphrase that moved an object would not be a pure language factor). LIBERO-PRO's ``*_lan``
-        suites also ship initial states of their own; the factor ignores them: a pair starts from the
-        task's own state.
+        The importer checked that each paraphrase's BDDL file equals the task's own but for its ``(:language ...)``
+        line; here the task's own file must still be the one LIBERO-Plus's paraphrases were written for (the
+        same SHA-256), or the paraphrases are refused. A pair starts from the task's own initial state.
         """
-        from libero.libero import get_libero_path
+        import hashlib
+
+        from robocasa_shift.core.liberoplus import paraphrase_texts
+        from robocasa_shift.core.specs import load_data_file
 
         if self.spec.variant is not None:
             return []
         _, record, _ = _libero_task(self.spec)
-        path = os.path.join(get_libero_path("bddl_files"), record.problem_folder + "_lan", record.bddl_file)
-        if not os.path.exists(path):
+        key = f"{record.problem_folder}/{os.path.splitext(record.bddl_file)[0]}"
+        document = load_data_file(LIBEROPLUS_PARAPHRASES)
+        entry = (document.get("tasks") or {}).get(key)
+        if entry is None:
             return []
-        own, lan = (_read_text(p) for p in (self.bddl_path, path))
-        if _without_language(own) != _without_language(lan):
-            raise PerturbationError(f"{path} differs from {self.bddl_path} beyond its (:language ...) line")
-        return [_bddl_language(lan, path)]
+        own = hashlib.sha256(_read_text(self.bddl_path).encode()).hexdigest()
+        if own != entry["bddl_sha256"]:
+            raise PerturbationError(f"{self.bddl_path} (sha256 {own}) is not the BDDL file LIBERO-Plus paraphrased "
+                                    f"(sha256 {entry['bddl_sha256']})")
+        return paraphrase_texts(document, key)
+
+    def camera_orbit_pivot(self, camera: str) -> np.ndarray:
+        """LIBERO-Plus's pivot (:data:`ORBIT_PIVOT_M`)."""
+        return np.array(ORBIT_PIVOT_M, dtype=float)
+
 
     # ------------------------------------------------------------------ reset (step and success: MujocoEnv)
 
@@ -251,6 +283,7 @@ class LiberoEnv(MujocoEnv):
         # nothing to change, or a process's first episode would look different from every later one
         self._mujoco.mj_forward(self.model, self.data)
         self._obs = self.raw._get_observations(force_update=True)
+        self._record_arm_nominal()  # the settled arm: what arm_init offsets
         self.initial_state = index
         self.steps = 0
 
@@ -337,6 +370,7 @@ class LiberoBackend(TaskTable):
     """LIBERO-Spatial, -Object, -Goal and -10 (``long``), and LIBERO-90 on request (``90-<i>``)."""
 
     name = "libero"
+    demo_policy = "expert"
 
     def task_names(self) -> List[str]:
         return list(task_names(DEFAULT_SUITES))
@@ -351,13 +385,9 @@ class LiberoBackend(TaskTable):
         _, record, _ = _libero_task(task)
         return _task_info(task, record, "LIBERO's BDDL goal")
 
-    def variant_of(self, task: str) -> Optional[str]:
-        """The LIBERO task a LIBERO-PRO scene variant changes (reported unpaired against it), or None."""
-        return parse_task(task).variant_of
-
-    def make(self, task: str, render_profile: str = "fast") -> LiberoEnv:
+    def make(self, task: str, render_profile: str = "fast", stock_simulator: bool = False) -> LiberoEnv:
         self.task(task)
-        return LiberoEnv(parse_task(task), render_profile)
+        return LiberoEnv(parse_task(task), render_profile, stock_simulator)
 
     def check_available(self) -> None:
         _import_libero()

@@ -78,7 +78,7 @@ def write_stage_spec(content: Dict[str, Any], directory: Path | str) -> str:
     Raises:
         FrozenSpecError: the file exists with other content (both hashes in the message); it is left as it is.
     """
-    from robocasa_shift.specs import canonical_hash
+    from robocasa_shift.core.specs import canonical_hash
 
     path = Path(directory) / f"{content['task']}.yaml"
     text = yaml.safe_dump(content, sort_keys=False, width=120)
@@ -89,8 +89,9 @@ def write_stage_spec(content: Dict[str, Any], directory: Path | str) -> str:
         raise FrozenSpecError(f"{path}: a frozen stage spec (sha256 {canonical_hash(existing)}) differs from the one "
                               f"generated now (sha256 {canonical_hash(content)}); it is not overwritten. Write a new "
                               f"version by hand if the change is meant")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    from robocasa_shift.rundir.files import atomic_write_text
+
+    atomic_write_text(path, text)
     return "written"
 
 

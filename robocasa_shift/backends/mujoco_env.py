@@ -12,12 +12,12 @@ its gripper, grasp site and controllers; :meth:`bind` reads either.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from robocasa_shift.backends.base import PerturbableModel, PerturbableTable
 from robocasa_shift.backends.mujoco_render import CulledRenderer, free, make_current
+from robocasa_shift.core.backend import PerturbableModel, PerturbableTable
 from robocasa_shift.embodiments.panda_omron import LAYOUT
 from robocasa_shift.errors import UnknownNameError
 
@@ -25,7 +25,8 @@ from robocasa_shift.errors import UnknownNameError
 ALIAS = "alias:"
 # Controller attributes that carry state from one control step to the next.
 CONTROLLER_STATE_ATTRS = ("goal_pos", "goal_ori", "goal_qpos", "goal_qvel", "init_pos", "init_ori")
-# cull: leave out the geoms that cannot show (mujoco_render; exact only where nothing unseen casts a shadow or a reflection)
+# cull: leave out the geoms that cannot show (mujoco_render; exact only where nothing unseen casts a shadow or a
+# reflection, so only a profile without them allows it, and never with the stock simulator)
 RENDER_PROFILES = {
     "fast": {"shadows": False, "reflections": False, "offsamples": 0, "cull": True},
     "default": {"shadows": True, "reflections": True, "offsamples": None, "cull": False},  # None: the model's own (4)
@@ -64,6 +65,9 @@ class MujocoEnv(PerturbableModel):
     third_person_cameras: Sequence[str] = ()
     wrist_cameras: Sequence[str] = ()
     render_profile = "fast"
+    # True: the simulator's own code only (no frame culling here; no fused step where a subclass has one). Records are
+    # identical either way; a switch to rule the shortcuts out. Read at every render, so it may be flipped between them.
+    stock_simulator = False
     action_layout = LAYOUT  # PandaOmron's 12-D action (robosuite, RoboCasa); LIBERO's fixed Panda has its own
     BASE_JOINTS: Sequence[str] = BASE_JOINTS  # the mobile base's joints (none on a fixed base)
 
@@ -157,7 +161,16 @@ class MujocoEnv(PerturbableModel):
     def render(self, camera: str, size: int) -> np.ndarray:
         """One RGB frame (uint8, size x size x 3, top row first) of the current state."""
         camera_id = self._cam_ids.get(camera, self.sim.model.camera_name2id(camera))
-        return self._renderer().render(camera_id, size, cull=RENDER_PROFILES[self.render_profile]["cull"])
+        return self._renderer().render(camera_id, size, cull=self.culling)
+
+    @property
+    def culling(self) -> bool:
+        """Whether frames leave out the geoms that cannot show (the profile allows it and the simulator is not stock)."""
+        return bool(RENDER_PROFILES[self.render_profile]["cull"]) and not self.stock_simulator
+
+    def simulator_info(self) -> Dict[str, Any]:
+        """What ran of the harness's bit-identical shortcuts, for manifests (none when ``stock_simulator``)."""
+        return {"stock_simulator": self.stock_simulator, "culling": self.culling}
 
     def _renderer(self) -> CulledRenderer:
         """The renderer of the current render context (mujoco_render: out-of-view and hidden geoms left out)."""
@@ -370,6 +383,111 @@ class MujocoEnv(PerturbableModel):
             after = self._robot_contacts()
         finally:
             self.PERTURBABLE.restore(self.model, model)
+            self.set_state(saved)
+        for key, dist in after.items():
+            if dist < -PENETRATION_TOL_M and dist < before.get(key, 0.0) - PENETRATION_TOL_M:
+                g1, g2 = (self.sim.model.geom_id2name(g) or f"geom{g}" for g in key)
+                return f"robot in collision: {g1} / {g2} penetrate {-dist * 1000:.1f} mm"
+        return None
+
+
+# Arm joints of the robosuite Pandas (LIBERO's fixed-base Panda, robosuite's PandaOmron): what ``arm_init`` offsets.
+ARM_JOINTS = tuple(f"robot0_joint{i}" for i in range(1, 8))
+
+
+class CameraPoseHooks:
+    """The ``camera_poses`` hook for a :class:`MujocoEnv`: a camera's pose and field of view in its parent body's
+    frame (``cam_pos``, ``cam_quat``, ``cam_fovy``, all in the ``PERTURBABLE`` table, so restored at every reset and
+    fingerprinted). A subclass names the pivot (``camera_orbit_pivot``)."""
+
+    def nominal_camera_placement(self, camera: str) -> Dict[str, Any]:
+        """The unperturbed pose (parent frame) and vertical field of view (degrees)."""
+        i = self._cam_ids[camera]
+        return {"pos": self._nominal["cam_pos"][i].copy(), "quat": self._nominal["cam_quat"][i].copy(),
+                "fovy_deg": float(self._nominal["cam_fovy"][i])}
+
+    def camera_placement(self, camera: str) -> Dict[str, Any]:
+        """The pose and field of view the model holds now."""
+        i = self._cam_ids[camera]
+        return {"pos": self.model.cam_pos[i].copy(), "quat": self.model.cam_quat[i].copy(),
+                "fovy_deg": float(self.model.cam_fovy[i])}
+
+    def camera_parent_frame(self, camera: str):
+        """The camera's parent body's world position and rotation (the state's, after ``mj_forward``)."""
+        body = self.model.cam_bodyid[self._cam_ids[camera]]
+        return self.data.xpos[body].copy(), self.data.xmat[body].reshape(3, 3).copy()
+
+    def set_camera_placement(self, camera: str, pose: Mapping[str, Any]) -> None:
+        """Write the camera's pose and field of view; camera poses update in ``mj_forward``."""
+        i = self._cam_ids[camera]
+        self.model.cam_pos[i] = pose["pos"]
+        self.model.cam_quat[i] = pose["quat"]
+        self.model.cam_fovy[i] = pose["fovy_deg"]
+        self._mujoco.mj_forward(self.model, self.data)
+
+
+class ArmJointHooks:
+    """The ``robot_joints`` hook for a :class:`MujocoEnv` whose robot is a robosuite Panda: the arm joints
+    (:data:`ARM_JOINTS`) offset from the episode's own positions, which a subclass records at the end of its reset
+    (after any settle steps: :meth:`_record_arm_nominal`), so the offset is applied, and read back, after them."""
+
+    def arm_joint_names(self) -> List[str]:
+        return list(ARM_JOINTS)
+
+    def _arm_qpos_adr(self) -> List[int]:
+        return [int(self.model.jnt_qposadr[self.sim.model.joint_name2id(j)]) for j in ARM_JOINTS]
+
+    def _arm_dof_adr(self) -> List[int]:
+        return [int(self.model.jnt_dofadr[self.sim.model.joint_name2id(j)]) for j in ARM_JOINTS]
+
+    def _record_arm_nominal(self) -> None:
+        self._arm_nominal = self.data.qpos[self._arm_qpos_adr()].copy()
+
+    def arm_joint_offset(self) -> np.ndarray:
+        """The arm joint positions now minus the episode's own, read from the state."""
+        return self.data.qpos[self._arm_qpos_adr()] - self._arm_nominal
+
+    def _write_arm(self, q: np.ndarray, offset: np.ndarray) -> None:
+        """The arm's joints at ``q`` and still, and the arm controller's null-space reference moved by ``offset``:
+        LIBERO-Plus's arm poses change the robot's initial joints, which robosuite's controllers pull the arm's
+        redundant motion towards, so the offset arm is pulled towards the offset reference as the clean arm is
+        towards its own. The controllers read the new pose now (they cache the end effector's pose until their next
+        update, and OSC takes each delta from that pose)."""
+        self.data.qpos[self._arm_qpos_adr()] = q
+        self.data.qvel[self._arm_dof_adr()] = 0.0
+        self._mujoco.mj_forward(self.model, self.data)
+        for _, ctrl in self._controllers():
+            if not callable(getattr(ctrl, "update", None)):
+                continue
+            ctrl.update(force=True)
+            reference = getattr(ctrl, "initial_joint", None)
+            if reference is not None and np.shape(reference) == np.shape(offset):
+                ctrl.update_initial_joints(np.asarray(reference, dtype=float) + offset)
+
+    def set_arm_joint_offset(self, offset) -> None:
+        """Start the arm at the episode's own joint positions (after the reset's settle steps) plus ``offset``
+        (radians), still."""
+        offset = np.asarray(offset, dtype=float)
+        if offset.shape != (len(ARM_JOINTS),):
+            raise ValueError(f"an arm offset has {len(ARM_JOINTS)} joints, got shape {offset.shape}")
+        self._write_arm(self._arm_nominal + offset, offset)
+        self._obs = self.raw._get_observations(force_update=True)
+
+    def arm_joint_offset_problem(self, offset) -> Optional[str]:
+        """Why ``offset`` is an invalid start (a joint beyond its limit, the robot in collision), or None; the state
+        is left as it was."""
+        q = self._arm_nominal + np.asarray(offset, dtype=float)
+        for name, value in zip(ARM_JOINTS, q):
+            j = self.sim.model.joint_name2id(name)
+            low, high = self.model.jnt_range[j]
+            if self.model.jnt_limited[j] and not low <= value <= high:
+                return f"{name} at {value:.3f} rad is beyond its limit [{low:.3f}, {high:.3f}]"
+        saved = self.get_state()
+        before = self._robot_contacts()
+        try:
+            self._write_arm(q, np.asarray(offset, dtype=float))
+            after = self._robot_contacts()
+        finally:
             self.set_state(saved)
         for key, dist in after.items():
             if dist < -PENETRATION_TOL_M and dist < before.get(key, 0.0) - PENETRATION_TOL_M:

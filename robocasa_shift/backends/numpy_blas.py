@@ -39,9 +39,12 @@ def _find_library() -> tuple:
     missing = [name for name in _SYMBOLS if not hasattr(library, name)]
     if missing:
         return None, f"{path} lacks {missing}"
-    import llvmlite.binding
+    try:
+        import llvmlite.binding
 
-    llvmlite.binding.load_library_permanently(path)  # its symbols resolve in numba-compiled code from now on
+        llvmlite.binding.load_library_permanently(path)  # its symbols resolve in numba-compiled code from now on
+    except Exception as exc:  # a broken llvmlite: the callers keep their numpy code
+        return None, f"llvmlite cannot load {path} ({type(exc).__name__}: {exc})"
     return path, None
 
 

@@ -29,18 +29,31 @@ How the environment is driven, and why:
   extra call (RinseSinkBasin latches ``washed_loc`` inside it).
 - Task counters and fixture state kept in Python (outside MuJoCo's state) are
   part of fingerprints and snapshots.
-- The base offset goes through RoboCasa's own placement at reset: the anchor
-  that ``init_robot_base_pose`` computed is shifted in the base's frame before
-  RoboCasa's ``set_robot_base`` draws its spawn deviation and runs its
-  collision search, the yaw joint is turned before the settling steps, and a
-  placement that RoboCasa had to move, that collides, or that disturbs an
-  object rejects the draw (``base_offset_problem``).
+- The base offset goes through RoboCasa's own placement at reset: RoboCasa's
+  ``set_robot_base`` places the robot as in the clean reset (same draws, same
+  collision search), the base joints are then moved by the offset in the
+  base's frame, before the settling steps; a placement that collides, that
+  disturbs an object, or that settles off the offset (beyond
+  ``BaseOffset.readback_atol``) rejects the draw (``base_offset_problem``).
 - Actions use the harness's PandaOmron layout (the embedded backend's: arm
   0:6, torso 6, base 7:10, gripper 10, base mode 11) and are reordered into the
   kitchen controller's order (RoboCasa puts gripper 6, base 7:10, torso 10).
 - Image observables are switched off: the harness renders only the cameras a
   policy reads, at its size, through the environment's own offscreen context
   (rendering reads the state, so trajectories are unchanged).
+- Reproducible resets: RoboCasa's ``Counter.get_reset_regions`` removes
+  duplicate counter tops with ``list(set(...))`` over XML elements, so the
+  order of the regions it returns - and which one the seeded draw then picks -
+  follows memory addresses and differs from process to process (objects land
+  left or right of the sink). The backend returns those regions in a stable
+  order (:func:`stable_counter_regions`), and parses RoboCasa's fixture
+  registries once per process (the same content, without re-reading them on
+  every reset).
+- Asset kits: when ``ROBOCASA_ASSETS_PATH`` names a generated stand-in kit
+  (``robocasa_standin``), it is verified file by file and refused unless the
+  study opted in (``--asset-kit standin``); the kit (kind, version, content
+  hash) is recorded in the environment configuration, the manifest and every
+  record, and the results are labelled "STAND-IN KIT - not RoboCasa results".
 """
 
 from __future__ import annotations
@@ -59,12 +72,20 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from robocasa_shift.backends.base import TaskInfo, TaskTable, installed_versions
-from robocasa_shift.backends.mujoco_env import BASE_JOINTS, RENDER_PROFILES, MujocoEnv, check_render_profile
+from robocasa_shift.backends.mujoco_env import (
+    BASE_JOINTS,
+    RENDER_PROFILES,
+    MujocoEnv,
+    check_render_profile,
+)
+from robocasa_shift.core.backend import TaskInfo, TaskTable, installed_versions
+from robocasa_shift.core.factors import BaseOffset
+from robocasa_shift.core.stages import predicate
 from robocasa_shift.embodiments.panda_omron import ACTION_DIM, MODE
 from robocasa_shift.embodiments.panda_omron import PART_RANGES as HARNESS_ACTION_LAYOUT
-from robocasa_shift.engine.stages import predicate
-from robocasa_shift.errors import BackendUnavailable
+from robocasa_shift.backends import robocasa_standin as standin
+from robocasa_shift.config import ASSET_KITS  # the kinds a study may opt into; None: RoboCasa's own assets
+from robocasa_shift.errors import BackendUnavailable, BadInput
 
 ROBOT = "PandaOmron"
 SPLIT = "target"
@@ -86,8 +107,6 @@ REQUIRED_ASSETS = {
 }
 # A base offset is invalid when it moves an object by more than this during RoboCasa's settling steps.
 OBJECT_DISTURBANCE_TOL_M = 0.005
-# Measured base offset vs the draw: float64 round-off of RoboCasa's frame changes, nothing more.
-BASE_READBACK_ATOL = 1e-9
 
 INSTALL_HINT = (
     "the robocasa backend needs RoboCasa365's code (rpent-robocasa365==1.0.1 from PyPI, or robocasa 1.0.1 "
@@ -211,11 +230,57 @@ def _assets_problem(root: str) -> Optional[str]:
     )
 
 
-def check_available() -> None:
-    """Raise BackendUnavailable saying what is missing (packages, robosuite version, assets), else return.
+_KITS: Dict[str, Optional[Dict[str, Any]]] = {}
+
+
+def installed_asset_kit(root: str) -> Optional[Dict[str, Any]]:
+    """The generated kit at the assets root (kind, version, RoboCasa version, content hash), None for RoboCasa's own.
+
+    A kit is verified file by file against its manifest once per process.
+
+    Raises:
+        KitError: the root holds a kit manifest but the kit is incomplete or altered.
+    """
+    if root not in _KITS:
+        manifest = standin.kit_manifest(root)
+        _KITS[root] = None if manifest is None else standin.describe(standin.verify_kit(root))
+    return _KITS[root]
+
+
+def check_asset_kit(root: str, asset_kit: Optional[str]) -> Optional[Dict[str, Any]]:
+    """The kit at ``root`` if the study opted into its kind (``asset_kit``); refuse any other combination.
+
+    Raises:
+        BackendUnavailable: a stand-in kit without the opt-in (its results are not RoboCasa's).
+        BadInput: an unknown kit kind, or the opt-in with RoboCasa's own assets in place.
+    """
+    if asset_kit is not None and asset_kit not in ASSET_KITS:
+        raise BadInput(f"unknown asset kit {asset_kit!r}; known: {', '.join(ASSET_KITS)} (or none: RoboCasa's own assets)")
+    kit = installed_asset_kit(root)
+    if kit is not None and asset_kit != kit["kind"]:
+        raise BackendUnavailable(
+            f"the kitchen assets at {root} are a generated stand-in kit (version {kit['version']}, sha256 "
+            f"{kit['sha256'][:12]}), not RoboCasa's: what runs on it is not a RoboCasa result. Pass --asset-kit "
+            f"{kit['kind']} to run on it knowingly (every record, manifest and report is then labelled "
+            f"'{standin.BANNER}'), or point ROBOCASA_ASSETS_PATH at RoboCasa's downloaded assets")
+    if kit is None and asset_kit is not None:
+        raise BadInput(f"--asset-kit {asset_kit} asked for, but {root} holds no {asset_kit} kit ({standin.MANIFEST} "
+                       f"missing): build one with `robocasa-shift standin-kit build DIR` and set "
+                       f"ROBOCASA_ASSETS_PATH=DIR, or drop --asset-kit to run on RoboCasa's own assets")
+    return kit
+
+
+def check_available(asset_kit: Optional[str] = None) -> Optional[Dict[str, Any]]:
+    """Raise BackendUnavailable saying what is missing (packages, robosuite version, assets); return the asset kit.
 
     Cheap enough to run before a study starts, so a missing piece stops it
     before any rollout instead of turning every rollout into an error record.
+
+    Args:
+        asset_kit: the kind of generated asset kit the study opted into (``standin``), or None.
+
+    Returns:
+        The generated kit in use (see :func:`installed_asset_kit`), None with RoboCasa's own assets.
     """
 
     missing = []
@@ -244,10 +309,88 @@ def check_available() -> None:
     problem = _assets_problem(robocasa.models.assets_root)
     if problem:
         raise BackendUnavailable(problem)
+    return check_asset_kit(robocasa.models.assets_root, asset_kit)
 
 
 def _quiet_robosuite() -> None:
     logging.getLogger("robosuite_logs").setLevel(logging.ERROR)
+
+
+# ---------------------------------------------------------------------- what the backend fixes in RoboCasa
+
+
+def region_order_key(region: Mapping[str, Any]) -> tuple:
+    """Sort key of a counter reset region: its offset, then its size (numbers; the same in every process)."""
+    return tuple(float(x) for x in region["offset"]) + tuple(float(x) for x in region["size"])
+
+
+def stable_counter_regions(get_reset_regions):
+    """``Counter.get_reset_regions`` returning its regions in a stable order.
+
+    RoboCasa builds the candidate counter tops with ``list(set(valid_geoms))``
+    over XML elements, whose order follows memory addresses; the regions it
+    returns (``geom_0``, ``geom_1``, ...) come in that order, and the seeded
+    ``rng.choice`` over them picks a different region in another process. The
+    wrapped method returns the same regions sorted by position and size,
+    renumbered, so one seed picks one region everywhere.
+    """
+
+    def wrapped(self, *args, **kwargs):
+        regions = get_reset_regions(self, *args, **kwargs)
+        ordered = sorted(regions.values(), key=region_order_key)
+        return {f"geom_{i}": region for i, region in enumerate(ordered)}
+
+    wrapped.__wrapped__ = get_reset_regions
+    wrapped.__doc__ = get_reset_regions.__doc__
+    wrapped.robocasa_shift_stable = True
+    return wrapped
+
+
+class _CachedYaml:
+    """``yaml`` for RoboCasa's scene modules: each file is parsed once per process, every caller gets a fresh copy.
+
+    RoboCasa re-reads its fixture registries for every fixture of every reset (about 100 parses, ~13 s of
+    pure-Python YAML per reset); the content never changes within a process. libyaml's loader is used where
+    PyYAML has it (it gives the same data; ``tests/test_robocasa.py`` compares them on every registry).
+    """
+
+    def __init__(self):
+        import yaml
+
+        self._yaml = yaml
+        self._loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        self._parsed: Dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._yaml, name)
+
+    def safe_load(self, stream):
+        import copy
+
+        name = getattr(stream, "name", None)
+        if not isinstance(name, str):
+            return self._yaml.load(stream, Loader=self._loader)
+        if name not in self._parsed:
+            self._parsed[name] = self._yaml.load(stream, Loader=self._loader)
+        return copy.deepcopy(self._parsed[name])
+
+
+_CACHED_YAML: Optional[_CachedYaml] = None
+
+
+def patch_robocasa() -> None:
+    """Apply the backend's fixes to RoboCasa (idempotent): stable counter regions, registries parsed once."""
+    global _CACHED_YAML
+    from robocasa.models.fixtures.counter import Counter
+    from robocasa.models.scenes import kitchen_arena, scene_utils
+    from robocasa.utils import env_utils
+
+    if not getattr(Counter.get_reset_regions, "robocasa_shift_stable", False):
+        Counter.get_reset_regions = stable_counter_regions(Counter.get_reset_regions)
+    if _CACHED_YAML is None:
+        _CACHED_YAML = _CachedYaml()
+    for module in (scene_utils, kitchen_arena, env_utils):
+        module.yaml = _CACHED_YAML
 
 
 # ---------------------------------------------------------------------- seeding and base placement
@@ -295,13 +438,17 @@ def base_frame_shift(anchor_ori: Sequence[float], forward_m: float, side_m: floa
 
 @contextlib.contextmanager
 def base_offset_at_placement(offset: Optional[Mapping[str, float]]) -> Iterator[None]:
-    """Within the block, RoboCasa's ``set_robot_base`` places the robot at ``offset`` from its anchor.
+    """Within the block, RoboCasa's ``set_robot_base`` places the robot at ``offset`` from the clean placement.
 
-    RoboCasa itself still draws the spawn deviation (same draws, so the rest of
-    the reset is unchanged) and runs its collision search around the shifted
-    anchor; the yaw joint is turned after it, before the settling steps.
-    ``Kitchen._reset_internal`` looks the function up on the module at call
-    time, so the shift is active for exactly the resets inside this block.
+    RoboCasa itself places the robot first, exactly as in the clean reset (same
+    spawn-deviation draws, same collision search, so the rest of the reset
+    draws the same numbers); the base joints are then moved by the offset, in
+    the base's frame, before RoboCasa's settling steps. Shifting the anchor
+    instead would let RoboCasa's collision search end on another sample than
+    the clean reset's whenever the clean spawn had to be re-drawn, and no
+    offset of that episode could ever be placed. ``Kitchen._reset_internal``
+    looks the function up on the module at call time, so the shift is active
+    for exactly the resets inside this block.
     """
     if offset is None:
         yield
@@ -311,13 +458,16 @@ def base_offset_at_placement(offset: Optional[Mapping[str, float]]) -> Iterator[
     original = EnvUtils.set_robot_base
 
     def set_robot_base(env, anchor_pos, anchor_ori, rot_dev, pos_dev_x, pos_dev_y):
-        shifted = np.asarray(anchor_pos, dtype=float) + base_frame_shift(anchor_ori, offset["forward_m"], offset["side_m"])
-        robot_pos = original(env=env, anchor_pos=shifted, anchor_ori=anchor_ori, rot_dev=rot_dev,
+        robot_pos = original(env=env, anchor_pos=anchor_pos, anchor_ori=anchor_ori, rot_dev=rot_dev,
                              pos_dev_x=pos_dev_x, pos_dev_y=pos_dev_y)
+        shifted = np.asarray(robot_pos, dtype=float) + base_frame_shift(anchor_ori, offset["forward_m"], offset["side_m"])
+        EnvUtils.set_robot_to_position(env, shifted)
         adr = env.sim.model.get_joint_qpos_addr(BASE_JOINTS[2])
         env.sim.data.qpos[adr] += np.deg2rad(offset["yaw_deg"])
         env.sim.forward()
-        return robot_pos
+        # as placed, before the settling steps push a robot out of a collision
+        env.robocasa_shift_placed_in_collision = bool(EnvUtils.detect_robot_collision(env))
+        return shifted
 
     EnvUtils.set_robot_base = set_robot_base
     try:
@@ -377,16 +527,20 @@ class RobocasaEnv(MujocoEnv):
     third_person_cameras = THIRD_PERSON_CAMERAS
     wrist_cameras = WRIST_CAMERAS
 
-    def __init__(self, task: RobocasaTask, render_profile: str = "fast"):
+    def __init__(self, task: RobocasaTask, render_profile: str = "fast", stock_simulator: bool = False,
+                 asset_kit: Optional[str] = None):
         check_render_profile(render_profile)
-        check_available()
+        # the generated kit in use (kind, version, content hash), None on RoboCasa's own assets; records carry it
+        self.asset_kit = check_available(asset_kit)
         _check_horizon(task)
+        patch_robocasa()
         from robocasa.environments.kitchen.kitchen import Kitchen
         from robocasa.utils.env_utils import create_env
 
         self.spec = task
         self.task = task.info()
         self.render_profile = render_profile
+        self.stock_simulator = bool(stock_simulator)
         self.raw = create_env(
             task.name,
             robots=ROBOT,
@@ -422,6 +576,7 @@ class RobocasaEnv(MujocoEnv):
         self._nominal_objects = self._object_positions()
 
     def _reset(self, base_offset: Optional[Mapping[str, float]]) -> None:
+        self.raw.robocasa_shift_placed_in_collision = False
         with base_offset_at_placement(base_offset):
             try:
                 obs = reset_seeded(self.raw, self._seed)
@@ -487,12 +642,60 @@ class RobocasaEnv(MujocoEnv):
         return {k: np.array(v) for k, v in self._obs.items() if k.startswith("robot0_") and not k.endswith(("_image", "_depth"))}
 
     def privileged_state(self) -> Dict[str, np.ndarray]:
-        """Object poses (quaternions w, x, y, z) read from the simulator."""
+        """Object poses (quaternions w, x, y, z) and sizes, and where the task's sink is, read from the simulator.
+
+        Objects: ``{name}_pos``, ``{name}_quat``, ``{name}_size`` (its bounding box, metres). A task with a sink
+        adds ``sink_*`` (:meth:`sink_state`); one with a cabinet ``cabinet_*`` (its interior's centre and size).
+        """
         out: Dict[str, np.ndarray] = {}
         for name in sorted(self.raw.objects):
             body = self.raw.obj_body_id[name]
             out[f"{name}_pos"] = self.data.xpos[body].copy()
             out[f"{name}_quat"] = self.data.xquat[body].copy()
+            out[f"{name}_size"] = np.asarray(self.raw.objects[name].size, dtype=float)
+        if self._fixture_or_none("sink") is not None:
+            out.update(self.sink_state())
+        cabinet = self._fixture_or_none("cabinet")
+        if cabinet is not None:
+            for region, points in sorted(cabinet.get_int_sites(relative=False).items())[:1]:
+                lo, hi = np.min(points, axis=0), np.max(points, axis=0)
+                out["cabinet_interior_center"], out["cabinet_interior_size"] = (lo + hi) / 2, hi - lo
+        return out
+
+    def _fixture_or_none(self, name: str):
+        try:
+            return self.fixture(name)
+        except KeyError:
+            return None
+
+    def sink_state(self) -> Dict[str, np.ndarray]:
+        """The sink as a scripted expert needs it (world frame): basin centre and size, the water stream, the handle
+        lever (pivot, tip, angle) and the spout (pivot, tip, angle), and the sink's yaw.
+
+        Lever and spout tips are read from the geometry of the joints' bodies (the point of their geoms farthest
+        from the pivot), so they follow the fixture as it is built.
+        """
+        sink = self.fixture("sink")
+        m, d = self.raw.sim.model, self.raw.sim.data  # robosuite's bindings (they look names up)
+        out: Dict[str, np.ndarray] = {"sink_yaw": np.array([float(sink.rot)])}
+        points = np.concatenate([np.asarray(p) for p in sink.get_int_sites(relative=False).values()])
+        lo, hi = points.min(axis=0), points.max(axis=0)
+        out["sink_basin_center"], out["sink_basin_size"] = (lo + hi) / 2, hi - lo
+        out["sink_water_pos"] = d.site_xpos[m.site_name2id(f"{sink.naming_prefix}water")].copy()
+        for part, joint in (("handle", "handle_joint"), ("spout", "spout_joint")):
+            jid = m.joint_name2id(f"{sink.naming_prefix}{joint}")
+            body = m.jnt_bodyid[jid]
+            pivot = d.xpos[body].copy()
+            # candidate points: each colliding geom's centre and the centres of its faces (a capsule: its ends)
+            tips = []
+            for g in (g for g in range(m.ngeom) if m.geom_bodyid[g] == body and m.geom_contype[g]):
+                axes, size = d.geom_xmat[g].reshape(3, 3), m.geom_size[g]
+                half = (size[0], size[0], size[1] + size[0]) if m.geom_type[g] == 3 else size  # 3: capsule
+                tips.append(d.geom_xpos[g].copy())
+                tips += [d.geom_xpos[g] + s * half[k] * axes[:, k] for k in range(3) for s in (-1, 1)]
+            far = max(tips, key=lambda p: float(np.linalg.norm(p - pivot))) if tips else pivot
+            out[f"sink_{part}_pivot"], out[f"sink_{part}_tip"] = pivot, far.copy()
+            out[f"sink_{part}_q"] = np.array([float(d.qpos[m.jnt_qposadr[jid]])])
         return out
 
     def fixture(self, name: str):
@@ -570,10 +773,12 @@ class RobocasaEnv(MujocoEnv):
         return self._problems[key]
 
     def _placement_problem(self, offset: Mapping[str, float]) -> Optional[str]:
+        if getattr(self.raw, "robocasa_shift_placed_in_collision", False) and not self._nominal_collision:
+            return "robot in collision with the kitchen at the offset placement"
         measured = self.base_offset()
         error = max(abs(measured[k] - offset[k]) for k in measured)
-        if error > BASE_READBACK_ATOL:
-            return (f"RoboCasa's placement moved the base off the offset (its collision search re-sampled the spawn): "
+        if not error <= BaseOffset.readback_atol:
+            return (f"the base settled off the offset by {error:.3g} (tolerance {BaseOffset.readback_atol:g}): "
                     f"measured {measured}, asked {dict(offset)}")
         if self._robot_collides() and not self._nominal_collision:
             return "robot in collision with the kitchen after placement"
@@ -629,16 +834,34 @@ class RobocasaBackend(TaskTable):
     name = "robocasa"
 
     tasks = TASKS
+    demo_policy = "expert"  # the scripted kitchen expert (privileged state): WashLettuce, RinseSinkBasin, ...
+
+    # The kind of generated asset kit this study opted into (StudyConfig.asset_kit); None: RoboCasa's own assets.
+    asset_kit: Optional[str] = None
+
+    def accept_asset_kit(self, kind: Optional[str]) -> None:
+        """Opt into a generated asset kit (``standin``) for this backend's environments, or out (None).
+
+        Raises:
+            BadInput: an unknown kind.
+        """
+        if kind is not None and kind not in ASSET_KITS:
+            raise BadInput(f"unknown asset kit {kind!r}; known: {', '.join(ASSET_KITS)}")
+        self.asset_kit = kind
 
     def check_available(self) -> None:
-        check_available()
+        check_available(self.asset_kit)
 
-    def make(self, task: str, render_profile: str = "fast") -> RobocasaEnv:
+    def asset_kit_record(self) -> Optional[Dict[str, Any]]:
+        """The generated kit the environments load (kind, version, content hash), None on RoboCasa's own assets."""
+        return check_available(self.asset_kit)
+
+    def make(self, task: str, render_profile: str = "fast", stock_simulator: bool = False) -> RobocasaEnv:
         self.task(task)
-        return RobocasaEnv(TASKS[task], render_profile)
+        return RobocasaEnv(TASKS[task], render_profile, stock_simulator, asset_kit=self.asset_kit)
 
     def config(self) -> Dict[str, Any]:
-        """The frozen environment configuration recorded in manifests."""
+        """The frozen environment configuration recorded in manifests (``asset_kit``: None on RoboCasa's own assets)."""
         import robocasa
         import robocasa.models
         import robosuite.macros as macros
@@ -646,6 +869,9 @@ class RobocasaBackend(TaskTable):
         return {
             "robocasa_version": robocasa.__version__,
             "assets_root": robocasa.models.assets_root,
+            "asset_kit": self.asset_kit_record(),
+            "reset_fixes": ["Counter.get_reset_regions: regions in a stable order (position, size)",
+                            "fixture registries parsed once per process"],
             "create_env": {"robots": ROBOT, "split": SPLIT, "randomize_cameras": False,
                            "camera_names": list(THIRD_PERSON_CAMERAS + WRIST_CAMERAS), "control_freq": CONTROL_FREQ_HZ},
             "macros": {name: getattr(macros, name, None) for name in ("SIMULATION_TIMESTEP", "ENABLE_NUMBA", "IMAGE_CONVENTION")},
@@ -653,7 +879,8 @@ class RobocasaBackend(TaskTable):
             "third_person_cameras": list(THIRD_PERSON_CAMERAS),
             "wrist_cameras": list(WRIST_CAMERAS),
             "horizons": {t.name: t.horizon for t in TASKS.values()},
-            "base_offset": "anchor shifted before RoboCasa's set_robot_base; yaw joint before its settling steps",
+            "base_offset": "RoboCasa's set_robot_base places the robot as in the clean reset; the base joints are then "
+                           "moved by the offset (base frame), before RoboCasa's settling steps",
             "success": "reward of RoboCasa's env.step (Kitchen.reward = _check_success), one call per step",
         }
 

@@ -24,10 +24,15 @@ from typing import Any, Dict, Mapping
 import numpy as np
 
 from robocasa_shift.backends import robosuite_fastpath
-from robocasa_shift.backends.base import TaskTable, installed_versions
-from robocasa_shift.backends.mujoco_env import MujocoEnv, check_render_profile
+from robocasa_shift.backends.mujoco_env import (
+    ArmJointHooks,
+    CameraPoseHooks,
+    MujocoEnv,
+    check_render_profile,
+)
 from robocasa_shift.backends.robosuite_tasks import TASKS, RobosuiteTask
-from robocasa_shift.engine.stages import predicate
+from robocasa_shift.core.backend import TaskTable, installed_versions
+from robocasa_shift.core.stages import predicate
 from robocasa_shift.errors import BackendUnavailable
 
 ROBOT = "PandaOmron"
@@ -54,18 +59,22 @@ def _import_robosuite():
     return robosuite
 
 
-class RobosuiteEnv(MujocoEnv):
-    """A live robosuite environment of one task, reused across rollouts."""
+class RobosuiteEnv(CameraPoseHooks, ArmJointHooks, MujocoEnv):
+    """A live robosuite environment of one task, reused across rollouts.
+
+    Beyond the matrix's hooks: ``camera_poses`` (the robot view about the centre of the table's top, or of the
+    bins) and ``robot_joints`` (the arm offset right after reset: the embedded scenes have no settle steps)."""
 
     third_person_cameras = THIRD_PERSON_CAMERAS
     wrist_cameras = WRIST_CAMERAS
 
-    def __init__(self, task: RobosuiteTask, render_profile: str = "fast"):
+    def __init__(self, task: RobosuiteTask, render_profile: str = "fast", stock_simulator: bool = False):
         check_render_profile(render_profile)
         suite = _import_robosuite()
         self.spec = task
         self.task = task.info()
         self.render_profile = render_profile
+        self.stock_simulator = bool(stock_simulator)
         self.raw = suite.make(
             task.env_name,
             robots=ROBOT,
@@ -81,12 +90,26 @@ class RobosuiteEnv(MujocoEnv):
             seed=MAKE_SEED,
         )
         self.bind()
-        self.fastpath = robosuite_fastpath.enable(self.raw)  # bit-identical shortcuts (see that module)
+        # bit-identical shortcuts (see that module), unless the stock simulator was asked for
+        self.fastpath = ({"enabled": False, "reason": "stock simulator requested"} if self.stock_simulator
+                         else robosuite_fastpath.enable(self.raw))
         self.action_dim = int(self.raw.action_spec[0].shape[0])
         self._context = None
         self._obs: Dict[str, np.ndarray] = {}
         self._nominal = self.model_values()
         self.steps = 0
+
+    def simulator_info(self) -> Dict[str, Any]:
+        """What ran of the shortcuts: culling, the fast path (fused step, compiled substeps, or why not), numba's version."""
+        from importlib import metadata
+
+        versions = {}
+        for package in ("numba", "llvmlite"):
+            try:
+                versions[package] = metadata.version(package)
+            except metadata.PackageNotFoundError:
+                versions[package] = None
+        return {**super().simulator_info(), "fastpath": self.fastpath, **versions}
 
     # ------------------------------------------------------------------ reset (step and success: MujocoEnv)
 
@@ -101,6 +124,15 @@ class RobosuiteEnv(MujocoEnv):
             sub.rng = rng
         self._obs = self.raw.reset()
         self.steps = 0
+        self._record_arm_nominal()
+
+    def camera_orbit_pivot(self, camera: str) -> np.ndarray:
+        """The centre of the surface the task's objects start on: the table top (``table_offset``), or midway between
+        PickPlace's two bins."""
+        table = getattr(self.raw, "table_offset", None)
+        if table is not None:
+            return np.asarray(table, dtype=float).copy()
+        return (np.asarray(self.raw.bin1_pos, dtype=float) + np.asarray(self.raw.bin2_pos, dtype=float)) / 2
 
     # ------------------------------------------------------------------ observations
 
@@ -168,13 +200,14 @@ class RobosuiteBackend(TaskTable):
     """Tasks Lift, Stack, PickPlaceCan and NutAssemblySquare on PandaOmron."""
 
     name = "robosuite"
+    demo_policy = "expert"
 
     tasks = TASKS
 
-    def make(self, task: str, render_profile: str = "fast") -> RobosuiteEnv:
+    def make(self, task: str, render_profile: str = "fast", stock_simulator: bool = False) -> RobosuiteEnv:
         """A live environment of ``task`` (builds the MuJoCo model once)."""
         self.task(task)
-        return RobosuiteEnv(TASKS[task], render_profile)
+        return RobosuiteEnv(TASKS[task], render_profile, stock_simulator)
 
     def config(self) -> Dict[str, Any]:
         """The frozen environment configuration recorded in manifests."""

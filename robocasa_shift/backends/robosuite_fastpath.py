@@ -98,14 +98,21 @@ def disable(raw) -> None:
 
 def fused_step_problem(raw) -> Optional[str]:
     """Why :class:`FusedStep` does not mirror this environment's step exactly, or None when it does."""
-    from robosuite.controllers.composite.composite_controller import CompositeController, HybridMobileBase
+    from robosuite.controllers.composite.composite_controller import (
+        CompositeController,
+        HybridMobileBase,
+    )
     from robosuite.controllers.parts.arm.osc import OperationalSpaceController
     from robosuite.controllers.parts.controller import Controller
     from robosuite.controllers.parts.generic.joint_pos import JointPositionController
     from robosuite.controllers.parts.gripper.gripper_controller import GripperController
     from robosuite.controllers.parts.gripper.simple_grip import SimpleGripController
-    from robosuite.controllers.parts.mobile_base.joint_vel import MobileBaseJointVelocityController
-    from robosuite.controllers.parts.mobile_base.mobile_base_controller import MobileBaseController
+    from robosuite.controllers.parts.mobile_base.joint_vel import (
+        MobileBaseJointVelocityController,
+    )
+    from robosuite.controllers.parts.mobile_base.mobile_base_controller import (
+        MobileBaseController,
+    )
     from robosuite.environments.base import MujocoEnv
     from robosuite.environments.robot_env import RobotEnv
     from robosuite.robots.wheeled_robot import WheeledRobot
@@ -163,7 +170,11 @@ class FusedStep:
 
     def __init__(self, raw):
         import mujoco
-        from robosuite.utils.control_utils import nullspace_torques, opspace_matrices, orientation_error
+        from robosuite.utils.control_utils import (
+            nullspace_torques,
+            opspace_matrices,
+            orientation_error,
+        )
         from robosuite.utils.transform_utils import mat2quat
 
         self.raw = raw
@@ -173,11 +184,16 @@ class FusedStep:
         self.substeps = int(raw.control_timestep / raw.model_timestep)
         self.composite = self.model = None
         self.problem: Optional[str] = None
-        # the substeps between the first and the last, compiled (robosuite_kernels), where numpy's BLAS can be called
-        from robocasa_shift.backends import numpy_blas, robosuite_kernels
+        # the substeps between the first and the last, compiled (robosuite_kernels), where numpy's BLAS can be called;
+        # a numba or llvmlite that fails to import or compile leaves them in Python, with the reason recorded
+        self._substep_controls = None
+        try:
+            from robocasa_shift.backends import numpy_blas, robosuite_kernels
 
-        self.compiled_problem = numpy_blas.problem()
-        self._substep_controls = robosuite_kernels.substep_controls
+            self.compiled_problem = numpy_blas.problem()
+            self._substep_controls = robosuite_kernels.substep_controls
+        except Exception as exc:
+            self.compiled_problem = f"compiled substeps unavailable ({type(exc).__name__}: {exc})"
 
     def _bind(self) -> None:
         """Handles and constants of the current controllers and model: robosuite builds new controllers on every

@@ -12,7 +12,11 @@ tests/test_fastpath.py compares these controls with the Python ones on many stat
 
 import numba
 import numpy as np
-from robosuite.utils.control_utils import nullspace_torques, opspace_matrices, orientation_error
+from robosuite.utils.control_utils import (
+    nullspace_torques,
+    opspace_matrices,
+    orientation_error,
+)
 
 from robocasa_shift.backends.numpy_blas import dot_mm, dot_mv
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Mapping
 
-from robocasa_shift.backends.base import TaskInfo
+from robocasa_shift.core.backend import TaskInfo
 
-HORIZON = 400  # robomimic's evaluation horizon for these tasks (PROTOCOL.md section 6)
+HORIZON = 400  # robomimic's evaluation horizon for these tasks (docs/protocol.md section 6)
 
 
 @dataclass(frozen=True)

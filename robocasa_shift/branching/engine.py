@@ -30,14 +30,18 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from robocasa_shift import seeding
-from robocasa_shift.branching import estimator
-from robocasa_shift.branching.interventions import Context, Intervention, make_intervention
+from robocasa_shift.analysis import recoverability
+from robocasa_shift.branching.interventions import (
+    Context,
+    Intervention,
+    make_intervention,
+)
 from robocasa_shift.branching.snapshot import TrunkTape
-from robocasa_shift.engine.records import Record, RolloutKey
+from robocasa_shift.core.policy import Policy, state_support
+from robocasa_shift.core.records import Record, RolloutKey
+from robocasa_shift.core.specs import Protocol, StageSpec
 from robocasa_shift.engine.rollout import Observer, Rollout, drive
 from robocasa_shift.errors import BadInput, RolloutError, StateUnsupported
-from robocasa_shift.policies.base import Policy, state_support
-from robocasa_shift.specs import Protocol, StageSpec
 
 BUDGETS = ("inherited", "fresh")
 
@@ -60,18 +64,22 @@ class BranchSettings:
         sigma: execution noise on the arm's continuous commands.
         budget: ``inherited`` (B(t) = horizon - t) or ``fresh`` (``fresh_budget`` steps after the checkpoint).
         stride: branch every ``stride``-th chunk boundary (1: every one).
+        k_fixed: with a value, every (checkpoint, intervention) is also run to this many branches in all, a
+            fixed-K reference for the adaptive rule (RESCUE Sec. IV-E: K = 32); its first branches are the
+            adaptive set's own (the same seeds), the rest are recorded apart (``fixed``). None: no reference.
     """
 
     interventions: Tuple[str, ...] = ("continue", "recover")
-    k_initial: int = estimator.K_INITIAL
-    k_expanded: int = estimator.K_EXPANDED
-    q: float = estimator.Q
-    tau: float = estimator.TAU
-    taus: Tuple[float, ...] = estimator.TAUS_REPORTED
+    k_initial: int = recoverability.K_INITIAL
+    k_expanded: int = recoverability.K_EXPANDED
+    q: float = recoverability.Q
+    tau: float = recoverability.TAU
+    taus: Tuple[float, ...] = recoverability.TAUS_REPORTED
     sigma: float = 0.05
     budget: str = "inherited"
     fresh_budget: Optional[int] = None
     stride: int = 1
+    k_fixed: Optional[int] = None
 
     def __post_init__(self):
         problems = []
@@ -89,6 +97,8 @@ class BranchSettings:
             problems.append("a fresh budget needs fresh_budget > 0 steps, and only a fresh budget takes one")
         if self.stride < 1:
             problems.append(f"stride must be >= 1, got {self.stride}")
+        if self.k_fixed is not None and self.k_fixed < self.k_expanded:
+            problems.append(f"k_fixed must be at least k_expanded ({self.k_expanded}), got {self.k_fixed}")
         if problems:
             raise BadInput("branch settings: " + "; ".join(problems))
 
@@ -299,7 +309,7 @@ def _branch_set(env, policy, key, protocol, stage_spec, backend, tape, step, int
 
     branches = run(range(settings.k_initial))
     k = sum(bool(b["success"]) for b in branches)
-    expanded = settings.k_expanded > settings.k_initial and estimator.needs_expansion(k, settings.k_initial, settings.tau)
+    expanded = settings.k_expanded > settings.k_initial and recoverability.needs_expansion(k, settings.k_initial, settings.tau)
     if expanded:
         branches += run(range(settings.k_initial, settings.k_expanded))
     invalid = [b for b in branches if not b["valid"]]
@@ -307,9 +317,19 @@ def _branch_set(env, policy, key, protocol, stage_spec, backend, tape, step, int
         raise RolloutError(f"branch {invalid[0]['index']} of {intervention.name} failed: {invalid[0]['error']}")
     k, n = sum(bool(b["success"]) for b in branches), len(branches)
     layout = env.action_layout
-    return {"k": k, "n": n, "expanded": expanded, "estimate": estimator.jeffreys_lower(k, n, settings.q),
-            "script_steps": len(intervention.script(Context(layout, step, tape.previous_action(step)))),
-            "branches": branches}
+    entry = {"k": k, "n": n, "expanded": expanded, "estimate": recoverability.jeffreys_lower(k, n, settings.q),
+             "script_steps": len(intervention.script(Context(layout, step, tape.previous_action(step)))),
+             "branches": branches}
+    if settings.k_fixed is not None:  # the fixed-K reference: the adaptive branches, then more of the same streams
+        extra = run(range(n, settings.k_fixed))
+        invalid = [b for b in extra if not b["valid"]]
+        if invalid:
+            raise RolloutError(f"branch {invalid[0]['index']} of {intervention.name} failed: {invalid[0]['error']}")
+        k_all = k + sum(bool(b["success"]) for b in extra)
+        entry["fixed"] = {"k": k_all, "n": settings.k_fixed,
+                          "estimate": recoverability.jeffreys_lower(k_all, settings.k_fixed, settings.q),
+                          "branches": extra}
+    return entry
 
 
 __all__ = ["BUDGETS", "BranchSettings", "ExecutionNoise", "SnapshotMismatch", "branch_seed", "check_branchable",

@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from robocasa_shift import specs
+from robocasa_shift.core import specs
 from robocasa_shift.embodiments import ActionLayout
 from robocasa_shift.registry import Registry
 

@@ -33,11 +33,11 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from robocasa_shift.arrays import array_text, npz_bytes, read_npz, text_array
+from robocasa_shift.arrays import MAX_NPZ_BYTES, array_text, npz_bytes, read_npz, text_array
 from robocasa_shift.errors import RunDirError
 
 FORMAT = "robocasa-shift trunk snapshots"
@@ -75,23 +75,38 @@ def unpack(index: np.ndarray, blob: np.ndarray, where: str) -> Dict[str, np.ndar
     """The inverse of :func:`pack`; ``where`` names the entry in errors.
 
     Raises:
-        SnapshotError: a malformed index (an object dtype, a range outside the blob, a size that
-            does not match the shape).
+        SnapshotError: a malformed index (an object or void dtype, a negative or non-integer dimension,
+            a range outside the blob, a size that does not match the shape).
     """
     out: Dict[str, np.ndarray] = {}
     data = np.asarray(blob, dtype=np.uint8).tobytes()
     try:
-        for name, dtype_str, shape, offset, nbytes in json.loads(array_text(index)):
+        rows = json.loads(array_text(index))
+        if not isinstance(rows, list):
+            raise ValueError("the index is not a list")
+        for row in rows:
+            if not (isinstance(row, list) and len(row) == 5):
+                raise ValueError(f"index row {str(row)[:80]} is not [name, dtype, shape, offset, nbytes]")
+            name, dtype_str, shape, offset, nbytes = row
+            if not (isinstance(name, str) and isinstance(dtype_str, str) and isinstance(shape, list)
+                    and all(_count(n) for n in shape) and _count(offset) and _count(nbytes)):
+                raise ValueError(f"index row {str(row)[:80]}: a name, a dtype, a shape of counts, an offset and a size")
             dtype = np.dtype(dtype_str)
-            if dtype.hasobject or offset < 0 or offset + nbytes > len(data) \
-                    or nbytes != dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
-                raise ValueError(f"entry {name!r}: dtype {dtype_str}, shape {shape}, bytes {offset}+{nbytes} "
+            count = 1
+            for n in shape:
+                count *= n
+            if dtype.hasobject or dtype.kind == "V" or offset + nbytes > len(data) or nbytes != dtype.itemsize * count:
+                raise ValueError(f"entry {name[:80]!r}: dtype {dtype_str[:20]}, shape {shape}, bytes {offset}+{nbytes} "
                                  f"of {len(data)}")
-            out[name] = np.frombuffer(data, dtype=dtype, count=int(np.prod(shape, dtype=np.int64)),
-                                      offset=offset).reshape(tuple(shape)).copy()
-    except (TypeError, ValueError) as exc:
-        raise SnapshotError(f"{where}: malformed packed state ({exc})") from None
+            out[name] = np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(tuple(shape)).copy()
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise SnapshotError(f"{where}: malformed packed state ({str(exc)[:300]})") from None
     return out
+
+
+def _count(value: Any) -> bool:
+    """A non-negative integer (a bool or a float is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _plain(name: str, value: Any) -> np.ndarray:
@@ -155,26 +170,36 @@ class TrunkTape:
         return npz_bytes(entries)
 
     @classmethod
-    def read(cls, path: Path | str) -> "TrunkTape":
-        """Read a snapshot file (never unpickling anything).
+    def read(cls, source: Path | str | bytes, where: Optional[str] = None,
+             max_bytes: int = MAX_NPZ_BYTES) -> "TrunkTape":
+        """Read a snapshot file (a path or its bytes; never unpickling anything).
+
+        ``max_bytes`` caps what its arrays may declare: a forged file that would decompress to more is
+        refused before anything is decompressed.
 
         Raises:
             SnapshotError: the file is not a snapshot file of this format (the message names it).
         """
-        path = Path(path)
+        path = where or (str(source) if not isinstance(source, bytes) else "snapshot file")
         try:
-            entries = read_npz(path)
+            entries = read_npz(source, max_bytes)
             meta = json.loads(array_text(entries.pop("meta")))
+            if not isinstance(meta, dict):
+                raise ValueError("its metadata is not a JSON object")
         except Exception as exc:
-            raise SnapshotError(f"{path}: not a readable snapshot file ({type(exc).__name__}: {exc})") from None
+            raise SnapshotError(f"{path}: not a readable snapshot file ({type(exc).__name__}: {str(exc)[:300]})") from None
         if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-            raise SnapshotError(f"{path}: format {meta.get('format')!r} version {meta.get('version')!r}; "
+            raise SnapshotError(f"{path}: format {str(meta.get('format'))[:80]!r} version {str(meta.get('version'))[:20]!r}; "
                                 f"expected {FORMAT!r} version {VERSION}")
-        tape = cls(meta=meta,
-                   joint_positions=list(entries.pop("trunk/joint_positions")),
-                   states=list(entries.pop("trunk/states")),
-                   actions=list(entries.pop("trunk/actions")),
-                   stage_steps=[int(s) for s in entries.pop("trunk/stage_steps")])
+        try:
+            tape = cls(meta=meta,
+                       joint_positions=list(entries.pop("trunk/joint_positions")),
+                       states=list(entries.pop("trunk/states")),
+                       actions=list(entries.pop("trunk/actions")),
+                       stage_steps=[int(s) for s in entries.pop("trunk/stage_steps")])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SnapshotError(f"{path}: not a snapshot file of this format ({type(exc).__name__}: "
+                                f"{str(exc)[:200]})") from None
         for name, value in entries.items():
             head, _, rest = name.partition("/")
             if head == "model":

@@ -28,19 +28,37 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from robocasa_shift import specs
-from robocasa_shift.branching.engine import BranchSettings, check_branchable, record_trunk, run_checkpoint
+from robocasa_shift.branching.engine import (
+    BranchSettings,
+    check_branchable,
+    record_trunk,
+    run_checkpoint,
+)
 from robocasa_shift.branching.snapshot import TrunkTape
 from robocasa_shift.config import ExecutionConfig
-from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.core import specs
+from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.engine.replay import study_from_manifest
 from robocasa_shift.errors import BadInput, RunDirError
+from robocasa_shift.rundir.files import (
+    MAX_JSON_BYTES,
+    UnsafeFile,
+    atomic_write_bytes,
+    atomic_write_json,
+    inside,
+    is_regular_file,
+    move,
+    read_bytes,
+)
+from robocasa_shift.rundir.store import RunStore
 from robocasa_shift.study.executors import make_executor
 from robocasa_shift.study.runner import progress_iter
-from robocasa_shift.study.store import RunStore, atomic_write_bytes, atomic_write_json
 from robocasa_shift.study.worker import StudyCache
 
 BRANCHING = "branching"
+# The documented maximum of one trunk's snapshot file, and of what its arrays may declare (a 400-step
+# robosuite trunk with 100 checkpoints: 1.2 MB on disk, 3.6 MB of arrays).
+MAX_SNAPSHOT_BYTES = 256 * 2**20
 SELECTION_KINDS = ("shift_failure", "clean_failure")
 # Record fields a trunk's re-run must reproduce before any of its checkpoints is branched.
 TRUNK_FIELDS = ("env_fingerprint", "policy_rng_fingerprint", "success", "steps", "stage_steps")
@@ -162,8 +180,15 @@ class TrunkJob:
     def run(self, cache: StudyCache) -> List[Dict[str, Any]]:
         record, tape = record_trunk(cache.env(self.key.task), cache.policy, self.key, cache.protocol,
                                     cache.stage_spec(self.key.task), cache.config.backend)
-        return [{"trunk": {**self.key.to_json(), "record": record.to_json(), "tape": tape.to_bytes(),
-                           "chunk_steps": tape.chunk_steps}}]
+        data = tape.to_bytes()  # before the events replay moves the environment
+        try:  # task events (first grasp attempt, drop, target contact), replayed from the tape's states
+            from robocasa_shift.branching.events import trunk_events
+
+            events = trunk_events(cache.env(self.key.task), tape, cache.stage_spec(self.key.task), cache.config.backend)
+        except Exception as exc:  # noqa: BLE001 - informative only: never invalidates the trunk
+            events = {"error": f"{type(exc).__name__}: {exc}"}
+        return [{"trunk": {**self.key.to_json(), "record": record.to_json(), "tape": data,
+                           "chunk_steps": tape.chunk_steps, "events": events}}]
 
     def unrun(self, study, kind: str, message: str, protocol=None) -> List[Dict[str, Any]]:
         return _unrun("trunk", self.key.to_json(), kind, message)
@@ -172,26 +197,43 @@ class TrunkJob:
 _TAPE: Dict[str, Any] = {}  # the last snapshot file read in this process: consecutive jobs share a trunk
 
 
-def _read_tape(path: str, sha256: str) -> TrunkTape:
-    """The snapshot file at ``path``, refused unless its SHA-256 is the one recorded when it was written."""
+def read_snapshot(path: Path | str, sha256: str, root: Optional[Path | str] = None) -> TrunkTape:
+    """The snapshot file at ``path`` (a regular file reached without a link below ``root``, at most
+    ``MAX_SNAPSHOT_BYTES``), refused unless its SHA-256 is the one recorded when it was written.
+
+    The bytes hashed are the bytes read: nothing is read twice.
+
+    Raises:
+        RunDirError: the file cannot be read, is a link, FIFO or device, too large, changed, or not a snapshot.
+    """
+    try:
+        data = read_bytes(path, root, MAX_SNAPSHOT_BYTES, "snapshot file")
+    except OSError as exc:
+        raise RunDirError(f"{path}: snapshot file cannot be read ({exc.strerror or exc})") from None
+    found = hashlib.sha256(data).hexdigest()
+    if found != sha256:
+        raise RunDirError(f"{path}: snapshot file sha256 {found}, recorded {sha256}: it changed since it was written")
+    return TrunkTape.read(data, str(path), MAX_SNAPSHOT_BYTES)
+
+
+def _read_tape(path: str, sha256: str, root: Optional[str] = None) -> TrunkTape:
+    """:func:`read_snapshot`, kept while consecutive jobs of one process read the same trunk."""
     if _TAPE.get("path") != path or _TAPE.get("sha256") != sha256:
-        data = Path(path).read_bytes()
-        found = hashlib.sha256(data).hexdigest()
-        if found != sha256:
-            raise RunDirError(f"{path}: snapshot file changed since it was written (sha256 {found}, recorded {sha256})")
-        _TAPE.update(path=path, sha256=sha256, tape=TrunkTape.read(path))
+        _TAPE.update(path=path, sha256=sha256, tape=read_snapshot(path, sha256, root))
     return _TAPE["tape"]
 
 
 class CheckpointJob:
     """Fidelity and branches at one checkpoint of a recorded trunk."""
 
-    def __init__(self, key: RolloutKey, step: int, snapshot: str, sha256: str, settings: BranchSettings):
+    def __init__(self, key: RolloutKey, step: int, snapshot: str, sha256: str, settings: BranchSettings,
+                 root: Optional[str] = None):
         self.key, self.step, self.snapshot, self.sha256, self.settings = key, step, snapshot, sha256, settings
+        self.root = root  # the run directory: the snapshot is read without a link below it
         self.size = 1 + len(settings.interventions) * settings.k_expanded  # rollouts it may run
 
     def run(self, cache: StudyCache) -> List[Dict[str, Any]]:
-        tape = _read_tape(self.snapshot, self.sha256)
+        tape = _read_tape(self.snapshot, self.sha256, self.root)
         result = run_checkpoint(cache.env(self.key.task), cache.policy, self.key, cache.protocol,
                                 cache.stage_spec(self.key.task), cache.config.backend, tape, self.step, self.settings)
         return [{"checkpoint": result}]
@@ -223,14 +265,14 @@ class BranchStore:
         return self.root / base / key.phase / key.task / _slug(key) / f"s{step:04d}.json"
 
     def manifest(self) -> Optional[Dict[str, Any]]:
-        return _read(self.root / "manifest.json")
+        return _read(self.root / "manifest.json", self.run_dir)
 
     def ensure_manifest(self, manifest: Dict[str, Any]) -> None:
         """Write the manifest of a new branch study, or refuse settings that differ from its own."""
         existing = self.manifest()
         if existing is None:
             atomic_write_json(self.root / "manifest.json",
-                              {**manifest, "created": _dt.datetime.now().isoformat(timespec="seconds")})
+                              {**manifest, "created": _dt.datetime.now().isoformat(timespec="seconds")}, self.run_dir)
             return
         for field in IDENTITY:
             if existing.get(field) != manifest.get(field):
@@ -239,42 +281,65 @@ class BranchStore:
                                   f"{json.dumps(manifest.get(field), sort_keys=True)}; give another --name")
 
     def trunk(self, key: RolloutKey) -> Optional[Dict[str, Any]]:
-        return _read(self.trunk_path(key))
+        return _read(self.trunk_path(key), self.run_dir)
 
     def checkpoint(self, key: RolloutKey, step: int) -> Optional[Dict[str, Any]]:
-        return _read(self.checkpoint_path(key, step))
+        return _read(self.checkpoint_path(key, step), self.run_dir)
+
+    def snapshot_path(self, key: RolloutKey, info: Dict[str, Any]) -> Path:
+        """The snapshot file a trunk's JSON names, checked: a regular ``.npz`` file inside this branch study,
+        reached without a symbolic link, with a recorded SHA-256.
+
+        Raises:
+            RunDirError: the trunk names an absolute path, a ``..``, a link, a FIFO or device, or no hash
+                (the message names the trunk file, never anything about what lies outside).
+        """
+        where = self.trunk_path(key)
+        name, digest = info.get("snapshot_file"), info.get("snapshot_sha256")
+        try:
+            path = inside(self.root, name, "snapshot_file")
+        except UnsafeFile as exc:
+            raise RunDirError(f"{where}: {exc}; delete this trunk file to record the trunk again") from None
+        if not str(name).endswith(".npz") or not is_regular_file(path, self.run_dir):
+            raise RunDirError(f"{where}: snapshot_file {str(name)[:200]!r} is not a regular .npz file of this branch "
+                              f"study (missing, a link, a FIFO or a device); delete this trunk file to record the "
+                              f"trunk again")
+        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            raise RunDirError(f"{where}: snapshot_sha256 is not a SHA-256; delete this trunk file to record it again")
+        return path
 
     def write_trunk(self, info: Dict[str, Any], tape: Optional[bytes]) -> None:
         """Write the snapshots first and the verdict after, so a verdict always has its snapshots."""
         key = RolloutKey.from_record(info)
         if tape is not None:
-            atomic_write_bytes(self.trunk_path(key, ".npz"), tape)
+            atomic_write_bytes(self.trunk_path(key, ".npz"), tape, self.run_dir)
             info = {**info, "snapshot_file": str(self.trunk_path(key, ".npz").relative_to(self.root)),
                     "snapshot_sha256": hashlib.sha256(tape).hexdigest()}
         self._supersede(self.trunk_path(key), "trunks")
-        atomic_write_json(self.trunk_path(key), info)
+        atomic_write_json(self.trunk_path(key), info, self.run_dir)
 
     def write_checkpoint(self, result: Dict[str, Any]) -> None:
         key = RolloutKey.from_record(result)
         self._supersede(self.checkpoint_path(key, result["step"]), "checkpoints")
-        atomic_write_json(self.checkpoint_path(key, result["step"]), result)
+        atomic_write_json(self.checkpoint_path(key, result["step"]), result, self.run_dir)
 
     def _supersede(self, path: Path, base: str) -> None:
         """Move an existing file into ``history/`` before it is replaced (a retried unit)."""
-        if path.exists():
+        if os.path.lexists(path):
             stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S%f")
             dest = self.root / "history" / path.relative_to(self.root / base).with_suffix(f".{stamp}.json")
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(path, dest)
+            move(path, dest, self.run_dir)
 
 
-def _read(path: Path) -> Optional[Dict[str, Any]]:
-    if not path.exists():
+def _read(path: Path, root: Optional[Path] = None) -> Optional[Dict[str, Any]]:
+    """A JSON object of a branch study, or None when the file is absent; read without following a link
+    below ``root`` (the run directory), never blocking, at most ``MAX_JSON_BYTES``."""
+    if not os.path.lexists(path):
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise RunDirError(f"{path}: not readable JSON ({exc})") from None
+        data = json.loads(read_bytes(path, root, MAX_JSON_BYTES, "branch study file").decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise RunDirError(f"{path}: not readable JSON ({getattr(exc, 'strerror', None) or exc})") from None
     if not isinstance(data, dict):
         raise RunDirError(f"{path}: expected a JSON object")
     return data
@@ -298,7 +363,7 @@ def _trunk_verdict(trunk: Trunk, result: Dict[str, Any]) -> Dict[str, Any]:
             "mismatch": "; ".join(mismatch) or None, "error": record.get("error"),
             "error_kind": record.get("error_kind"),
             **{k: record.get(k) for k in ("success", "steps", "horizon", "stage_names", "stage_steps",
-                                          "first_incomplete", "wall_s")}}
+                                          "first_incomplete", "wall_s")}, "events": result.get("events")}
 
 
 def branch(run_dir: Path | str, selection: Selection = Selection(), settings: BranchSettings = BranchSettings(),
@@ -386,10 +451,16 @@ def checkpoint_jobs(bstore: BranchStore, trunks: Iterable[Trunk], settings: Bran
         info = bstore.trunk(trunk.key)
         if not info or not info.get("reproduced"):
             continue
-        snapshot = str(bstore.root / info["snapshot_file"])
-        for step in info["checkpoint_steps"]:
+        snapshot = None
+        steps = info.get("checkpoint_steps")
+        if not (isinstance(steps, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in steps)):
+            raise RunDirError(f"{bstore.trunk_path(trunk.key)}: checkpoint_steps is not a list of steps; delete this "
+                              f"trunk file to record the trunk again")
+        for step in steps:
             if _pending(bstore.checkpoint(trunk.key, step), retry_errors):
-                jobs.append(CheckpointJob(trunk.key, step, snapshot, info["snapshot_sha256"], settings))
+                snapshot = snapshot or str(bstore.snapshot_path(trunk.key, info))  # checked once, before any job runs
+                jobs.append(CheckpointJob(trunk.key, step, snapshot, info["snapshot_sha256"], settings,
+                                          str(bstore.run_dir)))
     return jobs
 
 
@@ -422,10 +493,11 @@ def plan_summary(bstore: BranchStore, trunks: Sequence[Trunk], settings: BranchS
         checkpoints += len(steps)
         for step in steps:
             remaining = max(0, horizon - step) if settings.budget == "inherited" else settings.fresh_budget
-            low += 1 + n_int * settings.k_initial
-            high += 1 + n_int * settings.k_expanded
+            k_low = settings.k_fixed or settings.k_initial  # a fixed-K reference runs every branch up to it
+            low += 1 + n_int * k_low
+            high += 1 + n_int * (settings.k_fixed or settings.k_expanded)
             # fidelity replays the trunk's own remainder; branches may run to the budget
-            seconds += per_step * ((record.get("steps", 0) - step) + n_int * settings.k_initial * remaining)
+            seconds += per_step * ((record.get("steps", 0) - step) + n_int * k_low * remaining)
     workers = max(1, execution.workers)
     return {"dry_run": True, "trunks_selected": len(trunks), "trunks_to_record": trunk_runs,
             "checkpoints": checkpoints, "branch_rollouts_at_k": low, "branch_rollouts_if_all_expanded": high,
@@ -433,5 +505,5 @@ def plan_summary(bstore: BranchStore, trunks: Sequence[Trunk], settings: BranchS
             "trunks": [{"key": t.key.id, "selection": t.selection} for t in trunks]}
 
 
-__all__ = ["BRANCHING", "BranchStore", "CheckpointJob", "SELECTION_KINDS", "Selection", "Trunk", "TrunkJob",
-           "branch", "branch_steps", "checkpoint_jobs", "plan_summary", "select_trunks"]
+__all__ = ["BRANCHING", "BranchStore", "CheckpointJob", "MAX_SNAPSHOT_BYTES", "SELECTION_KINDS", "Selection", "Trunk",
+           "TrunkJob", "branch", "branch_steps", "checkpoint_jobs", "plan_summary", "read_snapshot", "select_trunks"]

@@ -1,4 +1,4 @@
-"""Integrity audit of a run directory (PROTOCOL.md section 8, paper Table VII).
+"""Integrity audit of a run directory (docs/protocol.md section 8, paper Table VII).
 
 Per task: expected rollouts, valid rollouts, distinct base episodes, and the
 counts that must be zero: missing and duplicated records, base-state
@@ -23,20 +23,29 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections import Counter, defaultdict
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from robocasa_shift import seeding, specs
+from robocasa_shift import seeding
 from robocasa_shift.checks.branch_audit import audit_branch_studies
 from robocasa_shift.checks.results import CheckResult, write_result
-from robocasa_shift.engine.perturbations import READBACK_ATOL, BaseOffset, factor_kind, max_abs_difference
-from robocasa_shift.engine.records import RolloutKey
-from robocasa_shift.engine.steplog import StepLogError
-from robocasa_shift.errors import UnknownNameError
+from robocasa_shift.core import kits, specs
+from robocasa_shift.core.factors import (
+    READBACK_ATOL,
+    AuditContext,
+    factor_kind,
+    max_abs_difference,
+    perturbation_entries,
+)
+from robocasa_shift.core.records import RolloutKey
+from robocasa_shift.core.steplog import StepLogError
+from robocasa_shift.errors import Error, RunDirError, UnknownNameError
+from robocasa_shift.rundir.files import MAX_JSON_BYTES, read_bytes, read_json
+from robocasa_shift.rundir.store import RunStore
 from robocasa_shift.study.pairing import DETERMINISM
-from robocasa_shift.study.store import RunStore
 
 # Checks whose count must be zero, in the order of the paper's Table VII.
 ZERO_CHECKS = (
@@ -70,12 +79,37 @@ def _expected_perturbation(rec: Dict[str, Any], protocol: specs.Protocol,
         protocol: the frozen protocol.
         third_person_cameras: the cameras a camera rotation must move (from the manifest), when known.
     """
-    factor, _, level = rec["condition"].partition(":")
+    try:
+        condition = protocol.condition(rec["condition"])
+    except Error as exc:
+        return [f"condition: {exc}"]
     pert = rec.get("perturbation")
-    if rec["condition"] == specs.CLEAN:
+    if condition.is_clean:
         return [] if pert is None else ["clean rollout carries a perturbation record"]
     if not isinstance(pert, dict):
         return ["no perturbation record"]
+    if not condition.is_combined:
+        return _entry_problems(rec, protocol, condition.single, pert, third_person_cameras)
+    # a combined condition: one entry per factor, in the condition's order, each checked as its single factor's
+    entries = pert.get("entries")
+    if pert.get("condition") != str(condition) or not isinstance(entries, list) or len(entries) != len(condition.shifts):
+        return [f"record is for {pert.get('condition')!r} with {len(entries) if isinstance(entries, list) else 'no'} "
+                f"entries, not {condition} with {len(condition.shifts)}"]
+    problems = []
+    for shift, entry in zip(condition.shifts, entries):
+        if not isinstance(entry, dict):
+            problems.append(f"{shift}: no entry")
+            continue
+        problems += [f"{shift}: {p}" for p in _entry_problems(rec, protocol, shift, entry, third_person_cameras)]
+    if pert.get("ok") is not all(bool(e.get("ok")) for e in entries if isinstance(e, dict)):
+        problems.append("'ok' is not whether every entry read back")
+    return problems
+
+
+def _entry_problems(rec: Dict[str, Any], protocol: specs.Protocol, shift, pert: Dict[str, Any],
+                    third_person_cameras: Optional[List[str]] = None) -> List[str]:
+    """Problems with one factor's runtime record (a single-factor record, or an entry of a combined one)."""
+    factor, level = shift.factor, shift.level
     problems = []
     spec = protocol.factor(factor)
     kind = factor_kind(spec)
@@ -85,8 +119,8 @@ def _expected_perturbation(rec: Dict[str, Any], protocol: specs.Protocol,
     if pert.get("params") != params:
         problems.append(f"params {pert.get('params')} differ from the frozen level {params}")
     error = max_abs_difference(pert.get("applied"), pert.get("expected"))
-    if not error <= READBACK_ATOL:
-        problems.append(f"read-back differs from the expected values by {error:.3g}")
+    if not error <= kind.readback_atol:
+        problems.append(f"read-back differs from the expected values by {error:.3g} (tolerance {kind.readback_atol:.3g})")
 
     rng = seeding.draw_rng(protocol.study_seed, factor, rec["task"], rec["phase"], int(rec["episode"]))
     try:
@@ -99,27 +133,9 @@ def _expected_perturbation(rec: Dict[str, Any], protocol: specs.Protocol,
     elif not _close(pert.get("draw"), want):
         problems.append(f"draw {pert.get('draw')} is not the one its seed stream gives "
                         f"({pert.get('draws_rejected', 0)} rejected first): {want}")
-    if spec.kind == "base_offset" and want is not None:
-        if not _close(pert.get("expected"), BaseOffset.offset(params, want)):
-            problems.append("base offset is not the scaled draw of the seed stream")
-    if spec.kind == "camera_rotation" and want is not None:
-        expected = pert.get("expected") if isinstance(pert.get("expected"), dict) else {}
-        cameras = sorted(expected)
-        if not cameras or (third_person_cameras is not None and cameras != sorted(third_person_cameras)):
-            problems.append(f"rotated cameras {cameras} are not the third-person cameras "
-                            f"{third_person_cameras if third_person_cameras is not None else '(any)'}")
-        scaled = [params["theta_max_deg"] * u for u in want]
-        for cam in cameras:
-            values = expected[cam] if isinstance(expected[cam], dict) else {}
-            if not _close([values.get("yaw_deg"), values.get("pitch_deg")], scaled):
-                problems.append(f"{cam} offset is not the scaled draw of the seed stream")
-    if kind.side == "obs":
-        # a policy that reads no camera gets no image to transform (frames_rendered 0): nothing to measure
-        delivered = not (isinstance(rec.get("frames_rendered"), int) and rec["frames_rendered"] == 0)
-        problems += kind.measured_problems(spec, level, pert.get("measured"), images_delivered=delivered)
-    elif kind.side == "instruction":
-        problems += kind.measured_problems(spec, level, pert.get("measured"))
-    return problems
+    # a policy that reads no camera gets no image to transform (frames_rendered 0): nothing to measure
+    delivered = not (isinstance(rec.get("frames_rendered"), int) and rec["frames_rendered"] == 0)
+    return problems + kind.audit(spec, level, want, pert, AuditContext(third_person_cameras, delivered))
 
 
 def _pairing_failures(members, fp_field: str, reference: Optional[str], seed_field: str, want_seed: int,
@@ -215,18 +231,19 @@ def audit_run(run_dir: Path | str, phase: str = "formal") -> CheckResult:
             failing["policy_seed_mismatches"] += _pairing_failures(
                 members, "policy_rng_fingerprint", reference, "policy_seed", want_seed, "policy RNG fingerprint")
 
-        # Shared draws: every level of a factor in an episode uses the same draw.
+        # Shared draws: every level of a factor in an episode, and every combination it enters, uses the same draw.
         draws: Dict[Tuple, set] = defaultdict(set)
         for key, rec in current.items():
-            pert = rec.get("perturbation") or {}
-            if pert.get("draw") is not None:
-                shared = json.dumps([pert["draw"], pert.get("draws_rejected")])
-                draws[(key.phase, key.episode, key.replicate, pert.get("factor"))].add(shared)
+            for pert in perturbation_entries(rec.get("perturbation")):
+                if pert.get("draw") is not None:
+                    shared = json.dumps([pert["draw"], pert.get("draws_rejected")])
+                    draws[(key.phase, key.episode, key.replicate, pert.get("factor"))].add(shared)
         for key, rec in current.items():
             problems = _expected_perturbation(rec, protocol, third_person)
-            pert = rec.get("perturbation") or {}
-            if len(draws.get((key.phase, key.episode, key.replicate, pert.get("factor")), ())) > 1:
-                problems.append("levels of this episode used different draws")
+            for pert in perturbation_entries(rec.get("perturbation")):
+                if len(draws.get((key.phase, key.episode, key.replicate, pert.get("factor")), ())) > 1:
+                    problems.append(f"the levels and combinations of {pert.get('factor')} in this episode used "
+                                    "different draws")
             if problems or rec.get("error_kind") == "perturbation":
                 failing["invalid_perturbation_records"].append(f"{key.id}: {'; '.join(problems) or rec.get('error')}")
             kind = rec.get("error_kind")
@@ -258,6 +275,10 @@ def audit_run(run_dir: Path | str, phase: str = "formal") -> CheckResult:
             "checks": checks,
             "passed": all(c["count"] == 0 for c in checks.values()) and valid == len(task_expected) and bool(task_expected),
         }
+    # A generated asset kit (robocasa's stand-in kitchens): named on every page; records on another kit fail the run.
+    report["asset_kit"] = kits.run_asset_kit(manifest)
+    report["banner"] = kits.banner(report["asset_kit"])
+    report["run_problems"] += kits.kit_problems(manifest, [rec for _, rec in all_entries])
     # Branch studies (counterfactual continuations) of this run: seeds, snapshot hashes, fidelity, estimates.
     report["branching"] = audit_branch_studies(run_dir)
     report["run_problems"] += [f"branch study {name}: {problem}" for name, study in report["branching"].items()
@@ -321,17 +342,26 @@ def records_digest(run_dir: Path | str) -> str:
     root = Path(run_dir)
     h = hashlib.sha256()
     for path in [root / "plan.json", *RunStore(root).record_files()]:
-        if path.exists():
-            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+        if os.path.lexists(path):
+            try:  # a regular file reached without a link, never blocking (a shared run directory)
+                data = read_bytes(path, root, MAX_JSON_BYTES, "record")
+            except OSError as exc:
+                data = f"unreadable: {exc.strerror}".encode()
+            h.update(str(path.relative_to(root)).encode() + b"\0" + data + b"\0")
     return h.hexdigest()
 
 
 def read_audit(run_dir: Path | str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
     """The run's ``audit.json`` and a note when it is missing or older than the records (never re-audits)."""
     path = Path(run_dir) / "audit.json"
-    if not path.exists():
+    if not os.path.lexists(path):
         return None, f"No audit yet: run `robocasa-shift audit {run_dir}`."
-    audit = json.loads(path.read_text())
+    try:
+        audit = read_json(path, run_dir, MAX_JSON_BYTES, "audit")
+    except (OSError, RunDirError) as exc:
+        return None, f"audit.json cannot be read ({getattr(exc, 'strerror', None) or exc}); run `robocasa-shift audit {run_dir}` again."
+    if not isinstance(audit, dict):
+        return None, f"audit.json is not a JSON object; run `robocasa-shift audit {run_dir}` again."
     if audit.get("records_sha256") != records_digest(run_dir):
         return audit, (f"audit.json is stale: the records or the plan changed after it was written; "
                        f"run `robocasa-shift audit {run_dir}` again. The table below is the old audit.")
@@ -355,7 +385,8 @@ LABELS = {
 def audit_markdown(report: Mapping[str, Any]) -> str:
     """The audit as a Markdown table, then the failing rollouts of each check."""
     head = ["task", "expected", "valid", "distinct episodes"] + [LABELS[c] for c in ZERO_CHECKS] + ["passed"]
-    lines = ["# Integrity audit", "", f"Phase: {report.get('phase', 'formal')}.", "",
+    lines = ([f"**{report['banner']}**", ""] if report.get("banner") else []) + [
+             "# Integrity audit", "", f"Phase: {report.get('phase', 'formal')}.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for task, t in report["tasks"].items():
         cells = [task, t["expected_rollouts"], t["valid_rollouts"], t["distinct_base_episodes"]]

@@ -6,25 +6,28 @@ the snapshot file, itself checked against the hash written with it), the
 fidelity verdicts (a checkpoint is branched only when its replay was
 bit-identical), the success counts, the expansion rule and the estimate; the
 trunk's selection against the run's own records; the interventions' frozen spec
-hashes against the current specs; and that every planned checkpoint has a result.
+hashes against the current specs; that every planned checkpoint has a result; and, for a
+served policy, that every checkpoint's session state names the study's model and one server
+(``policy_state_audit``).
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
 import math
 from pathlib import Path
 from typing import Any, Dict, List, Mapping
 
-from robocasa_shift import specs
-from robocasa_shift.branching import estimator
+from robocasa_shift.analysis import recoverability
 from robocasa_shift.branching.engine import branch_seed
 from robocasa_shift.branching.interventions import make_intervention
-from robocasa_shift.branching.snapshot import TrunkTape
-from robocasa_shift.branching.study import BRANCHING, TRUNK_FIELDS, BranchStore
-from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.branching.study import BRANCHING, TRUNK_FIELDS, BranchStore, read_snapshot
+from robocasa_shift.checks.policy_state_audit import policy_state_problems
+from robocasa_shift.core import specs
+from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.errors import Error
-from robocasa_shift.study.store import RunStore
+from robocasa_shift.rundir.files import MAX_JSON_BYTES, read_bytes
+from robocasa_shift.rundir.store import RunStore
 
 
 def audit_branch_studies(run_dir: Path | str) -> Dict[str, Dict[str, Any]]:
@@ -48,6 +51,8 @@ def audit_branch_study(run_dir: Path | str, name: str) -> Dict[str, Any]:
     run_manifest = store.manifest() or {}
     protocol = specs.load_protocol()
     settings = manifest.get("settings") or {}
+    if not isinstance(settings, dict) or not isinstance(settings.get("interventions") or {}, dict):
+        return {"passed": False, "problems": [f"{bstore.root}/manifest.json: settings are not those of a branch study"]}
     if manifest.get("run_spec_hash") != run_manifest.get("spec_hash"):
         problems.append(f"branch study spec hash {manifest.get('run_spec_hash')} is not the run's "
                         f"{run_manifest.get('spec_hash')}")
@@ -64,36 +69,50 @@ def audit_branch_study(run_dir: Path | str, name: str) -> Dict[str, Any]:
     checked = ok = branches = 0
     for path in sorted((bstore.root / "trunks").rglob("*.json")):
         try:
-            trunk = _read(path)
+            trunk = _read(path, bstore.run_dir)
             key = RolloutKey.from_record(trunk)
-        except (Error, KeyError, ValueError) as exc:
+        except (Error, KeyError, ValueError, TypeError) as exc:
             problems.append(f"{path}: {exc}")
             continue
-        problems += [f"trunk {key.id}: {p}" for p in _trunk_problems(bstore, key, trunk, stored.get(key),
-                                                                      clean.get(key.pair_id))]
+        try:
+            problems += [f"trunk {key.id}: {p}" for p in _trunk_problems(bstore, key, trunk, stored.get(key),
+                                                                          clean.get(key.pair_id))]
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:  # a forged trunk file
+            problems.append(f"trunk {key.id}: malformed ({type(exc).__name__}: {str(exc)[:120]})")
         if not trunk.get("reproduced"):
             continue
         tape = _tape(bstore, trunk, problems, key)
-        for step in trunk.get("checkpoint_steps") or []:
-            result = bstore.checkpoint(key, step)
+        if tape is not None:  # served policies' session states: server, model, format (policy_state_audit)
+            problems += [f"trunk {key.id}: {p}" for p in policy_state_problems(tape, manifest.get("policy"))]
+        steps = trunk.get("checkpoint_steps") or []
+        if not (isinstance(steps, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in steps)):
+            problems.append(f"trunk {key.id}: checkpoint_steps {json.dumps(steps)[:60]} is not a list of steps")
+            continue
+        for step in steps:
+            try:
+                result = bstore.checkpoint(key, step)
+            except Error as exc:
+                problems.append(f"checkpoint {key.id} step {step}: {exc}")
+                continue
             if result is None:
                 problems.append(f"checkpoint {key.id} step {step}: no result")
                 continue
             checked += 1
-            ok += bool((result.get("fidelity") or {}).get("ok"))
-            branches += sum(len(v.get("branches") or []) for v in (result.get("interventions") or {}).values())
-            problems += [f"checkpoint {key.id} step {step}: {p}"
-                         for p in _checkpoint_problems(result, key, step, tape, settings, protocol.study_seed)]
+            try:
+                ok += bool((result.get("fidelity") or {}).get("ok"))
+                branches += sum(len(v.get("branches") or []) for v in (result.get("interventions") or {}).values())
+                problems += [f"checkpoint {key.id} step {step}: {p}"
+                             for p in _checkpoint_problems(result, key, step, tape, settings, protocol.study_seed)]
+            except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:  # a forged result file
+                problems.append(f"checkpoint {key.id} step {step}: malformed ({type(exc).__name__}: {str(exc)[:120]})")
     return {"passed": not problems, "problems": problems, "fidelity": {"ok": ok, "checked": checked},
             "branches": branches}
 
 
-def _read(path: Path) -> Dict[str, Any]:
-    import json
-
+def _read(path: Path, root: Path) -> Dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        data = json.loads(read_bytes(path, root, MAX_JSON_BYTES, "trunk file").decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
         raise ValueError(f"not readable JSON ({exc})") from None
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
@@ -117,19 +136,12 @@ def _trunk_problems(bstore: BranchStore, key: RolloutKey, trunk: Mapping[str, An
 
 
 def _tape(bstore: BranchStore, trunk: Mapping[str, Any], problems: List[str], key: RolloutKey):
-    """The trunk's snapshot file, checked against the hash written with it (None when it is not usable)."""
-    path = bstore.root / str(trunk.get("snapshot_file"))
+    """The trunk's snapshot file, checked against the hash written with it (None when it is not usable).
+
+    Only a regular file inside the branch study, reached without a link, is read (``BranchStore.snapshot_path``).
+    """
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        problems.append(f"trunk {key.id}: snapshot file {path}: {exc.strerror}")
-        return None
-    found = hashlib.sha256(data).hexdigest()
-    if found != trunk.get("snapshot_sha256"):
-        problems.append(f"trunk {key.id}: snapshot file sha256 {found}, recorded {trunk.get('snapshot_sha256')}")
-        return None
-    try:
-        return TrunkTape.read(path)
+        return read_snapshot(bstore.snapshot_path(key, dict(trunk)), trunk["snapshot_sha256"], bstore.run_dir)
     except Error as exc:
         problems.append(f"trunk {key.id}: {exc}")
         return None
@@ -162,14 +174,29 @@ def _checkpoint_problems(result: Mapping[str, Any], key: RolloutKey, step: int, 
             problems.append(f"{name}: branches {wrong} have seeds other than their stream's")
         k = sum(bool(b.get("success")) for b in runs)
         first = sum(bool(b.get("success")) for b in runs[:k0])
-        expand = kmax > k0 and estimator.needs_expansion(first, k0, tau)
+        expand = kmax > k0 and recoverability.needs_expansion(first, k0, tau)
         if len(runs) != (kmax if expand else k0) or bool(cell.get("expanded")) != expand:
             problems.append(f"{name}: {len(runs)} branches (expanded={cell.get('expanded')}); the rule gives "
                             f"{kmax if expand else k0} from {first} of the first {k0}")
         if cell.get("k") != k or cell.get("n") != len(runs):
             problems.append(f"{name}: k/n recorded {cell.get('k')}/{cell.get('n')}, counted {k}/{len(runs)}")
-        if runs and not math.isclose(cell.get("estimate", -1.0), estimator.jeffreys_lower(k, len(runs), q), abs_tol=1e-12):
+        if runs and not math.isclose(cell.get("estimate", -1.0), recoverability.jeffreys_lower(k, len(runs), q), abs_tol=1e-12):
             problems.append(f"{name}: estimate {cell.get('estimate')} is not the Jeffreys q={q} quantile of {k}/{len(runs)}")
+        fixed, k_fixed = cell.get("fixed"), settings.get("k_fixed")
+        if (fixed is not None) != (k_fixed is not None):
+            problems.append(f"{name}: a fixed-K reference {'without' if fixed is not None else 'missing for'} the "
+                            f"study's k_fixed {k_fixed}")
+        elif fixed is not None:
+            extra = fixed.get("branches") or []
+            if [b.get("index") for b in extra] != list(range(len(runs), k_fixed)):
+                problems.append(f"{name}: fixed-K branches are not {len(runs)}..{k_fixed - 1}")
+            if any(b.get("seed") != branch_seed(study_seed, key, step, b.get("index")) for b in extra):
+                problems.append(f"{name}: fixed-K branches have seeds other than their stream's")
+            k_all = k + sum(bool(b.get("success")) for b in extra)
+            if fixed.get("k") != k_all or fixed.get("n") != k_fixed or not math.isclose(
+                    fixed.get("estimate", -1.0), recoverability.jeffreys_lower(k_all, k_fixed, q), abs_tol=1e-12):
+                problems.append(f"{name}: fixed-K k/n/estimate recorded {fixed.get('k')}/{fixed.get('n')}/"
+                                f"{fixed.get('estimate')}, counted {k_all}/{k_fixed}")
     return problems
 
 

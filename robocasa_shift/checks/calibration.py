@@ -1,13 +1,13 @@
-"""Model-free severity calibration (PROTOCOL.md section 5): no policy runs.
+"""Model-free severity calibration (docs/protocol.md section 5): no policy runs.
 
-For each task, 3 fixed base episodes x 13 conditions, one reset-and-render
+For each task, 3 fixed base episodes x the matrix's conditions, one reset-and-render
 record each. Every camera is rendered at the resolution the policy receives
 (``image_size``: by default the image size of the policy the run directory's
 manifest names, else the policy contract's default) and measured per camera
 role (``third_person``, ``wrist``), since blur and illumination act on every
 image the policy reads. Checks per record: valid initialization; observation
 integrity (finite, right shape, not blank); the pre-perturbation fingerprint
-equals the clean one; the intended change happened (illumination: every role
+equals the clean one; the intended change happened, as the factor's kind defines it (illumination: every role
 darker than clean; blur: every camera's sharpness ratio to its clean render
 inside the frozen range of the level, the one the audit checks; both with a
 monotonicity warning across L1-L3 per role; camera: the third-person image
@@ -25,18 +25,24 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from robocasa_shift import specs
 from robocasa_shift.backends import get_backend
 from robocasa_shift.checks.results import CheckResult, write_result
-from robocasa_shift.engine.perturbations import GaussianBlur, factor_kind, laplacian_variance
-from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.core import specs
+from robocasa_shift.core.backend import missing_hooks
+from robocasa_shift.core.conditions import CLEAN, factor_levels
+from robocasa_shift.core.factors import (
+    CalibrationView,
+    factor_kind,
+    laplacian_variance,
+    perturbation_entries,
+)
+from robocasa_shift.core.policy import Policy
+from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.engine.rollout import inject, prepare_episode
 from robocasa_shift.errors import BadInput, PerturbationError
-from robocasa_shift.policies.base import Policy
-from robocasa_shift.study.store import RunStore
+from robocasa_shift.rundir.store import RunStore
 
 MIN_IMAGE_STD = 2.0  # a frame with less spread than this (0-255 scale) is blank
-MIN_CAMERA_CHANGE = 0.5  # mean absolute pixel change that counts as "the image moved"
 ROLES = ("third_person", "wrist")
 sharpness = laplacian_variance  # the measure the rollouts record and the audit checks (engine.perturbations)
 
@@ -74,6 +80,8 @@ def calibrate(
     episodes: Sequence[int] = (0, 1, 2),
     phase: str = "formal",
     image_size: Optional[int] = None,
+    asset_kit: Optional[str] = None,
+    conditions: Optional[Sequence[str]] = None,
 ) -> CheckResult:
     """Model-free severity calibration of ``tasks``: every condition rendered and checked, no policy.
 
@@ -85,6 +93,9 @@ def calibrate(
         phase: the seed stream of the episodes.
         image_size: the square render size in pixels; None: the size of the policy the run
             directory names (:func:`policy_image_size`), else the policy contract's default.
+        asset_kit: a generated asset kit to run on (``standin``: robocasa's stand-in kitchens), or None.
+        conditions: the conditions to render (default: the matrix's 13); optional factors' conditions and
+            combinations whose hooks a task's environment lacks are left out and listed (``skipped``).
 
     Raises:
         BadInput: ``image_size`` is not a positive integer.
@@ -98,13 +109,21 @@ def calibrate(
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 8:
         raise BadInput(f"image size must be an integer of at least 8 pixels, got {image_size!r}")
     protocol = specs.load_protocol()
-    b = get_backend(backend)
+    conditions = [CLEAN] + [c for c in (conditions or protocol.conditions) if c != CLEAN]
+    for condition in conditions:
+        protocol.condition(condition)  # an unknown one lists the known ones
+    b = get_backend(backend, asset_kit=asset_kit)
     out = Path(run_dir) / "calibration"
-    out.mkdir(parents=True, exist_ok=True)
     rows: List[Dict[str, Any]] = []
     warnings: List[str] = []
+    skipped: Dict[str, List[str]] = {}
     for task in tasks:
         env = b.make(task)
+        lacking = [c for c in conditions if any(missing_hooks(env, factor_kind(protocol.factor(f)).requires)
+                                                for f in protocol.condition(c).factors)]
+        if lacking:
+            skipped[task] = lacking
+        task_conditions = [c for c in conditions if c not in lacking]
         cameras = list(env.third_person_cameras) + list(env.wrist_cameras)
         third, wrist = env.third_person_cameras, env.wrist_cameras
         by_role = {role: list(cams) for role, cams in zip(ROLES, (third, wrist)) if cams}
@@ -112,23 +131,28 @@ def calibrate(
         for ep in episodes:
             clean_fp = prepare_episode(env, protocol, RolloutKey(phase, task, ep, "clean"))
             clean = {c: env.render(c, image_size) for c in cameras}
-            for cond in protocol.conditions:
+            for cond in task_conditions:
                 key = RolloutKey(phase, task, ep, cond)
                 fp = prepare_episode(env, protocol, key)
                 row: Dict[str, Any] = {"task": task, "episode": ep, "condition": cond, "fingerprint_matches": fp == clean_fp}
                 try:
                     pert = inject(env, protocol, key)
+                    entries = perturbation_entries(pert)
                     row["valid_init"] = pert is None or bool(pert["ok"])
-                    row["draws_rejected"] = 0 if pert is None else pert["draws_rejected"]
-                    row["perturbation_params"] = json.dumps(None if pert is None else pert["applied"])
+                    row["draws_rejected"] = sum(int(e.get("draws_rejected", 0)) for e in entries)
+                    applied = [e["applied"] for e in entries]
+                    row["perturbation_params"] = json.dumps(None if pert is None else
+                                                            applied[0] if len(applied) == 1 else applied)
                 except PerturbationError as exc:
                     pert, row["valid_init"], row["error"] = None, False, str(exc)
                 images = {c: env.render(c, image_size) for c in cameras}
-                if pert is not None:
-                    spec = protocol.factor(pert["factor"])
+                for entry in perturbation_entries(pert):  # observation-side factors, as the policy's first frame
+                    spec = protocol.factor(entry["factor"])
                     kind = factor_kind(spec)
                     if kind.side == "obs":
-                        images = {c: kind.transform(im, spec.level(pert["level"])) for c, im in images.items()}
+                        role = {c: "wrist" if c in wrist else "third_person" for c in cameras}
+                        images = {c: kind.transform_frame(im, spec.level(entry["level"]), entry.get("draw"), 0, c,
+                                                          role[c]) for c, im in images.items()}
                 sheet.setdefault(cond, {})[ep] = images
                 row["obs_ok"] = all(
                     im.shape == (image_size, image_size, 3) and np.isfinite(im).all() and im.std() > MIN_IMAGE_STD
@@ -144,17 +168,19 @@ def calibrate(
                     row[f"clean_sharpness_{role}"] = float(np.mean([sharpness(clean[c]) for c in cams]))
                     ratios[role] = [sharpness(images[c]) / max(sharpness(clean[c]), 1e-12) for c in cams]
                     row[f"sharpness_ratio_{role}"] = float(np.mean(ratios[role]))
-                row["intended_change"] = _intended(cond, row, pert, protocol, ratios)
+                row["intended_change"] = _intended(cond, row, pert, protocol, ratios, list(by_role))
                 row["passed"] = bool(row["valid_init"] and row["obs_ok"] and row["fingerprint_matches"] and row["intended_change"])
                 rows.append(row)
         env.close()
-        _contact_sheet(sheet, protocol.conditions, list(episodes), cameras, out / f"contact_sheet_{task}.png")
-        warnings += _monotonicity(rows, task, episodes, list(by_role))
+        _contact_sheet(sheet, task_conditions, list(episodes), cameras, out / f"contact_sheet_{task}.png")
+        warnings += _monotonicity(rows, task, episodes, list(by_role), protocol, task_conditions)
 
     import pandas as pd
 
+    from robocasa_shift.rundir.files import write_csv
+
     table = pd.DataFrame(rows)
-    table.to_csv(out / "records.csv", index=False)
+    write_csv(table, out / "records.csv", run_dir)  # the one safe writer (rundir.files), below the run dir
     failed = table[~table["passed"]]
     report = {
         "backend": backend,
@@ -164,6 +190,9 @@ def calibrate(
         "image_size": image_size,
         "image_size_from": size_source,
         "n_records": len(table),
+        "n_conditions": len(conditions),
+        "conditions": list(conditions),
+        "skipped": skipped,  # task -> conditions whose hooks its environment lacks
         "n_failed": int(len(failed)),
         "failed": failed[["task", "episode", "condition"]].to_dict("records"),
         "warnings": warnings,
@@ -175,38 +204,36 @@ def calibrate(
 
 
 def _intended(condition: str, row: Dict[str, Any], pert, protocol: specs.Protocol,
-              ratios: Dict[str, List[float]]) -> bool:
-    """Whether the condition changed the images as its factor intends, in every camera role."""
-    if condition == "clean":
+              ratios: Dict[str, List[float]], roles: Sequence[str]) -> bool:
+    """Whether the condition changed the images as its factor's kind intends, in every camera role."""
+    parsed = protocol.condition(condition)
+    if parsed.is_clean:
         return row["third_change"] == 0.0 and row["wrist_identical"]
-    factor, _, level = condition.partition(":")
-    roles = list(ratios)
-    if factor == "illumination":
-        return all(row[f"brightness_{r}"] < row[f"clean_brightness_{r}"] for r in roles)
-    if factor == "blur":
-        spec = protocol.factor(factor)
-        if isinstance(factor_kind(spec), GaussianBlur):  # the frozen range the audit checks
-            (low, high), _ = GaussianBlur.frozen_checks(spec, level)
-            return all(low <= x <= high for r in roles for x in ratios[r])
-        return all(row[f"sharpness_{r}"] < row[f"clean_sharpness_{r}"] for r in roles)
-    if factor == "camera":
-        return row["third_change"] > MIN_CAMERA_CHANGE and row["wrist_identical"]
-    if factor == "base":
+    if parsed.is_combined:  # each factor's own check reads renders the other factor changed too: the read-back only
         return pert is not None and bool(pert["ok"])
-    return pert is not None and bool(pert["ok"])
+    spec = protocol.factor(parsed.factor)
+    view = CalibrationView(brightness={r: row[f"brightness_{r}"] for r in roles},
+                           clean_brightness={r: row[f"clean_brightness_{r}"] for r in roles},
+                           sharpness_ratios=ratios, third_person_change=row["third_change"],
+                           wrist_identical=row["wrist_identical"], readback_ok=None if pert is None else bool(pert["ok"]))
+    return factor_kind(spec).calibration_intended(spec, parsed.level, view)
 
 
-def _monotonicity(rows: List[Dict[str, Any]], task: str, episodes: Sequence[int], roles: Sequence[str]) -> List[str]:
-    """Warnings where brightness (illumination) or sharpness (blur) of a camera role does not fall over L1-L3."""
+def _monotonicity(rows: List[Dict[str, Any]], task: str, episodes: Sequence[int], roles: Sequence[str],
+                  protocol: specs.Protocol, conditions: Optional[Sequence[str]] = None) -> List[str]:
+    """Warnings where the measure a factor's kind lowers (``calibration_trend``) does not fall over its levels."""
     out = []
-    for factor, measure in (("illumination", "brightness"), ("blur", "sharpness")):
+    for factor, conditions in factor_levels(conditions or protocol.conditions, protocol.factor_order):
+        measure = factor_kind(protocol.factor(factor)).calibration_trend
+        if measure is None:
+            continue
         for role in roles:
             column = f"{measure}_{role}"
             for ep in episodes:
-                values = [r[column] for r in rows
-                          if r["task"] == task and r["episode"] == ep and r["condition"].startswith(factor + ":")]
-                if any(b >= a for a, b in zip(values, values[1:])):
-                    out.append(f"{task} episode {ep}: {factor} {role} {measure} is not decreasing over L1-L3: "
+                values = [r[column] for c in conditions for r in rows
+                          if r["task"] == task and r["episode"] == ep and r["condition"] == c]
+                if len(set(values)) > 1 and any(b >= a for a, b in zip(values, values[1:])):  # equal: role untouched
+                    out.append(f"{task} episode {ep}: {factor} {role} {measure} is not decreasing over its levels: "
                                f"{[round(v, 2) for v in values]}")
     return out
 
@@ -228,7 +255,10 @@ def _contact_sheet(sheet, conditions, episodes, cameras, path: Path) -> None:
     for i, (ep, cam) in enumerate((ep, c) for ep in episodes for c in cameras):
         cv2.putText(header, f"ep {ep} {cam.replace('robot0_', '')}", (label_w + i * size + 4, 16),
                     cv2.FONT_HERSHEY_SIMPLEX, 0.38, (0, 0, 0), 1, cv2.LINE_AA)
-    cv2.imwrite(str(path), cv2.cvtColor(np.concatenate([header, grid], axis=0), cv2.COLOR_RGB2BGR))
+    ok, png = cv2.imencode(".png", cv2.cvtColor(np.concatenate([header, grid], axis=0), cv2.COLOR_RGB2BGR))
+    from robocasa_shift.rundir.files import atomic_write_bytes
+
+    atomic_write_bytes(path, png.tobytes(), Path(path).parent.parent)  # RUN_DIR/calibration/: below the run dir
 
 
 def _markdown(table, report) -> str:
@@ -238,7 +268,8 @@ def _markdown(table, report) -> str:
     head = ["task", "condition", "valid init", "obs ok", "fingerprint = clean", "intended change", *measures,
             "third-person change", "wrist identical"]
     lines = ["# Severity calibration (model-free)", "",
-             f"{report['n_records']} records ({len(report['episodes'])} episodes x 13 conditions per task) at "
+             f"{report['n_records']} records ({len(report['episodes'])} episodes x {report['n_conditions']} conditions "
+             f"per task) at "
              f"{report['image_size']} x {report['image_size']} px ({report['image_size_from']}); "
              f"{report['n_failed']} failed.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

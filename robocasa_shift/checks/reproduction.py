@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List
 
-from robocasa_shift.engine.records import RolloutKey
-from robocasa_shift.study.store import RunStore
+from robocasa_shift.core.records import RolloutKey
+from robocasa_shift.rundir.store import RunStore
 
 # wall-clock timings, the renderer's name and the step log's file name: not results
 VOLATILE = ("timing", "wall_s", "renderer", "step_log")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, Mapping
 
-from robocasa_shift.study.store import atomic_write_text
+from robocasa_shift.rundir.files import atomic_write_text
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,6 @@ class CheckResult(Mapping[str, Any]):
 def write_result(result: CheckResult, run_dir: Path | str) -> Path:
     """Write ``<stem>.json`` and ``<stem>.md`` under ``run_dir`` atomically; return the Markdown path."""
     base = Path(run_dir) / result.stem
-    atomic_write_text(base.with_suffix(".json"), json.dumps(result.to_json(), indent=1, sort_keys=True) + "\n")
-    atomic_write_text(base.with_suffix(".md"), result.markdown)
+    atomic_write_text(base.with_suffix(".json"), json.dumps(result.to_json(), indent=1, sort_keys=True) + "\n", run_dir)
+    atomic_write_text(base.with_suffix(".md"), result.markdown, run_dir)
     return base.with_suffix(".md")

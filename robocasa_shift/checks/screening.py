@@ -1,4 +1,4 @@
-"""Clean-competence screening (PROTOCOL.md section 2, paper Table IV) from a frozen candidate pool.
+"""Clean-competence screening (docs/protocol.md section 4, paper Table IV) from a frozen candidate pool.
 
 Screening runs clean rollouts from the screening seed stream, applies the pool's
 rule and N+M schedule, and writes the table and the formal suite
@@ -18,15 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from robocasa_shift import errors, specs
+from robocasa_shift import errors
 from robocasa_shift.checks.results import CheckResult, write_result
 from robocasa_shift.config import ExecutionConfig, StudyConfig
-from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.core import specs
+from robocasa_shift.core.records import RolloutKey
+from robocasa_shift.rundir.files import atomic_write_json
+from robocasa_shift.rundir.store import RunStore
 from robocasa_shift.study.plan import plan_keys
 from robocasa_shift.study.runner import RunSession
-from robocasa_shift.study.store import RunStore, atomic_write_json
-
-POOLS_DIR = specs.PROJECT_ROOT / "pools"
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def load_pool(backend: str, path: Optional[Path | str] = None) -> Pool:
     Raises:
         SpecError: no pool file, a missing or mistyped field, or a schedule that does not add up.
     """
-    path = Path(path or POOLS_DIR / f"{backend}.yaml")
+    path = Path(path) if path else specs.find_data_file("pools", f"{backend}.yaml", f"candidate pool for backend '{backend}'")
     if not path.exists():
         raise errors.SpecError(path, "(document)", f"no candidate pool for backend '{backend}'")
     content = specs._read_yaml(path)

@@ -12,13 +12,15 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from robocasa_shift import specs
 from robocasa_shift.backends import get_backend
 from robocasa_shift.checks.results import CheckResult, write_result
-from robocasa_shift.engine.demos import demo_path, load_demo, record_demo
-from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.core import specs
+from robocasa_shift.core.demos import demo_path, load_demo
+from robocasa_shift.core.records import RolloutKey
+from robocasa_shift.core.stages import StageTracker
+from robocasa_shift.engine.demos import record_demo
 from robocasa_shift.engine.rollout import Observer, prepare_episode, run_rollout
-from robocasa_shift.engine.stages import StageTracker
+from robocasa_shift.errors import BadInput
 from robocasa_shift.policies import make_policy
 
 PHASE = "validation"
@@ -106,11 +108,24 @@ def validate_stages(
     n_demos: int = 5,
     max_attempts: int = 10,
     n_random: int = 5,
+    demo_policy: Optional[str] = None,
+    asset_kit: Optional[str] = None,
 ) -> CheckResult:
-    """Replay ``n_demos`` successful expert demonstrations per task through the StageTracker, plus negative controls."""
+    """Replay ``n_demos`` successful demonstrations per task through the StageTracker, plus negative controls.
+
+    Args:
+        demo_policy: the policy that records missing demonstrations; by default the backend's own
+            (``Backend.demo_policy``). The negative control is the backend's ``negative_control_policy``.
+        asset_kit: a generated asset kit to run on (``standin``: robocasa's stand-in kitchens), or None.
+
+    Raises:
+        BadInput: a demonstration is missing and neither the backend nor the caller names a policy to record it.
+    """
     protocol = specs.load_protocol()
-    b = get_backend(backend)
-    expert, random_policy = make_policy("expert"), make_policy("random")
+    b = get_backend(backend, asset_kit=asset_kit)
+    demo_policy = demo_policy or b.demo_policy
+    expert = make_policy(demo_policy) if demo_policy else None
+    random_policy = make_policy(b.negative_control_policy)
     demo_dir = Path(run_dir) / "demos"
     report: Dict[str, Any] = {"backend": backend, "spec_hash": protocol.spec_hash, "tasks": {}}
     for task in tasks:
@@ -121,6 +136,9 @@ def validate_stages(
             key = RolloutKey(PHASE, task, episode, "clean")
             path = demo_path(demo_dir, key)
             if not path.exists():
+                if expert is None:
+                    raise BadInput(f"no demonstration {path} and backend '{backend}' names no policy to record one: "
+                                   f"put its demonstrations under {demo_dir} or pass --demo-policy")
                 record_demo(env, expert, key, protocol, spec, backend, demo_dir)
             attempts += 1
             demo = load_demo(path)
@@ -231,6 +249,7 @@ def validate_pairing(
     episodes: Sequence[int] = (0, 1),
     phase: str = "formal",
     steps: int = 120,
+    asset_kit: Optional[str] = None,
 ) -> CheckResult:
     """Paper Table II: environment-side and policy-side pairing of clean rollouts.
 
@@ -241,7 +260,7 @@ def validate_pairing(
     Rollouts are cut at ``steps`` control steps: enough to compare actions.
     """
     protocol = specs.load_protocol()
-    b = get_backend(backend)
+    b = get_backend(backend, asset_kit=asset_kit)
     pol = make_policy(policy)
     report: Dict[str, Any] = {"backend": backend, "policy": pol.identity(), "steps": steps, "tasks": {}}
     for task in tasks:

@@ -7,7 +7,9 @@ message lists the valid names or names the file and field.
 One module per group of commands: ``info`` (conditions, tasks, policies),
 ``run`` (run, screen, formal, merge), ``checks`` (validate-stages,
 validate-pairing, calibrate, audit), ``analysis`` (export, analyze, report,
-compare), ``branch``, ``monitors``, ``judges`` (export-judge, judge, score-judge, train-judge) and ``tools`` (freeze, train-reference, bench); ``common`` holds the
+compare), ``branch``, ``monitors``, ``judges`` (export-judge, judge, score-judge, train-judge), ``tools``
+(freeze, train-reference, train-lerobot, bench) and ``kits``
+(standin-kit: the robocasa backend's generated stand-in kitchens); ``common`` holds the
 error handling and the options they share, built from the fields of
 :mod:`robocasa_shift.config`.
 """
@@ -16,7 +18,18 @@ from __future__ import annotations
 
 import click
 
-from robocasa_shift.cli import analysis, branch, checks, info, judges, monitors, run, statistics, tools
+from robocasa_shift.cli import (
+    analysis,
+    branch,
+    checks,
+    info,
+    judges,
+    kits,
+    monitors,
+    run,
+    statistics,
+    tools,
+)
 from robocasa_shift.cli.common import handle_errors
 
 
@@ -39,7 +52,7 @@ def main():
     """
 
 
-for _module in (info, run, checks, analysis, branch, monitors, judges, tools, statistics):
+for _module in (info, run, checks, analysis, branch, monitors, judges, tools, statistics, kits):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 

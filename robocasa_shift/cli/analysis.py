@@ -10,8 +10,8 @@ import click
 from robocasa_shift.analysis.compare import write_comparison
 from robocasa_shift.analysis.export import export_records
 from robocasa_shift.analysis.measures import load_records, write_analysis
-from robocasa_shift.analysis.report import build_report
 from robocasa_shift.cli.common import handle_errors, parse_policy_options
+from robocasa_shift.report.page import build_report
 
 
 def fmt(value: Optional[float]) -> str:
@@ -32,8 +32,10 @@ def export_command(run_dir: Path, out: Path, steps_out: Optional[Path]) -> None:
     if steps_out is not None:
         from robocasa_shift.analysis.export import steps_frame
 
+        from robocasa_shift.rundir.files import write_csv
+
         frame = steps_frame(run_dir)
-        frame.to_csv(steps_out, index=False)
+        write_csv(frame, steps_out)
         rollouts = len(frame.drop_duplicates(["phase", "task", "episode", "condition", "replicate"])) if len(frame) else 0
         click.echo(f"{len(frame)} logged steps of {rollouts} rollouts -> {steps_out}")
 
@@ -46,7 +48,8 @@ def export_command(run_dir: Path, out: Path, steps_out: Optional[Path]) -> None:
 @click.option("--seed", "bootstrap_seed", default=0, show_default=True, help="Bootstrap seed (recorded).")
 @click.option("--n-boot", default=10000, show_default=True, help="Bootstrap resamples.")
 @click.option("--min-effect", default=0.10, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True),
-              help="Declared margin: NO CHANGE DETECTED needs the calibrated interval inside +-this dSR.")
+              help="Declared margin: NO CHANGE DETECTED needs the calibrated interval inside +-this dSR and the "
+                   "equivalence test, Holm-adjusted across conditions, to reject.")
 @handle_errors
 def analyze_command(records: Path, out_dir: Path, phase: str, bootstrap_seed: int, n_boot: int,
                     min_effect: float) -> None:
@@ -98,7 +101,8 @@ def _report_policy_options(ctx: click.Context, param: click.Parameter, value: Tu
                    "re-runs. Only for a run directory you trust; allow_pickle and the torch serializer never "
                    "come from it.")
 @click.option("--min-effect", default=0.10, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True),
-              help="Declared margin: NO CHANGE DETECTED needs the calibrated interval inside +-this dSR.")
+              help="Declared margin: NO CHANGE DETECTED needs the calibrated interval inside +-this dSR and the "
+                   "equivalence test, Holm-adjusted across conditions, to reject.")
 @handle_errors
 def report_command(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, policy_options: Dict[str, Any],
                    trust_run_dir: bool, min_effect: float) -> None:
@@ -113,6 +117,12 @@ def report_command(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, pol
     """
     page = build_report(run_dir, videos_per_kind=videos_per_kind, bootstrap_seed=bootstrap_seed,
                         min_effect=min_effect, policy_options=policy_options, trust_run_dir=trust_run_dir)
+    from robocasa_shift.core import kits
+    from robocasa_shift.rundir.store import RunStore
+
+    banner = kits.banner(kits.run_asset_kit(RunStore(run_dir).manifest()))
+    if banner:
+        click.echo(banner)
     click.echo(f"report -> {page}")
 
 
@@ -123,7 +133,8 @@ def report_command(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, pol
               help="Folder for compare.json/.md [default: RUN_A/compare-<name of RUN_B>].")
 @click.option("--seed", "bootstrap_seed", default=0, show_default=True, help="Bootstrap seed (recorded).")
 @click.option("--min-effect", default=0.10, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True),
-              help="Declared margin: NO CHANGE DETECTED needs the calibrated interval inside +-this dSR.")
+              help="Declared margin: NO CHANGE DETECTED needs the calibrated interval inside +-this dSR and the "
+                   "equivalence test, Holm-adjusted across conditions, to reject.")
 @handle_errors
 def compare_command(run_a: Path, run_b: Path, out_dir: Optional[Path], bootstrap_seed: int, min_effect: float) -> None:
     """Two policies (or versions) on the same frozen suite, pair by pair (A - B).
@@ -135,6 +146,8 @@ def compare_command(run_a: Path, run_b: Path, out_dir: Optional[Path], bootstrap
     """
     out_dir = out_dir or run_a / f"compare-{run_b.name}"
     result = write_comparison(run_a, run_b, out_dir, bootstrap_seed=bootstrap_seed, min_effect=min_effect)
+    if result.get("banner"):
+        click.echo(result["banner"])
     for cond, v in result["conditions"].items():
         p = (v["signflip"] or {}).get("p_holm")
         signed = {k: "-" if v[k] is None else format(v[k], "+.3f") for k in ("macro_success_diff", "macro_depth_diff")}

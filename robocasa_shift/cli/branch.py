@@ -8,11 +8,16 @@ from typing import Any, Dict, Optional, Tuple
 
 import click
 
-from robocasa_shift.branching import estimator
+from robocasa_shift.analysis import recoverability
 from robocasa_shift.branching.engine import BUDGETS, BranchSettings
 from robocasa_shift.branching.interventions import INTERVENTIONS
 from robocasa_shift.branching.study import SELECTION_KINDS, Selection, branch
-from robocasa_shift.cli.common import RETRY_OPTION, execution_options, handle_errors, parse_policy_options
+from robocasa_shift.cli.common import (
+    RETRY_OPTION,
+    execution_options,
+    handle_errors,
+    parse_policy_options,
+)
 from robocasa_shift.config import ExecutionConfig
 from robocasa_shift.errors import BadInput
 
@@ -48,11 +53,14 @@ def _ints(text: Optional[str]) -> Tuple[int, ...]:
 @click.option("--steps", default=None, help="Explicit checkpoint steps (chunk boundaries), e.g. 40,80; replaces --stride.")
 @click.option("--intervention", "interventions", multiple=True, default=("continue", "recover"), show_default=True,
               help="The repertoire (comma list); registered: " + ", ".join(INTERVENTIONS.names()) + ".")
-@click.option("--k", "k_initial", default=estimator.K_INITIAL, show_default=True, type=click.IntRange(min=1),
+@click.option("--k", "k_initial", default=recoverability.K_INITIAL, show_default=True, type=click.IntRange(min=1),
               help="Branches per (checkpoint, intervention).")
-@click.option("--k-expanded", default=estimator.K_EXPANDED, show_default=True, type=click.IntRange(min=1),
+@click.option("--k-expanded", default=recoverability.K_EXPANDED, show_default=True, type=click.IntRange(min=1),
               help="Branches in all where the central 50% posterior interval straddles --tau.")
-@click.option("--tau", default=estimator.TAU, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True),
+@click.option("--k-fixed", type=click.IntRange(min=1), default=None,
+              help="Also run every (checkpoint, intervention) to this many branches in all (e.g. 32): a fixed-K "
+                   "reference for the adaptive rule, whose agreement the summary reports (RESCUE Sec. IV-E).")
+@click.option("--tau", default=recoverability.TAU, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True),
               help="Primary recovery criterion (0.3 and 0.7 are reported too).")
 @click.option("--sigma", default=0.05, show_default=True, type=click.FloatRange(min=0),
               help="Execution noise on the six continuous arm commands (0: none).")
@@ -69,7 +77,8 @@ def _ints(text: Optional[str]) -> Tuple[int, ...]:
 @execution_options
 @handle_errors
 def branch_command(run_dir: Path, name: str, kinds, tasks, conditions, keys, max_trunks: Optional[int], stride: int,
-                   steps: Optional[str], interventions, k_initial: int, k_expanded: int, tau: float, sigma: float,
+                   steps: Optional[str], interventions, k_initial: int, k_expanded: int, k_fixed: Optional[int],
+                   tau: float, sigma: float,
                    budget: str, fresh_budget: Optional[int], policy_options, trust_run_dir: bool, dry_run: bool,
                    retry_errors: bool, execution: ExecutionConfig) -> None:
     """Where could a failure still have been saved, and by what? (RESCUE, stage-aware.)
@@ -89,7 +98,8 @@ def branch_command(run_dir: Path, name: str, kinds, tasks, conditions, keys, max
     """
     try:
         settings = BranchSettings(interventions=_names(interventions), k_initial=k_initial, k_expanded=k_expanded,
-                                  tau=tau, sigma=sigma, budget=budget, fresh_budget=fresh_budget, stride=stride)
+                                  tau=tau, sigma=sigma, budget=budget, fresh_budget=fresh_budget, stride=stride,
+                                  k_fixed=k_fixed)
         selection = Selection(kinds=_names(kinds), tasks=_names(tasks) or None, conditions=_names(conditions) or None,
                               keys=_names(keys), steps=_ints(steps), max_trunks=max_trunks)
     except BadInput as exc:

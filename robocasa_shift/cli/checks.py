@@ -14,15 +14,19 @@ from robocasa_shift.checks.calibration import calibrate as run_calibration
 from robocasa_shift.checks.reproduction import diff_runs, run_digest
 from robocasa_shift.checks.validation import validate_pairing, validate_stages
 from robocasa_shift.cli.common import (
+    ASSET_KIT_OPTION,
     BACKEND_OPTION,
     RUN_DIR_OPTION,
     TASK_OPTION,
     config_option,
     finish,
     handle_errors,
+    split_names,
     tasks_of,
 )
 from robocasa_shift.config import StudyConfig
+from robocasa_shift.core import specs
+from robocasa_shift.rundir.files import atomic_write_text
 from robocasa_shift.seeding import PHASES
 from robocasa_shift.study.pipeline import formal_suite
 from robocasa_shift.study.plan import parse_episodes
@@ -34,10 +38,14 @@ from robocasa_shift.study.plan import parse_episodes
 @RUN_DIR_OPTION
 @click.option("--demos", "n_demos", default=5, show_default=True, help="Successful demonstrations per task.")
 @click.option("--random-rollouts", "n_random", default=5, show_default=True,
-              help="Negative-control rollouts of the random policy per task.")
+              help="Negative-control rollouts per task (the backend's negative-control policy).")
+@click.option("--demo-policy", default=None,
+              help="Policy that records missing demonstrations [default: the backend's own, e.g. expert on robosuite, "
+                   "fake-expert on fake].")
+@ASSET_KIT_OPTION
 @handle_errors
 def validate_stages_command(task_opts: Tuple[str, ...], backend: str, run_dir: Path, n_demos: int,
-                            n_random: int) -> None:
+                            n_random: int, demo_policy: Optional[str], asset_kit: Optional[str]) -> None:
     """Replay expert demonstrations through the StageTracker; exit 1 on any miss.
 
     Records the demonstrations (actions and bit-exact states) into RUN_DIR/demos/
@@ -46,7 +54,8 @@ def validate_stages_command(task_opts: Tuple[str, ...], backend: str, run_dir: P
     the initial states, and random rollouts never reach the last milestone.
     Writes RUN_DIR/validation/stages.json and stages.md.
     """
-    report = validate_stages(run_dir, tasks_of(backend, task_opts), backend, n_demos=n_demos, n_random=n_random)
+    report = validate_stages(run_dir, tasks_of(backend, task_opts), backend, n_demos=n_demos, n_random=n_random,
+                             demo_policy=demo_policy, asset_kit=asset_kit)
     finish(report, "stage validation", run_dir / "validation" / "stages.md")
 
 
@@ -56,8 +65,10 @@ def validate_stages_command(task_opts: Tuple[str, ...], backend: str, run_dir: P
 @RUN_DIR_OPTION
 @config_option(StudyConfig, "policy", show_default=True, help="Policy whose pairing is checked.")
 @click.option("--steps", default=120, show_default=True, help="Control steps of each compared rollout.")
+@ASSET_KIT_OPTION
 @handle_errors
-def validate_pairing_command(task_opts: Tuple[str, ...], backend: str, run_dir: Path, policy: str, steps: int) -> None:
+def validate_pairing_command(task_opts: Tuple[str, ...], backend: str, run_dir: Path, policy: str, steps: int,
+                             asset_kit: Optional[str]) -> None:
     """Check pairing (paper Table II); exit 1 when it does not hold.
 
     Environment side: repeated resets of an episode give identical fingerprints.
@@ -65,7 +76,8 @@ def validate_pairing_command(task_opts: Tuple[str, ...], backend: str, run_dir: 
     differently (N/A for a deterministic policy); with the shared seed, identically.
     Writes RUN_DIR/validation/pairing.json and pairing.md.
     """
-    report = validate_pairing(run_dir, tasks_of(backend, task_opts), policy=policy, backend=backend, steps=steps)
+    report = validate_pairing(run_dir, tasks_of(backend, task_opts), policy=policy, backend=backend, steps=steps,
+                              asset_kit=asset_kit)
     finish(report, "pairing validation", run_dir / "validation" / "pairing.md")
 
 
@@ -77,9 +89,13 @@ def validate_pairing_command(task_opts: Tuple[str, ...], backend: str, run_dir: 
 @click.option("--image-size", type=click.IntRange(min=8), default=None,
               help="Square render size in pixels, the resolution the policy receives [default: the image size of "
                    "the policy RUN_DIR's manifest names, else 128].")
+@click.option("--condition", "condition_opts", multiple=True, default=("all",), show_default=True,
+              help="Conditions to render; comma list; 'all' is the matrix's 13, 'optional' every optional factor's "
+                   "level and predeclared combination the backend can apply.")
+@ASSET_KIT_OPTION
 @handle_errors
 def calibrate_command(task_opts: Tuple[str, ...], backend: str, run_dir: Path, episodes: str,
-                      image_size: Optional[int]) -> None:
+                      image_size: Optional[int], asset_kit: Optional[str], condition_opts: Tuple[str, ...]) -> None:
     """Model-free severity audit: 3 episodes x 13 conditions per task, no policy; exit 1 on a failed check.
 
     --task suite takes the tasks that screening retained in RUN_DIR. Every camera
@@ -93,7 +109,12 @@ def calibrate_command(task_opts: Tuple[str, ...], backend: str, run_dir: Path, e
         tasks = formal_suite(run_dir) or []
         if not tasks:
             raise click.UsageError(f"--task suite: no tasks in {run_dir}/suite.json; run `screen` first")
-    report = run_calibration(run_dir, tasks, backend, parse_episodes(episodes), image_size=image_size)
+    protocol = specs.load_protocol()
+    named = [item.strip() for value in condition_opts for item in value.split(",")]
+    expanded = [",".join(protocol.optional_conditions) if item == "optional" else item for item in named]
+    conditions = split_names(expanded, protocol.conditions)
+    report = run_calibration(run_dir, tasks, backend, parse_episodes(episodes), image_size=image_size,
+                             asset_kit=asset_kit, conditions=conditions)
     for warning in report["warnings"]:
         click.echo(f"warning: {warning}", err=True)
     finish(report, "calibration", run_dir / "calibration" / "calibration.md")
@@ -115,6 +136,8 @@ def audit_command(run_dir: Path, phase: str) -> None:
     RUN_DIR/audit-PHASE.json and .md, so the formal audit the report reads stays).
     """
     report = audit_run(run_dir, phase=phase)
+    if report.get("banner"):
+        click.echo(report["banner"])
     for task, t in report["tasks"].items():
         bad = {name: c["count"] for name, c in t["checks"].items() if c["count"]}
         click.echo(f"  {task:<18} expected {t['expected_rollouts']:>4}  valid {t['valid_rollouts']:>4}  "
@@ -141,7 +164,9 @@ def diff_runs_command(run_a: Path, run_b: Path, save: Optional[Path]) -> None:
     """
     result = diff_runs(run_a, run_b)
     if save:
-        save.write_text(json.dumps(run_digest(run_a), indent=1, sort_keys=True) + "\n")
+        from robocasa_shift.rundir.files import atomic_write_text
+
+        atomic_write_text(save, json.dumps(run_digest(run_a), indent=1, sort_keys=True) + "\n")
     click.echo(f"{result['identical']}/{result['shared']} shared records identical; only in A: "
                f"{len(result['only_a'])}, only in B: {len(result['only_b'])}")
     for key, diffs in list(result["differing"].items())[:20]:
@@ -150,4 +175,37 @@ def diff_runs_command(run_a: Path, run_b: Path, save: Optional[Path]) -> None:
         sys.exit(1)
 
 
-COMMANDS = [validate_stages_command, validate_pairing_command, calibrate_command, audit_command, diff_runs_command]
+@click.command(name="check-backend")
+@click.argument("backend")
+@TASK_OPTION
+@click.option("--episodes", default="0-1", show_default=True, help="Base episodes (validation phase) checked per task.")
+@click.option("--image-size", type=click.IntRange(min=8), default=64, show_default=True, help="Square frame size checked.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the result as JSON here.")
+@ASSET_KIT_OPTION
+@handle_errors
+def check_backend_command(backend: str, task_opts: Tuple[str, ...], episodes: str, image_size: int,
+                          out: Optional[Path], asset_kit: Optional[str]) -> None:
+    """Run the backend contract on BACKEND; exit 1 when it breaks it.
+
+    What pairing rests on, checked on every task (or --task) and base episode: seeded resets give one
+    fingerprint and physics state, in two environments too; reading, rendering and the success check and
+    predicates change nothing; a step changes the fingerprint and set_state(get_state()) undoes it; every
+    condition the environment can apply reads back what it asked for and leaves nothing behind for the next
+    reset; every camera renders the same RGB frame twice. Run it on a new backend before its first study:
+
+      robocasa-shift check-backend my_backend --task MyTask
+    """
+    from robocasa_shift.checks.backend_check import check_backend
+
+    result = check_backend(backend, tasks_of(backend, task_opts), parse_episodes(episodes), image_size,
+                           asset_kit=asset_kit)
+    click.echo(result.markdown)
+    if out is not None:
+        atomic_write_text(out, json.dumps(result.to_json(), indent=1, sort_keys=True) + "\n")
+    if not result.passed:
+        sys.exit(1)
+
+
+COMMANDS = [validate_stages_command, validate_pairing_command, calibrate_command, audit_command, diff_runs_command,
+            check_backend_command]

@@ -20,7 +20,13 @@ import click
 import yaml
 
 from robocasa_shift.backends import get_backend
-from robocasa_shift.config import ExecutionConfig, StudyConfig, check_field, config_field
+from robocasa_shift.config import (
+    ASSET_KITS,
+    ExecutionConfig,
+    StudyConfig,
+    check_field,
+    config_field,
+)
 from robocasa_shift.errors import BadInput, Error
 from robocasa_shift.study.plan import MAX_KEYS, parse_shard
 
@@ -77,8 +83,9 @@ def report_run(result: Dict[str, Any], run_dir: Path) -> None:
     )
 
 
-def parse_policy_options(opts: Iterable[str]) -> Dict[str, Any]:
-    """``KEY=VALUE`` texts -> ``{KEY: value}``, each value read as YAML (``8`` is an int, ``true`` a bool).
+def parse_policy_options(opts: Iterable[str], hint: str = "--policy-option") -> Dict[str, Any]:
+    """``KEY=VALUE`` texts -> ``{KEY: value}``, each value read as YAML (``8`` is an int, ``true`` a bool);
+    ``hint`` names the option in errors.
 
     Raises:
         click.BadParameter: a text without ``=`` or without a key.
@@ -87,12 +94,12 @@ def parse_policy_options(opts: Iterable[str]) -> Dict[str, Any]:
     for text in opts:
         key, sep, value = text.partition("=")
         if not sep or not key.strip():
-            raise click.BadParameter(f"expected KEY=VALUE, got {text!r}", param_hint="--policy-option")
+            raise click.BadParameter(f"expected KEY=VALUE, got {text!r}", param_hint=hint)
         try:
             options[key.strip()] = yaml.safe_load(value)
         except yaml.YAMLError as exc:
             raise click.BadParameter(f"{key.strip()}: the value is not valid YAML ({exc})",
-                                     param_hint="--policy-option") from None
+                                     param_hint=hint) from None
     return options
 
 
@@ -149,7 +156,8 @@ def config_options(cls: type, dest: str, options: Sequence[Tuple[str, Callable]]
 
 
 def study_options(policy_help: Optional[str] = None, render_profile: bool = False, log_steps: bool = False) -> Callable:
-    """--policy, --backend, --policy-option (and --render-profile, --log-steps): the command gets ``study: StudyConfig``."""
+    """--policy, --backend, --policy-option, --stock-simulator (and --render-profile, --log-steps): the command gets
+    ``study: StudyConfig``."""
 
     def policy_options(ctx: click.Context, param: click.Parameter, value: Tuple[str, ...]) -> Dict[str, Any]:
         return parse_policy_options(value)
@@ -167,6 +175,9 @@ def study_options(policy_help: Optional[str] = None, render_profile: bool = Fals
     if log_steps:
         options.append(("log_steps", config_option(StudyConfig, "log_steps", "--log-steps/--no-log-steps",
                                                    show_default=True)))
+    options.append(("stock_simulator", config_option(StudyConfig, "stock_simulator",
+                                                     "--stock-simulator/--no-stock-simulator", show_default=True)))
+    options.append(("asset_kit", ASSET_KIT_OPTION))
     return config_options(StudyConfig, "study", options)
 
 
@@ -174,14 +185,16 @@ execution_options = config_options(ExecutionConfig, "execution", [
     ("executor", config_option(ExecutionConfig, "executor", type=click.Choice(["local", "ray"]), show_default=True)),
     ("workers", config_option(ExecutionConfig, "workers", type=int)),
     ("address", config_option(ExecutionConfig, "address")),
+    ("connect_timeout_s", config_option(ExecutionConfig, "connect_timeout_s", "--connect-timeout", type=float,
+                                        show_default=True, metavar="SECONDS")),
     ("threads", config_option(ExecutionConfig, "threads", type=int)),
     ("batch", config_option(ExecutionConfig, "batch", type=int, show_default=True)),
     ("rollout_timeout_s", config_option(ExecutionConfig, "rollout_timeout_s", "--rollout-timeout", type=float,
                                         show_default=True, metavar="SECONDS")),
     ("progress", config_option(ExecutionConfig, "progress", "--progress/--no-progress")),
 ])
-execution_options.__doc__ = ("--executor, --workers, --address, --threads, --batch, --rollout-timeout, --progress: "
-                             "the command gets ``execution: ExecutionConfig``.")
+execution_options.__doc__ = ("--executor, --workers, --address, --connect-timeout, --threads, --batch, "
+                             "--rollout-timeout, --progress: the command gets ``execution: ExecutionConfig``.")
 
 
 def _shard(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[Tuple[int, int]]:
@@ -200,9 +213,10 @@ FORCE_OPTION = click.option("--force", is_flag=True,
 TASK_OPTION = click.option("--task", "task_opts", multiple=True, default=("all",), show_default=True,
                            help="Task name(s); comma list or 'all'.")
 BACKEND_OPTION = config_option(StudyConfig, "backend", show_default=True)
+ASSET_KIT_OPTION = config_option(StudyConfig, "asset_kit", type=click.Choice(list(ASSET_KITS)), default=None)
 RUN_DIR_OPTION = click.option("--run-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
                               help="Run directory the outputs go into.")
 
-__all__ = ["BACKEND_OPTION", "FORCE_OPTION", "RETRY_OPTION", "RUN_DIR_OPTION", "SHARD_OPTION", "TASK_OPTION", "checked",
+__all__ = ["ASSET_KIT_OPTION", "BACKEND_OPTION", "FORCE_OPTION", "RETRY_OPTION", "RUN_DIR_OPTION", "SHARD_OPTION", "TASK_OPTION", "checked",
            "config_option", "config_options", "execution_options", "fail", "finish", "handle_errors",
            "parse_policy_options", "report_run", "split_names", "study_options", "tasks_of"]

@@ -6,10 +6,10 @@ import json
 
 import click
 
-from robocasa_shift import specs
 from robocasa_shift.backends import get_backend
 from robocasa_shift.cli.common import BACKEND_OPTION, handle_errors
-from robocasa_shift.engine.perturbations import describe_conditions
+from robocasa_shift.core import specs
+from robocasa_shift.core.factors import describe_conditions
 from robocasa_shift.policies import POLICIES
 
 
@@ -18,22 +18,45 @@ from robocasa_shift.policies import POLICIES
 @handle_errors
 def conditions_command(as_json: bool) -> None:
     """List the 13 conditions of the matrix with their frozen parameters and spec hash, then the
-    optional factors' conditions (run only when named, e.g. --condition language:L1)."""
+    optional factors' conditions and the predeclared combinations (run only when named, e.g.
+    --condition language:L1), every factor under its family (scene, sensing, embodiment, language,
+    deployment) with the backends that can run it."""
+    from robocasa_shift.checks.factor_support import YES, combination_rows, factor_table
+    from robocasa_shift.core.shifts import FAMILIES
+
     protocol = specs.load_protocol(verify=True)
     rows = describe_conditions(protocol)
+    table = factor_table(protocol)
+    combinations = combination_rows(protocol, table)
     if as_json:
         click.echo(
             json.dumps(
-                {"spec_hash": protocol.spec_hash, "study_seed": protocol.study_seed, "conditions": rows}, indent=2
+                {"spec_hash": protocol.spec_hash, "study_seed": protocol.study_seed, "conditions": rows,
+                 "families": FAMILIES, "factors": table, "combinations": combinations}, indent=2
             )
         )
         return
     click.echo(f"spec hash {protocol.spec_hash}   study seed {protocol.study_seed}")
-    for row in rows:
-        params = ", ".join(f"{k}={v:g}" for k, v in row["params"].items())
-        extra = f"  draw: {row['draw']}" if row.get("draw", "none") != "none" else ""
-        extra += "  (optional: only when named)" if row.get("optional") else ""
-        click.echo(f"  {row['condition']:<18} {params}{extra}")
+    by_condition = {row["condition"]: row for row in rows}
+    click.echo(f"  {'clean':<18}")
+    family = None
+    for factor in table:
+        if factor["family"] != family:
+            family = factor["family"]
+            click.echo(f"{family}: {FAMILIES.get(family, '')}")
+        runs_on = [b for b, s in factor["backends"].items() if s["status"] == YES]
+        where = "matrix" if factor["matrix"] else "optional: only when named"
+        click.echo(f"  {factor['factor']} ({factor['kind']}; {where}; backends: {', '.join(runs_on) or 'none'})")
+        for condition in factor["levels"]:
+            row = by_condition[condition]
+            params = ", ".join(f"{k}={v:g}" for k, v in row["params"].items())
+            extra = f"  draw: {row['draw']}" if row.get("draw", "none") != "none" else ""
+            click.echo(f"    {row['condition']:<18} {params}{extra}")
+    if combinations:
+        click.echo("combinations (optional: only when named; the interaction dSR(A+B) - dSR(A) - dSR(B) per pair)")
+        for combo in combinations:
+            click.echo(f"    {combo['condition']:<34} {' x '.join(combo['families'])}; backends: "
+                       f"{', '.join(combo['backends']) or 'none'}")
 
 
 @click.command(name="tasks")

@@ -7,7 +7,11 @@ from typing import Any, Dict, Optional, Tuple
 
 import click
 
-from robocasa_shift.cli.common import execution_options, handle_errors, parse_policy_options
+from robocasa_shift.cli.common import (
+    execution_options,
+    handle_errors,
+    parse_policy_options,
+)
 from robocasa_shift.config import ExecutionConfig
 
 
@@ -28,6 +32,7 @@ def _options(ctx: click.Context, param: click.Parameter, value: Tuple[str, ...])
 @click.option("--max-per-cell", default=None, type=click.IntRange(min=1),
               help="At most this many samples per (task, condition), the same base episodes in every cell.")
 @click.option("--seed", default=0, show_default=True, help="Which episodes a --max-per-cell sample takes.")
+@click.option("--video", is_flag=True, help="Also write each camera's clip as an MP4 (input mode 'video').")
 @click.option("--policy-option", "policy_options", multiple=True, metavar="KEY=VALUE", callback=_options,
               help="Policy option for re-running rollouts that have no step log (connection options only from here).")
 @click.option("--trust-run-dir", is_flag=True, help="Take the manifest's connection options for re-runs too.")
@@ -35,7 +40,7 @@ def _options(ctx: click.Context, param: click.Parameter, value: Tuple[str, ...])
 @execution_options
 @handle_errors
 def export_judge_command(run_dir: Path, out: Path, cameras: str, frames: int, size: int, max_per_cell: Optional[int],
-                         seed: int, policy_options, trust_run_dir: bool, retry_errors: bool,
+                         seed: int, video: bool, policy_options, trust_run_dir: bool, retry_errors: bool,
                          execution: ExecutionConfig) -> None:
     """A labelled success-judge benchmark from RUN_DIR: one sample per rollout.
 
@@ -56,7 +61,8 @@ def export_judge_command(run_dir: Path, out: Path, cameras: str, frames: int, si
     """
     from robocasa_shift.judging.export import ExportSettings, export_judge
 
-    settings = ExportSettings(cameras=cameras, frames=frames, size=size, max_per_cell=max_per_cell, seed=seed)
+    settings = ExportSettings(cameras=cameras, frames=frames, size=size, max_per_cell=max_per_cell, seed=seed,
+                              video=video)
     info = export_judge(run_dir, out, settings, execution, policy_options, trust_run_dir, retry_errors)
     strata = {}
     for counts in info["strata"].values():
@@ -78,15 +84,20 @@ def export_judge_command(run_dir: Path, out: Path, cameras: str, frames: int, si
 @click.option("--out", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Predictions CSV [default: JUDGE_SET/predictions/<judge>.csv]; rerunning resumes it.")
 @click.option("--chunk", default=16, show_default=True, type=click.IntRange(min=1), help="Samples per job.")
+@click.option("--crop", is_flag=True,
+              help="Localise and crop: third-person images cut to the box around the task's objects that the export "
+                   "recorded (wrist images whole) [default --out: JUDGE_SET/predictions/<judge>-crop.csv].")
 @execution_options
 @handle_errors
-def judge_command(judge_set: Path, judge_name: str, judge_options, out: Optional[Path], chunk: int,
+def judge_command(judge_set: Path, judge_name: str, judge_options, out: Optional[Path], chunk: int, crop: bool,
                   execution: ExecutionConfig) -> None:
     """Run a success judge over JUDGE_SET (an export-judge directory) into a predictions CSV.
 
-    The CSV has sample_id, predicted_success (0/1) and confidence (P(success));
-    OUT.json beside it names the judge, its options (secrets never) and the
-    judge set's hash. A killed run resumes; nothing is judged twice.
+    The CSV has sample_id, predicted_success (0/1), confidence (P(success))
+    and reasoning (the judge's explanation, where it gives one); OUT.json
+    beside it names the judge, its options (secrets never, a prompt template
+    by its SHA-256), the input mode (--crop) and the judge set's hash. A
+    killed run resumes; nothing is judged twice.
 
     \b
     Example:
@@ -95,8 +106,8 @@ def judge_command(judge_set: Path, judge_name: str, judge_options, out: Optional
     """
     from robocasa_shift.judging.judges import run_judge
 
-    out = out or judge_set / "predictions" / f"{judge_name}.csv"
-    result = run_judge(judge_set, judge_name, out, judge_options, execution, chunk)
+    out = out or judge_set / "predictions" / f"{judge_name}{'-crop' if crop else ''}.csv"
+    result = run_judge(judge_set, judge_name, out, judge_options, execution, chunk, crop=crop)
     click.echo(f"{result['judged']}/{result['samples']} samples judged ({result['judged_now']} now) -> {out}")
     for error in result["errors"][:10]:
         click.echo(f"  no verdict for {error}")
@@ -111,8 +122,14 @@ def judge_command(judge_set: Path, judge_name: str, judge_options, out: Optional
               help="Folder for scores.json/.md, the CSV tables and the figure [default: JUDGE_SET/scores].")
 @click.option("--seed", default=0, show_default=True, help="Bootstrap seed (recorded).")
 @click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=100), help="Bootstrap resamples.")
+@click.option("--ensemble", "ensembles", multiple=True, metavar="A,B,C",
+              help="A majority-vote ensemble of these judges (file stems, or length-only), scored like a judge "
+                   "(repeatable).")
+@click.option("--compare", "compare", multiple=True, metavar="A,B",
+              help="Two judges compared on the same samples: fixes, breaks and exact McNemar (repeatable).")
 @handle_errors
-def score_judge_command(judge_set: Path, predictions, out: Optional[Path], seed: int, n_boot: int) -> None:
+def score_judge_command(judge_set: Path, predictions, out: Optional[Path], seed: int, n_boot: int, ensembles,
+                        compare) -> None:
     """Score judges' PREDICTIONS.csv files (sample_id, predicted_success, confidence) on JUDGE_SET.
 
     \b
@@ -127,7 +144,9 @@ def score_judge_command(judge_set: Path, predictions, out: Optional[Path], seed:
     from robocasa_shift.judging.export import NEAR_SUCCESS
     from robocasa_shift.judging.scoring import score_files
 
-    result = score_files(judge_set, predictions, out, seed=seed, n_boot=n_boot)
+    groups = [[n.strip() for n in value.split(",") if n.strip()] for value in ensembles]
+    pairs = [[n.strip() for n in value.split(",") if n.strip()] for value in compare]
+    result = score_files(judge_set, predictions, out, seed=seed, n_boot=n_boot, ensembles=groups, compare=pairs)
     for name, r in result["judges"].items():
         macro, micro = r["accuracy"]["macro"], r["accuracy"]["micro"]
         near = r["success_bias"]["strata"][NEAR_SUCCESS]

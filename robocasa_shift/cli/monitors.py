@@ -21,7 +21,8 @@ from robocasa_shift.monitoring.monitors import monitor_names
 @click.option("--kappa", default=0.1, show_default=True, type=click.FloatRange(0, min_open=True),
               help="Cost of the median clean success's execution, in resets (the per-step cost).")
 @click.option("--resamples", default=1000, show_default=True, type=click.IntRange(min=1),
-              help="Bootstrap resamples of every interval (base episodes within task x outcome).")
+              help="Bootstrap resamples of every interval: base episodes resampled within task, each with all its "
+                   "rollouts (a base episode's conditions share its initial state, so they are drawn together).")
 @handle_errors
 def monitors_command(run_dir: Path, monitors, target_fa: float, kappa: float, resamples: int) -> None:
     """Is a monitor's alarm worth acting on? Detection, timing and decision value (RESCUE).
@@ -34,8 +35,16 @@ def monitors_command(run_dir: Path, monitors, target_fa: float, kappa: float, re
     beside each, leave-one-task-out, thresholds for --target-fa frozen from
     clean validation and their realised rates on test rollouts under every
     condition, and the stop-and-reset worksheet (excess cost over never
-    intervening with a bootstrap interval, break-even false-alarm rate, ideal
-    detector ceiling, rate-matched random alarm). `robocasa-shift report` shows it.
+    intervening with a bootstrap interval over base episodes, break-even
+    false-alarm rate, the ideal-detector ceiling as one range per run,
+    rate-matched random alarm). Beside them (the pooled-AUC report and RESCUE):
+    length-only, elapsed-time and task-identity baselines in every AUC table,
+    leave-one-task-out macro AUC with a task-bootstrap interval, the
+    pooled-minus-macro gap with a task-clustered interval, functional conformal
+    thresholds over an alpha sweep and calibration splits, predeclared fixed
+    horizons, RESCUE Table II (End, Early, <100, AUC-PDT, Timely beside decision
+    value), cost-optimal thresholds and a kappa sweep, and a hidden-state probe
+    for policies whose logs hold features. `robocasa-shift report` shows it.
 
     \b
     Example:

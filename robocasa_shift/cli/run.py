@@ -7,7 +7,6 @@ from typing import Optional, Tuple
 
 import click
 
-from robocasa_shift import specs
 from robocasa_shift.checks.screening import screen as run_screen
 from robocasa_shift.cli.common import (
     FORCE_OPTION,
@@ -22,6 +21,7 @@ from robocasa_shift.cli.common import (
     tasks_of,
 )
 from robocasa_shift.config import ExecutionConfig, StudyConfig
+from robocasa_shift.core import specs
 from robocasa_shift.errors import CheckFailed
 from robocasa_shift.seeding import PHASES
 from robocasa_shift.study.pipeline import estimate, formal_suite
@@ -142,10 +142,31 @@ def formal_command(task_opts, condition_opts, episodes: str, run_dir: Path, repl
                    f"{len(conditions)} conditions), {est['pending']} to run; ETA {eta}")
         for task, s in est["measured_s_per_rollout"].items():
             click.echo(f"  {task:<18} {s:.1f} s per rollout (measured)")
+        note = one_action_note(study, run_dir, keys)
+        if note:
+            click.echo(note)
         return
     result = run_study(run_dir, tasks, conditions, episode_list, study, execution, phase="formal",
                        replicates=replicate_list, retry_errors=retry_errors, shard=shard, force=force)
     report_run(result, run_dir)
+
+
+def one_action_note(study: StudyConfig, run_dir: Path, keys) -> Optional[str]:
+    """For a policy that answers one action per observation (``actions_per_observation = 1``, e.g. ``vla-eval``):
+    what that costs, beside the ETA (None for a policy that returns chunks)."""
+    from robocasa_shift.backends import get_backend
+    from robocasa_shift.policies import POLICIES
+    from robocasa_shift.rundir.store import RunStore
+    from robocasa_shift.study.plan import pending_keys
+
+    if getattr(POLICIES.get(study.policy), "actions_per_observation", None) != 1:
+        return None
+    backend = get_backend(study.backend)
+    steps = sum(backend.task(k.task).horizon for k in pending_keys(RunStore(run_dir), keys))
+    return (f"  note: policy {study.policy} answers one action per observation, so every control step renders the "
+            f"cameras it reads and waits for one server round trip: up to {steps:,} renders per camera and "
+            f"{steps:,} round trips for the rollouts to run (a chunking policy renders once per chunk); the ETA "
+            f"above holds only if it was measured with this policy and server")
 
 
 @click.command(name="merge")

@@ -12,10 +12,11 @@ import click
 
 from robocasa_shift.analysis import statistics as stats
 from robocasa_shift.cli.common import handle_errors
+from robocasa_shift.core.specs import load_protocol
 from robocasa_shift.errors import BadInput, CheckFailed
+from robocasa_shift.rundir.files import atomic_write_text
 
-# Formal conditions per base episode (PROTOCOL.md section 1: clean + 4 factors x 3 levels), for the rollout count.
-FORMAL_CONDITIONS = 13
+THRESHOLD = 0.93
 
 
 def _floats(text: str, name: str) -> List[float]:
@@ -33,78 +34,117 @@ def _ints(text: str, name: str) -> List[int]:
 
 
 def _cell_line(cell: stats.CoverageCell, seconds: Optional[float] = None) -> str:
-    flag = "" if cell.calibrated >= 0.93 or not cell.in_range else "  BELOW 0.93"
+    low = min(cell.calibrated, cell.task_calibrated)
+    flag = "" if low >= THRESHOLD or not cell.in_range else f"  BELOW {THRESHOLD}"
     timing = f"  {seconds:5.1f} s" if seconds is not None else ""
-    return (f"{cell.clean_success:>5.2f} {cell.dsr:>5.2f} {cell.n_tasks:>5d} {cell.n_pairs:>5d}   "
-            f"{cell.percentile:>10.3f} {cell.percentile_zero_width:>9.3f} {cell.percentile_width:>7.3f}   "
-            f"{cell.calibrated:>10.3f} {cell.calibrated_width:>7.3f}{flag}{timing}")
+    return (f"{cell.concordance:>5.2f} {cell.clean_success:>5.2f} {cell.dsr:>5.2f} {cell.n_tasks:>5d} "
+            f"{cell.ceiling_tasks:>4d} {cell.n_pairs:>5d}   "
+            f"{cell.calibrated:>6.3f} {cell.calibrated_width:>6.3f}  {cell.task_calibrated:>6.3f}   "
+            f"{cell.percentile:>6.3f} {cell.percentile_zero_width:>6.3f} {cell.percentile_width:>6.3f}  "
+            f"{cell.task_percentile:>6.3f}{flag}{timing}")
 
 
-HEADER = ("clean   dSR tasks pairs   percentile zero-wdth   width   calibrated   width\n"
-          "                          (the paper's bootstrap)          (adjusted Wald)")
+HEADER = ("conc. clean   dSR tasks ceil pairs    calibrated (the shown one)      percentile bootstrap (the paper's)\n"
+          "                                      macro  width  per task        macro zero-w  width  per task")
+
+# Which interval each worst-cell line reports: (label, attribute).
+INTERVALS = (("calibrated, macro", "calibrated"), ("calibrated, per task", "task_calibrated"),
+             ("percentile bootstrap, macro", "percentile"), ("percentile bootstrap, per task", "task_percentile"))
+EXACT_PAIRS = (10, 20, 30, 50)
 
 
 @click.command(name="check-coverage")
 @click.option("--clean-success", default="0.6,0.8,0.95", show_default=True, help="Clean success rates (comma list).")
 @click.option("--dsr", "true_dsr", default="0,0.2,0.5", show_default=True, help="True per-task dSR values (comma list).")
-@click.option("--tasks", "n_tasks", default="3,4,8", show_default=True, help="Task counts (comma list).")
+@click.option("--tasks", "n_tasks", default="1,2,3,4,8", show_default=True, help="Task counts (comma list).")
 @click.option("--pairs", "n_pairs", default="10,20,50", show_default=True, help="Pairs per task (comma list).")
 @click.option("--studies", default=2000, show_default=True, type=click.IntRange(10), help="Simulated studies per cell.")
 @click.option("--n-boot", default=1000, show_default=True, type=click.IntRange(10, 10000),
               help="Bootstrap resamples per simulated study (capped at 10,000; the analysis uses 10,000).")
 @click.option("--seed", default=0, show_default=True, help="Simulation seed; each cell has its own stream from it.")
-@click.option("--concordance", default=stats.CONCORDANCE, show_default=True, type=click.FloatRange(0, 1),
-              help="Dependence of the clean and perturbed outcomes: 1 comonotone (the perturbation only hurts), "
-                   "0 independent; the per-task pair probabilities mix the two.")
+@click.option("--concordance", default="-0.5,0,0.5,1", show_default=True,
+              help="Dependence of the clean and perturbed outcomes (comma list, each in [-1, 1]): 1 comonotone (the "
+                   "perturbation only hurts), 0 independent, below 0 negatively dependent (-1: as discordant as the "
+                   "rates allow); the per-task pair probabilities mix the two extremes.")
+@click.option("--ceiling/--no-ceiling", default=True, show_default=True,
+              help="Also the heterogeneous cells: all tasks but one at the ceiling (every pair S->S).")
+@click.option("--exact/--no-exact", "exact", default=True, show_default=True,
+              help="Also the exact one-task coverage of the per-task interval, by enumeration, at 10, 20, 30 and 50 "
+                   "pairs over every (p_SF, p_FS) on a 0.01 grid.")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1), help="Processes (cells in parallel).")
 @click.option("--out", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Also write the cells as JSON.")
 @handle_errors
 def check_coverage_command(clean_success: str, true_dsr: str, n_tasks: str, n_pairs: str, studies: int, n_boot: int,
-                           seed: int, concordance: float, workers: int, out: Optional[Path]) -> None:
+                           seed: int, concordance: str, ceiling: bool, exact: bool, workers: int,
+                           out: Optional[Path]) -> None:
     """Simulate studies with a known true macro dSR and print how often each interval covers it.
 
     \b
-    Every cell of the grid (clean success x true per-task dSR x tasks x pairs)
-    draws STUDIES studies whose tasks all have the pair probabilities (SS, SF,
-    FS, FF) of the cell, then computes the paper's percentile pair bootstrap
-    (N_BOOT resamples) and the calibrated interval for each. Exit status 1
-    when the calibrated interval covers less than 0.93 in a cell whose true
-    success rates lie in [0.05, 0.95]. Not part of the test suite (`make
-    check-coverage`); the default grid took about 80 s on one core.
+    Every cell of the grid (concordance x clean success x true per-task dSR x
+    tasks x pairs, then, with --ceiling, the same with all tasks but one at
+    the ceiling) draws STUDIES studies, then computes for each the calibrated
+    intervals as a single condition publishes them (macro and per task,
+    extended to 0 where the exact test does not reject) and the paper's
+    percentile pair bootstrap (N_BOOT resamples; macro and per task). It ends
+    with the grid's worst cell per interval and, with --exact, the exact
+    one-task coverage of the per-task interval. Exit status 1 when a
+    calibrated interval covers less than 0.93 in a cell whose true success
+    rates lie in [0.05, 0.95]. Not part of the test suite (`make
+    check-coverage`); the default grid (924 cells) took 27 min with
+    --workers 2 on 2 shared cores.
     """
     grid = dict(clean_success=_floats(clean_success, "clean-success"), true_dsr=_floats(true_dsr, "dsr"),
                 n_tasks=_ints(n_tasks, "tasks"), n_pairs=_ints(n_pairs, "pairs"))
+    concordances = _floats(concordance, "concordance")
+    if any(not -1 <= r <= 1 for r in concordances) or not concordances:
+        raise BadInput(f"--concordance: {concordance!r} must list values in [-1, 1]")
     for c in grid["clean_success"]:
         for d in grid["true_dsr"]:
             if not 0 <= c - d <= 1 or not 0 <= c <= 1:
                 raise BadInput(f"clean success {c} and dSR {d} give a perturbed success rate {c - d} outside [0, 1]")
-    click.echo(f"coverage of the 95% intervals of the macro dSR: {studies} studies per cell, {n_boot} bootstrap "
-               f"resamples, seed {seed}, concordance {concordance}")
+    click.echo(f"coverage of the 95% intervals of the macro dSR and of each task's dSR: {studies} studies per cell, "
+               f"{n_boot} bootstrap resamples, seed {seed}, concordance {', '.join(f'{r:g}' for r in concordances)}"
+               f"{', with the ceiling cells' if ceiling else ''}")
     click.echo(HEADER)
     started = time.perf_counter()
-    cells = stats.coverage_grid(**grid, studies=studies, n_boot=n_boot, seed=seed, concordance=concordance,
-                                workers=workers, progress=lambda cell, s: click.echo(_cell_line(cell, s)))
+    cells = stats.coverage_grid(**grid, studies=studies, n_boot=n_boot, seed=seed, concordance=concordances,
+                                workers=workers, ceiling=ceiling,
+                                progress=lambda cell, s: click.echo(_cell_line(cell, s)))
     elapsed = time.perf_counter() - started
     in_range = [c for c in cells if c.in_range] or cells
-    worst_pct = min(in_range, key=lambda c: c.percentile)
-    worst_cal = min(in_range, key=lambda c: c.calibrated)
     click.echo(f"\n{len(cells)} cells in {elapsed:.1f} s ({workers} worker(s)); Monte Carlo standard error about "
                f"{(0.95 * 0.05 / studies) ** 0.5:.4f} at 0.95")
-    click.echo("worst cell, percentile bootstrap: " + _cell_line(worst_pct).strip())
-    click.echo("worst cell, calibrated:           " + _cell_line(worst_cal).strip())
-    for cell in cells:
-        if cell.n_tasks == 4 and cell.n_pairs == 20:
-            click.echo("4 tasks x 20 pairs:               " + _cell_line(cell).strip())
+    worst_cells = {}
+    for label, attribute in INTERVALS:
+        worst = min(in_range, key=lambda c: getattr(c, attribute))
+        worst_cells[attribute] = worst.to_json()
+        click.echo(f"worst cell, {label + ':':<32} {getattr(worst, attribute):.3f}  ({_cell_name(worst)})")
+    exact_rows = []
+    if exact:
+        click.echo("exact one-task coverage of the per-task calibrated interval (every (p_SF, p_FS) on a 0.01 grid):")
+        for n in EXACT_PAIRS:
+            realistic = stats.one_task_worst_coverage(n, 0.01, 0.7)
+            every = stats.one_task_worst_coverage(n, 0.01, 1.0)
+            exact_rows.append({"n_pairs": n, "worst_discordance_0_7": realistic.__dict__, "worst_all": every.__dict__})
+            click.echo(f"  {n:>3d} pairs: worst {realistic.worst:.3f} where at most 70% of pairs are discordant "
+                       f"(p_SF {realistic.p_sf:.2f}, p_FS {realistic.p_fs:.2f}); {every.worst:.3f} over every "
+                       f"(p_SF {every.p_sf:.2f}, p_FS {every.p_fs:.2f}); mean {every.mean:.3f}")
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"studies": studies, "n_boot": n_boot, "seed": seed, "concordance": concordance,
-                                   "seconds": elapsed, "cells": [{**c.__dict__, "in_range": c.in_range} for c in cells]},
-                                  indent=1) + "\n")
-    failures = stats.coverage_failures(cells)
+        atomic_write_text(out, json.dumps({"studies": studies, "n_boot": n_boot, "seed": seed, "concordance": concordances,
+                                           "ceiling": ceiling, "seconds": elapsed, "worst": worst_cells,
+                                           "exact": exact_rows, "cells": [c.to_json() for c in cells]}, indent=1) + "\n")
+    failures = stats.coverage_failures(cells, THRESHOLD)
     if failures:
-        raise CheckFailed(f"the calibrated interval covers less than 0.93 in {len(failures)} cell(s) whose true success "
-                          f"rates lie in [0.05, 0.95]: " + "; ".join(_cell_line(c).strip() for c in failures))
-    click.echo("calibrated interval: at least 0.93 in every cell whose true success rates lie in [0.05, 0.95]")
+        raise CheckFailed(f"a calibrated interval covers less than {THRESHOLD} in {len(failures)} cell(s) whose true "
+                          f"success rates lie in [0.05, 0.95]: " + "; ".join(_cell_name(c) for c in failures))
+    click.echo(f"calibrated intervals (macro and per task): at least {THRESHOLD} in every cell whose true success rates "
+               "lie in [0.05, 0.95]")
+
+
+def _cell_name(cell: stats.CoverageCell) -> str:
+    ceiling = f", {cell.ceiling_tasks} at the ceiling" if cell.ceiling_tasks else ""
+    return (f"{cell.n_tasks} x {cell.n_pairs}{ceiling}, clean {cell.clean_success:g}, dSR {cell.dsr:g}, "
+            f"concordance {cell.concordance:g}")
 
 
 def _summary_rates(path: Path, condition: str) -> Tuple[List[float], List[int]]:
@@ -119,6 +159,18 @@ def _summary_rates(path: Path, condition: str) -> Tuple[List[float], List[int]]:
         raise BadInput(f"{path}: condition {condition!r} has no valid pairs")
     return ([measures["per_task_transitions"][t]["changed"] / measures["per_task_n_pairs"][t] for t in tasks],
             [measures["per_task_n_pairs"][t] for t in tasks])
+
+
+def _mde_text(result: stats.DetectableShift, power: float) -> str:
+    if result.first is None:
+        return f"no macro dSR up to 1 reaches power {power}"
+    how = "exact" if result.method == "exact" else \
+        f"{result.method}, {result.studies} studies, standard error {result.standard_error:.3f}"
+    stable = ("; no dSR from which every larger one has it" if result.stable is None else
+              "; every larger dSR on the grid has it too" if result.stable == result.first else
+              f"; every dSR from {result.stable:.3f} on has it")
+    return (f"{result.first:.3f} (the smallest dSR with power >= {power}: {result.power_at_first:.3f}, {how})"
+            f"{stable}")
 
 
 @click.command(name="plan-power")
@@ -141,10 +193,14 @@ def plan_power_command(wanted: float, n_tasks: int, discordance: Optional[float]
 
     \b
     Power is that of the headline test (the exact stratified sign-flip test of
-    the macro dSR, two-sided, unadjusted alpha). Assumption: every task keeps
-    the given discordance rate (raised to the dSR where the dSR needs more
-    discordant pairs) and every task moves by the same dSR. Discordance is
-    what the answer hangs on: take it from a pilot or an earlier study
+    the macro dSR, two-sided, unadjusted alpha) over random pair outcomes,
+    computed exactly: in every task each pair is S->F with probability
+    (r + dSR) / 2 and F->S with (r - dSR) / 2, r the discordance rate (raised
+    to the dSR where it is smaller: a perturbation that only hurts), and every
+    task moves by the same dSR. Exact tests saw-tooth, so two answers are
+    printed: the smallest pair count (or dSR) with the power, and the
+    smallest from which every larger one checked has it. Discordance is what
+    the answer hangs on: take it from a pilot or an earlier study
     (--from-summary), or read the table.
     """
     if (summary_path is None) != (condition is None):
@@ -165,16 +221,20 @@ def plan_power_command(wanted: float, n_tasks: int, discordance: Optional[float]
     for label, rates in rate_sets:
         if n_pairs is not None:
             mde = stats.minimum_detectable_dsr([n_pairs] * n_tasks, rates, alpha, power)
-            text = "none up to 1" if mde is None else f"{mde:.3f}"
-            click.echo(f"  discordance {label}: {n_pairs} base episodes per task detect a macro dSR of {text}")
+            click.echo(f"  discordance {label}: {n_pairs} base episodes per task detect a macro dSR of "
+                       f"{_mde_text(mde, power)}")
             continue
-        needed = stats.plan_pairs(n_tasks, wanted, rates, alpha, power)
-        if needed is None:
-            click.echo(f"  discordance {label}: more than 5000 base episodes per task")
-        else:
-            click.echo(f"  discordance {label}: {needed} base episodes per task detect a macro dSR of {wanted:.3f} "
-                       f"({needed} x {n_tasks} tasks x {FORMAL_CONDITIONS} conditions = "
-                       f"{needed * n_tasks * FORMAL_CONDITIONS} formal rollouts)")
+        plan = stats.plan_pairs(n_tasks, wanted, rates, alpha, power)
+        n_conditions = len(load_protocol().conditions)
+        if plan.first is None:
+            click.echo(f"  discordance {label}: more than {plan.checked_up_to} base episodes per task")
+            continue
+        stable = (f"every pair count from {plan.stable} to {plan.checked_up_to} has it" if plan.stable is not None
+                  else f"some pair count up to {plan.checked_up_to} falls below it again")
+        click.echo(f"  discordance {label}: {plan.first} base episodes per task detect a macro dSR of {wanted:.3f} "
+                   f"(the smallest pair count with power >= {power}: {plan.power[plan.first]:.3f}; {stable}; "
+                   f"{plan.first} x {n_tasks} tasks x {n_conditions} conditions = "
+                   f"{plan.first * n_tasks * n_conditions} formal rollouts)")
 
 
 COMMANDS = [check_coverage_command, plan_power_command]

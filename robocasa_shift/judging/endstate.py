@@ -28,7 +28,13 @@ import numpy as np
 
 from robocasa_shift.errors import BadInput, WeightsMissing
 from robocasa_shift.judging.judges import Judge, Verdict
-from robocasa_shift.judging.judgeset import JudgeSample, JudgeSet, camera_order, decode_png
+from robocasa_shift.rundir.files import atomic_write_text
+from robocasa_shift.judging.judgeset import (
+    JudgeSample,
+    JudgeSet,
+    camera_order,
+    decode_png,
+)
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 MANIFEST = "manifest.json"
@@ -179,7 +185,7 @@ def train(sets: Sequence[Path | str], out: Path | str = WEIGHTS_DIR, config: Tra
                 "tasks": entries, "wall_s": round(time.perf_counter() - started, 1)}
     manifest["weights_sha256"] = hashlib.sha256(json.dumps(
         {t: e["sha256"] for t, e in sorted(entries.items())}, sort_keys=True).encode()).hexdigest()
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
 
 

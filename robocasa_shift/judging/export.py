@@ -32,6 +32,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,13 +43,30 @@ import numpy as np
 
 from robocasa_shift import seeding
 from robocasa_shift.config import ExecutionConfig, StudyConfig
-from robocasa_shift.engine.records import RolloutKey
-from robocasa_shift.engine.replay import REPRODUCED_FIELDS, observation_transform, study_from_manifest
+from robocasa_shift.core.records import RolloutKey
+from robocasa_shift.core.stages import StageTracker
+from robocasa_shift.engine.replay import (
+    REPRODUCED_FIELDS,
+    observation_transform,
+    study_from_manifest,
+)
 from robocasa_shift.engine.rollout import Observer, inject, prepare_episode, run_rollout
-from robocasa_shift.engine.stages import StageTracker
-from robocasa_shift.errors import BadInput, RunDirError, StateUnsupported, UnknownNameError
-from robocasa_shift.specs import parse_condition
-from robocasa_shift.study.store import RunStore, atomic_write_bytes, atomic_write_json, atomic_write_text
+from robocasa_shift.errors import (
+    BadInput,
+    RunDirError,
+    StateUnsupported,
+    UnknownNameError,
+)
+from robocasa_shift.rundir.files import (
+    MAX_JSON_BYTES,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    clean_orphans,
+    confined,
+    read_json,
+)
+from robocasa_shift.rundir.store import RunStore
 
 FORMAT = "robocasa-shift judge set"
 VERSION = 1
@@ -64,7 +83,7 @@ STRATA = (SUCCESS, NO_SUBGOAL, MID_TASK, NEAR_SUCCESS)
 SAMPLE_FIELDS = (
     "sample_id", "instruction", "task", "condition", "factor", "level", "phase", "episode", "replicate", "pair_id",
     "episode_key", "success", "stratum", "n_stages", "stages_completed", "first_incomplete", "stage_names", "steps",
-    "horizon", "cameras", "frame_steps", "clip", "start", "end", "media_sha256", "replayed_from")
+    "horizon", "cameras", "frame_steps", "clip", "start", "end", "media_sha256", "replayed_from", "boxes", "video")
 
 
 class ExportError(BadInput):
@@ -79,9 +98,10 @@ class ExportSettings:
         cameras: ``third``, ``wrist`` or ``both`` (every camera of the role).
         frames: clip frames at evenly spaced steps over the attempt, before the end frame.
         size: square image size in pixels.
-        max_per_cell: at most this many samples per (task, condition) cell; the same base episodes
-            in every cell of a task (a seeded order), so pairs stay whole.
+        max_per_cell: at most this many samples per (task, phase, condition) cell; the same base episodes
+            in every cell of a task and phase (a seeded order), so pairs stay whole.
         seed: the order a ``max_per_cell`` sample takes its episodes in.
+        video: also write each camera's clip as an MP4 (``judging/crops.py``), an input mode beside the PNGs.
     """
 
     cameras: str = "both"
@@ -89,6 +109,7 @@ class ExportSettings:
     size: int = 224
     max_per_cell: Optional[int] = None
     seed: int = 0
+    video: bool = False
 
     def __post_init__(self):
         if self.cameras not in CAMERA_CHOICES:
@@ -104,6 +125,16 @@ class ExportSettings:
 def frame_steps(steps: int, frames: int) -> List[int]:
     """Control steps whose post-step state a clip shows: ``frames`` evenly over [0, steps), then ``steps``."""
     return [int(s) for s in (np.arange(frames) * steps) // frames] + [int(steps)]
+
+
+# A sample's name: what export-judge makes (task.phase.eNNNN.rN.condition, ':' as '-'), safe in a file name, a
+# CSV cell or a shell line. A judge set whose manifest holds another is refused when it is read.
+SAMPLE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")
+
+
+def is_sample_id(value: Any) -> bool:
+    """Whether ``value`` is a well-formed sample id (see :data:`SAMPLE_ID`)."""
+    return isinstance(value, str) and SAMPLE_ID.fullmatch(value) is not None
 
 
 def sample_id(key: RolloutKey) -> str:
@@ -127,19 +158,22 @@ def stratum(success: bool, stages_completed: int, n_stages: int) -> str:
 
 
 def select(records: Sequence[Mapping[str, Any]], settings: ExportSettings) -> List[Mapping[str, Any]]:
-    """The valid records to export: all, or ``max_per_cell`` per (task, condition) in a seeded episode order."""
+    """The valid records to export: all, or ``max_per_cell`` per (task, phase, condition), in a seeded order of the
+    phase's base episodes shared by its conditions (so pairs stay whole)."""
     valid = [r for r in records if r.get("valid", True) and r.get("success") is not None]
     if settings.max_per_cell is None:
         return sorted(valid, key=lambda r: RolloutKey.from_record(r).id)
     chosen: List[Mapping[str, Any]] = []
-    for task in sorted({r["task"] for r in valid}):
-        mine = [r for r in valid if r["task"] == task]
-        units = sorted({(r["phase"], r["episode"], r.get("replicate", 0)) for r in mine})
-        order = np.random.default_rng(seeding.derive_seed(settings.seed, stream="judge-export", task=task)).permutation(len(units))
-        rank = {units[i]: position for position, i in enumerate(order)}
+    # A cell is (task, phase, condition): base episodes are drawn per phase, so a phase that ran only some
+    # conditions (screening runs clean only) never takes a cell's places from the pairs of another phase.
+    for task, phase in sorted({(r["task"], r["phase"]) for r in valid}):
+        mine = [r for r in valid if r["task"] == task and r["phase"] == phase]
+        units = sorted({(r["episode"], r.get("replicate", 0)) for r in mine})
+        stream = seeding.derive_seed(settings.seed, stream="judge-export", task=task, phase=phase)
+        rank = {units[i]: position for position, i in enumerate(np.random.default_rng(stream).permutation(len(units)))}
         for condition in sorted({r["condition"] for r in mine}):
             cell = sorted((r for r in mine if r["condition"] == condition),
-                          key=lambda r: rank[(r["phase"], r["episode"], r.get("replicate", 0))])
+                          key=lambda r: rank[(r["episode"], r.get("replicate", 0))])
             chosen += cell[: settings.max_per_cell]
     return sorted(chosen, key=lambda r: RolloutKey.from_record(r).id)
 
@@ -154,20 +188,32 @@ def png_bytes(image: np.ndarray) -> bytes:
 
 
 class FrameSampler(Observer):
-    """Grabs the given cameras at the given steps (0: after the perturbation, before any action)."""
+    """Grabs the given cameras at the given steps (0: after the perturbation, before any action); with ``points``
+    (env -> world points), also where those points project in each of ``box_cameras`` (``judging/crops.py``)."""
 
-    def __init__(self, cameras: Sequence[str], size: int, steps: Sequence[int], transform=None):
+    def __init__(self, cameras: Sequence[str], size: int, steps: Sequence[int], transform=None, points=None,
+                 box_cameras: Sequence[str] = ()):
         self.cameras, self.size, self.transform = list(cameras), size, transform
         self.wanted = set(steps)
         self.frames: Dict[int, List[np.ndarray]] = {}
+        self.points, self.box_cameras = points, list(box_cameras)
+        self.pixels: Dict[str, List[np.ndarray]] = {}
 
     def _grab(self, env, step: int) -> None:
         if step in self.wanted:
             images = [env.render(c, self.size) for c in self.cameras]
             self.frames[step] = [self.transform(i) for i in images] if self.transform else images
+            if self.points is not None:
+                from robocasa_shift.judging.crops import camera_frame, project
+
+                where = self.points(env)
+                for camera in self.box_cameras:
+                    frame = camera_frame(env, camera)
+                    if frame is not None and where:
+                        self.pixels.setdefault(camera, []).append(project(frame, self.size, where))
 
     def on_start(self, env) -> None:
-        self.frames = {}
+        self.frames, self.pixels = {}, {}
         self._grab(env, 0)
 
     def on_step(self, step, action, env, latched) -> None:
@@ -219,13 +265,17 @@ class ExportJob:
         return RolloutKey.from_record(self.record)
 
     def run(self, cache) -> List[Dict[str, Any]]:
-        from robocasa_shift.backends.base import cameras_for_roles
+        from robocasa_shift.core.backend import cameras_for_roles
+
+        from robocasa_shift.judging import crops
 
         key = self.key
         env, spec = cache.env(key.task), cache.stage_spec(key.task)
         cameras = cameras_for_roles(env, self.roles)
         steps = frame_steps(int(self.record["steps"]), self.settings.frames)
-        sampler = FrameSampler(cameras, self.settings.size, steps, observation_transform(cache.protocol, key.condition))
+        fixed = [c for c in cameras if c not in env.wrist_cameras]  # moving (wrist) cameras are never cropped
+        sampler = FrameSampler(cameras, self.settings.size, steps, observation_transform(cache.protocol, key.condition),
+                               points=lambda e: crops.relevant_points(e, spec), box_cameras=fixed)
         if self.actions is not None:
             problems = replay_actions(env, cache.protocol, key, spec, self.actions, sampler, self.record)
             replayed = "step_log"
@@ -244,6 +294,10 @@ class ExportJob:
             else:
                 result["frames"] = {c: [png_bytes(sampler.frames[s][i]) for s in steps] for i, c in enumerate(cameras)}
                 result["frame_steps"] = steps
+                result["boxes"] = {c: crops.box(sampler.pixels.get(c, []), self.settings.size) for c in fixed}
+                if self.settings.video:
+                    result["videos"] = {c: crops.mp4_bytes([sampler.frames[s][i] for s in steps])
+                                        for i, c in enumerate(cameras)}
         return [{"export": result}]
 
     def unrun(self, study, kind: str, message: str, protocol=None) -> List[Dict[str, Any]]:
@@ -254,7 +308,7 @@ def rerun_refusal(policy_name: str) -> Optional[str]:
     """Why rollouts of ``policy_name`` without step logs cannot be re-run here (None when they can)."""
     from robocasa_shift.policies import POLICIES
 
-    return POLICIES.get(policy_name).state_refusal  # set by policies whose generators live on a server
+    return getattr(POLICIES.get(policy_name), "state_refusal", None)  # set by policies whose generators live on a server
 
 
 class ExportStore:
@@ -268,12 +322,13 @@ class ExportStore:
 
     def sample(self, sid: str) -> Optional[Dict[str, Any]]:
         path = self.sample_path(sid)
-        if not path.exists():
+        if not os.path.lexists(path):
             return None
         try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None  # a torn file: made again
+            row = read_json(path, self.root, MAX_JSON_BYTES, "sample file")
+        except (OSError, RunDirError):
+            return None  # a torn file (or a link, a FIFO): made again
+        return row if isinstance(row, dict) else None
 
     def settings_path(self) -> Path:
         return self.root / "samples" / "settings.json"
@@ -281,15 +336,16 @@ class ExportStore:
     def ensure_settings(self, identity: Dict[str, Any]) -> None:
         """Write the export's identity, or check a resumed export was started with the same one."""
         path = self.settings_path()
-        if path.exists():
-            found = json.loads(path.read_text())
+        if os.path.lexists(path):
+            found = read_json(path, self.root, MAX_JSON_BYTES, "export settings")
+            if not isinstance(found, dict):
+                raise RunDirError(f"{path}: not a JSON object; use another --out")
             differ = sorted(k for k in set(found) | set(identity) if found.get(k) != identity.get(k))
             if differ:
                 raise RunDirError(f"{self.root} holds an export made with other settings or from another run "
                                   f"({', '.join(differ)} differ); use another --out, or the same settings")
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, identity)
+        atomic_write_json(path, identity, self.root)
 
     def write_sample(self, result: Dict[str, Any], record: Mapping[str, Any], protocol) -> Dict[str, Any]:
         """Write one job's result: its images, then its row (a row names only images already on disk)."""
@@ -297,25 +353,29 @@ class ExportStore:
         if "frames" not in result:
             row = {"sample_id": sid, "excluded": result.get("error") or "; ".join(result.get("problems") or []),
                    "error": bool(result.get("error"))}
-            atomic_write_json(self.sample_path(sid), row)
+            atomic_write_json(self.sample_path(sid), row, self.root)
             return row
-        media = self.root / "media" / sid
-        media.mkdir(parents=True, exist_ok=True)
         clip: Dict[str, List[str]] = {}
         hashes: Dict[str, str] = {}
         for camera, frames in result["frames"].items():
             clip[camera] = []
             for k, data in enumerate(frames):
                 relative = f"media/{sid}/{camera}-{k:02d}.png"
-                atomic_write_bytes(self.root / relative, data)
+                atomic_write_bytes(self.root / relative, data, self.root)
                 clip[camera].append(relative)
                 hashes[relative] = hashlib.sha256(data).hexdigest()
+        videos: Dict[str, str] = {}
+        for camera, data in (result.get("videos") or {}).items():
+            relative = f"media/{sid}/{camera}.mp4"
+            atomic_write_bytes(self.root / relative, data, self.root)
+            videos[camera] = relative
+            hashes[relative] = hashlib.sha256(data).hexdigest()
         key = RolloutKey.from_record(record)
-        factor, level = parse_condition(key.condition, protocol)
+        condition = protocol.condition(key.condition)
         completed, n_stages = int(record["stages_completed"]), int(record["n_stages"])
         row = {
             "sample_id": sid, "instruction": result["instruction"], "task": key.task, "condition": key.condition,
-            "factor": factor or "clean", "level": level, "phase": key.phase, "episode": key.episode,
+            "factor": condition.factor or "clean", "level": condition.level, "phase": key.phase, "episode": key.episode,
             "replicate": key.replicate, "pair_id": pair_id(key), "episode_key": f"{key.task}.{key.phase}.e{key.episode:04d}",
             "success": bool(record["success"]), "stratum": stratum(bool(record["success"]), completed, n_stages),
             "n_stages": n_stages, "stages_completed": completed, "first_incomplete": record.get("first_incomplete"),
@@ -323,9 +383,11 @@ class ExportStore:
             "horizon": result["horizon"], "cameras": result["cameras"], "frame_steps": result["frame_steps"],
             "clip": clip, "start": {c: paths[0] for c, paths in clip.items()},
             "end": {c: paths[-1] for c, paths in clip.items()}, "media_sha256": hashes,
-            "replayed_from": result["replayed_from"],
+            "replayed_from": result["replayed_from"], "boxes": result.get("boxes") or {},
         }
-        atomic_write_json(self.sample_path(sid), row)
+        if videos:
+            row["video"] = videos
+        atomic_write_json(self.sample_path(sid), row, self.root)
         return row
 
     def finish(self, sids: Iterable[str], info: Dict[str, Any]) -> Dict[str, Any]:
@@ -340,13 +402,13 @@ class ExportStore:
             else:
                 rows.append(row)
         text = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
-        atomic_write_text(self.root / MANIFEST, text)
+        atomic_write_text(self.root / MANIFEST, text, self.root)
         strata: Dict[str, Dict[str, int]] = {}
         for row in rows:
             strata.setdefault(row["task"], {s: 0 for s in STRATA})[row["stratum"]] += 1
         export = {"format": FORMAT, "version": VERSION, **info, "samples": len(rows), "excluded": excluded,
                   "strata": strata, "export_hash": hashlib.sha256(text.encode()).hexdigest()}
-        atomic_write_json(self.root / EXPORT_JSON, export)
+        atomic_write_json(self.root / EXPORT_JSON, export, self.root)
         return export
 
 
@@ -360,16 +422,32 @@ def export_judge(run_dir: Path | str, out: Path | str, settings: ExportSettings 
         StateUnsupported: rollouts without step logs whose policy cannot be re-run here (the reason says why).
         StepLogError: a step log that changed since its record was written.
     """
-    from robocasa_shift.study.executors import make_executor
-    from robocasa_shift.study.runner import progress_iter
-
     store = RunStore(run_dir)
     manifest = store.manifest()
     if manifest is None:
         raise RunDirError(f"{run_dir}: no manifest.json; not a run directory")
+    if not (isinstance(manifest.get("backend"), str) and isinstance(manifest.get("policy"), dict)
+            and isinstance(manifest["policy"].get("name"), str)):
+        raise RunDirError(f"{run_dir}/manifest.json: no backend or policy name; not a run directory's manifest")
     records = select(store.records(), settings)
     by_id = {sample_id(RolloutKey.from_record(r)): r for r in records}
+    unsafe = sorted(sid for sid in by_id if not is_sample_id(sid))
+    if unsafe:
+        raise RunDirError(f"{run_dir}: {len(unsafe)} record(s) whose task or condition make no usable sample id, "
+                          f"e.g. {unsafe[0][:80]!r} (letters, digits, '_', '.', '+', '-')")
     export = ExportStore(out)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    clean_orphans(out)  # temporary files of a killed export
+    with confined(out):
+        return _export(store, manifest, records, by_id, export, run_dir, settings, execution, policy_options,
+                       trust_run_dir, retry_errors)
+
+
+def _export(store: RunStore, manifest: Dict[str, Any], records, by_id, export: ExportStore, run_dir, settings,
+            execution: ExecutionConfig, policy_options, trust_run_dir: bool, retry_errors: bool) -> Dict[str, Any]:
+    from robocasa_shift.study.executors import make_executor
+    from robocasa_shift.study.runner import progress_iter
+
     export.ensure_settings({"settings": asdict(settings), "run_spec_hash": manifest.get("spec_hash"),
                             "run_created": manifest.get("created"), "policy": manifest.get("policy"),
                             "backend": manifest["backend"]})
@@ -392,7 +470,7 @@ def export_judge(run_dir: Path | str, out: Path | str, settings: ExportSettings 
     roles = CAMERA_CHOICES[settings.cameras]
     started = time.perf_counter()
     if todo:
-        from robocasa_shift.specs import load_protocol
+        from robocasa_shift.core.specs import load_protocol
 
         protocol = load_protocol()
         jobs = [ExportJob(r, store.step_log(r).action if r.get("step_log") else None, roles, settings) for r in todo]
@@ -411,5 +489,5 @@ def export_judge(run_dir: Path | str, out: Path | str, settings: ExportSettings 
     return export.finish(by_id, info)
 
 
-__all__ = ["CAMERA_CHOICES", "ExportJob", "ExportSettings", "ExportStore", "SAMPLE_FIELDS", "STRATA", "export_judge",
-           "frame_steps", "pair_id", "sample_id", "select", "stratum"]
+__all__ = ["CAMERA_CHOICES", "ExportJob", "ExportSettings", "ExportStore", "SAMPLE_FIELDS", "SAMPLE_ID", "STRATA",
+           "export_judge", "frame_steps", "is_sample_id", "pair_id", "sample_id", "select", "stratum"]

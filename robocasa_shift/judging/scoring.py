@@ -22,11 +22,20 @@ judge run anywhere can be scored. A subset is (task, condition).
   ended before the horizon (its confidence 1 - steps / horizon). It reads the
   duration a clip of fixed frame count hides; what it scores is what a judge
   shown real-time video could get from duration alone.
+- **Majority-vote ensembles** (FailBench Sec. 4.3) of any judges (the
+  length-only baseline too), scored like a judge: on the samples every member
+  judged, success when more than half vote success; a tie (an even count) goes
+  to the members' mean confidence when each has one, and to failure otherwise.
+- **Pipelines compared on the same samples** (FailBench Sec. 4.4, Table 4): of
+  two judges (e.g. full frames vs localise-and-crop), the samples the second
+  fixes (first wrong, second right) and breaks, exact McNemar on them, and both
+  balanced accuracies on the common samples, overall and per condition.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from itertools import combinations
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -34,8 +43,16 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from robocasa_shift.analysis.measures import mcnemar_exact_p, wilson_interval
+from robocasa_shift.analysis.statistics import mcnemar_exact_p, wilson_interval
 from robocasa_shift.judging.export import MID_TASK, NEAR_SUCCESS, NO_SUBGOAL
+from robocasa_shift.rundir.files import (
+    MAX_JSON_BYTES,
+    atomic_write_text,
+    confined,
+    read_json,
+    save_figure,
+    write_csv,
+)
 
 LENGTH_ONLY = "length-only"
 FAILURE_STRATA = (NO_SUBGOAL, MID_TASK, NEAR_SUCCESS)
@@ -193,12 +210,78 @@ def overlap(frames: Mapping[str, pd.DataFrame]) -> List[Dict[str, Any]]:
     return rows
 
 
+def majority_vote(members: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """A majority-vote ensemble's predictions (``sample_id``, ``predicted_success``, ``confidence``) from its
+    members' predictions, on the samples every member judged.
+
+    Success when more than half the members vote success; with an even count a tie goes to the members'
+    mean confidence (success at 0.5 or more) when every member has a confidence for that sample, and to
+    failure otherwise. The ensemble's confidence is the share of success votes.
+
+    Raises:
+        ValueError: fewer than two members.
+    """
+    if len(members) < 2:
+        raise ValueError(f"a majority vote needs at least two judges, got {list(members)}")
+    merged = None
+    for i, frame in enumerate(members.values()):
+        part = frame[["sample_id", "predicted_success", "confidence"]].rename(
+            columns={"predicted_success": f"v{i}", "confidence": f"c{i}"})
+        merged = part if merged is None else merged.merge(part, on="sample_id", how="inner")
+    n = len(members)
+    votes = merged[[f"v{i}" for i in range(n)]].to_numpy(dtype=float).sum(axis=1)
+    confidence = merged[[f"c{i}" for i in range(n)]].to_numpy(dtype=float)
+    tie_break = np.where(np.isnan(confidence).any(axis=1), False, np.nan_to_num(confidence).mean(axis=1) >= 0.5)
+    predicted = np.where(2 * votes > n, True, np.where(2 * votes < n, False, tie_break))
+    return pd.DataFrame({"sample_id": merged["sample_id"], "predicted_success": predicted.astype(int),
+                         "confidence": votes / n})
+
+
+def ensemble_name(members: Sequence[str]) -> str:
+    """An ensemble's name in the tables, e.g. ``majority(end-state+end-state-crop+length-only)``."""
+    return "majority(" + "+".join(members) + ")"
+
+
+def pipelines(frames: Mapping[str, pd.DataFrame], pairs: Sequence[Sequence[str]]) -> List[Dict[str, Any]]:
+    """Each (first, second) judge pair on the samples both judged: fixes (first wrong, second right), breaks
+    (first right, second wrong), exact McNemar on them and both micro balanced accuracies; overall (condition
+    ``all``) and per condition."""
+    rows = []
+    for first, second in pairs:
+        both = frames[first][["sample_id", "condition", "success", "correct"]].merge(
+            frames[second][["sample_id", "correct"]], on="sample_id", suffixes=("_a", "_b"))
+        for condition, part in [("all", both), *both.groupby("condition", sort=True)]:
+            a, b = part["correct_a"].to_numpy(bool), part["correct_b"].to_numpy(bool)
+            s = part["success"].to_numpy(bool)
+            fixes, breaks = int((~a & b).sum()), int((a & ~b).sum())
+            ba_a, ba_b = balanced_accuracy(s, a == s), balanced_accuracy(s, b == s)
+            rows.append({"first": first, "second": second, "condition": condition, "samples": int(len(part)),
+                         "fixes": fixes, "breaks": breaks, "mcnemar_p": mcnemar_exact_p(fixes, breaks),
+                         "ba_first": ba_a, "ba_second": ba_b,
+                         "ba_delta": None if ba_a is None or ba_b is None else ba_b - ba_a})
+    return rows
+
+
 def score(table: pd.DataFrame, predictions: Mapping[str, pd.DataFrame], seed: int = 0,
-          n_boot: int = N_BOOT, baseline: bool = True) -> Dict[str, Any]:
-    """Every measure of the module docstring for each judge (and the length-only baseline)."""
+          n_boot: int = N_BOOT, baseline: bool = True, ensembles: Sequence[Sequence[str]] = (),
+          compare: Sequence[Sequence[str]] = ()) -> Dict[str, Any]:
+    """Every measure of the module docstring for each judge (and the length-only baseline), each majority-vote
+    ensemble of ``ensembles`` (lists of judge names, the baseline allowed) and each pipeline pair of ``compare``.
+
+    Raises:
+        ValueError: an ensemble or a pair naming a judge that is not scored here.
+    """
     judges = dict(predictions)
     if baseline:
         judges[LENGTH_ONLY] = length_only(table)
+    members_of: Dict[str, List[str]] = {}
+    for members in ensembles:
+        unknown = [m for m in members if m not in judges]
+        if unknown:
+            raise ValueError(f"ensemble member {unknown[0]!r} is not a scored judge; scored: {', '.join(judges)}")
+        name = ensemble_name(members)
+        members_of[name] = list(members)
+        judges[name] = majority_vote({m: judges[m] for m in members})
     frames = {name: judged_table(table, p) for name, p in judges.items()}
     result: Dict[str, Any] = {"samples": int(len(table)), "seed": seed, "n_boot": n_boot, "judges": {}}
     for i, (name, frame) in enumerate(frames.items()):
@@ -206,7 +289,14 @@ def score(table: pd.DataFrame, predictions: Mapping[str, pd.DataFrame], seed: in
         result["judges"][name] = {"judged": int(len(frame)), "missing": int(len(table) - len(frame)),
                                   "baseline": name == LENGTH_ONLY, "accuracy": accuracy(frame, rng, n_boot),
                                   "success_bias": success_bias(frame), "paired": paired(frame)}
+        if name in members_of:
+            result["judges"][name]["ensemble"] = members_of[name]
     result["overlap"] = overlap(frames)
+    for pair in compare:
+        unknown = [m for m in pair if m not in frames]
+        if unknown or len(pair) != 2:
+            raise ValueError(f"compare takes two scored judges, got {list(pair)}; scored: {', '.join(frames)}")
+    result["pipelines"] = pipelines(frames, [tuple(p) for p in compare])
     counts = table.assign(success=table["success"].astype(bool))
     result["strata_counts"] = {k: int(v) for k, v in counts.groupby("stratum").size().items()}
     return result
@@ -252,7 +342,10 @@ def tables(result: Mapping[str, Any]) -> Dict[str, pd.DataFrame]:
                           "mcnemar_b": v["mcnemar"]["clean_right_perturbed_wrong"],
                           "mcnemar_c": v["mcnemar"]["clean_wrong_perturbed_right"], "mcnemar_p": v["mcnemar"]["p_exact"]})
     return {"subsets": pd.DataFrame(subsets), "conditions": pd.DataFrame(conditions), "strata": pd.DataFrame(strata),
-            "flips": pd.DataFrame(flips), "overlap": pd.DataFrame(result["overlap"])}
+            "flips": pd.DataFrame(flips), "overlap": pd.DataFrame(result["overlap"]),
+            "pipelines": pd.DataFrame(result.get("pipelines") or [],
+                                      columns=["first", "second", "condition", "samples", "fixes", "breaks", "mcnemar_p",
+                                               "ba_first", "ba_second", "ba_delta"])}
 
 
 def markdown(result: Mapping[str, Any]) -> str:
@@ -292,6 +385,25 @@ def markdown(result: Mapping[str, Any]) -> str:
         for row in result["overlap"]:
             lines.append(f"| {row['judge_a']} / {row['judge_b']} | {row['samples']} | {row['errors_a']} / "
                          f"{row['errors_b']} | {row['both_wrong']} | {_fmt(row['iou'])} |")
+    ensembles = {n: r["ensemble"] for n, r in result["judges"].items() if r.get("ensemble")}
+    if ensembles:
+        lines += ["", "## Majority-vote ensembles", "",
+                  "Scored like a judge above (FailBench Sec. 4.3); members, and each member's micro BA on all its "
+                  "samples beside the ensemble's:", "", "| ensemble | members' micro BA | ensemble micro BA |",
+                  "|---|---|---|"]
+        for name, members in ensembles.items():
+            cells = ", ".join(f"{m} {_fmt(result['judges'][m]['accuracy']['micro']['ba'])}" for m in members)
+            lines.append(f"| {name} | {cells} | {_fmt(result['judges'][name]['accuracy']['micro']['ba'])} |")
+    if result.get("pipelines"):
+        lines += ["", "## Pipelines on the same samples (fixes, breaks, exact McNemar)", "",
+                  "FailBench Table 4: the second judge against the first on the samples both judged.", "",
+                  "| first -> second | condition | samples | fixes | breaks | McNemar p | BA first | BA second | delta |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for row in result["pipelines"]:
+            delta = "-" if row["ba_delta"] is None else f"{row['ba_delta']:+.3f}"
+            lines.append(f"| {row['first']} -> {row['second']} | {row['condition']} | {row['samples']} | {row['fixes']} | "
+                         f"{row['breaks']} | {_fmt(row['mcnemar_p'], 4)} | {_fmt(row['ba_first'])} | "
+                         f"{_fmt(row['ba_second'])} | {delta} |")
     return "\n".join(lines) + "\n"
 
 
@@ -317,44 +429,67 @@ def write_figure(result: Mapping[str, Any], path: Path) -> None:
         ax.tick_params(axis="x", rotation=60)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
 def score_files(judge_set: Path | str, prediction_files: Sequence[Path | str], out: Optional[Path | str] = None,
-                seed: int = 0, n_boot: int = N_BOOT) -> Dict[str, Any]:
+                seed: int = 0, n_boot: int = N_BOOT, ensembles: Sequence[Sequence[str]] = (),
+                compare: Sequence[Sequence[str]] = ()) -> Dict[str, Any]:
     """Score prediction files on a judge set; write scores.json, scores.md, the CSV tables and a figure in ``out``
-    (default JUDGE_SET/scores). A predictions sidecar naming another judge set is refused."""
-    from robocasa_shift.judging.judges import SIDECAR_SUFFIX, PredictionsError, read_predictions
+    (default JUDGE_SET/scores). A predictions sidecar naming another judge set is refused. Judges are named by
+    their file's stem; ``ensembles`` and ``compare`` name them so (see :func:`score`)."""
     from robocasa_shift.judging.judgeset import JudgeSet
 
     js = JudgeSet(judge_set)
+    with confined(js.root):  # below the judge set nothing is read or written through a symbolic link
+        return _score_files(js, prediction_files, out, seed, n_boot, ensembles, compare)
+
+
+def _score_files(js, prediction_files: Sequence[Path | str], out: Optional[Path | str], seed: int,
+                 n_boot: int, ensembles: Sequence[Sequence[str]] = (),
+                 compare: Sequence[Sequence[str]] = ()) -> Dict[str, Any]:
+    from robocasa_shift.judging.judges import (
+        SIDECAR_SUFFIX,
+        PredictionsError,
+        read_predictions,
+    )
+
     table = js.table()
     predictions, identities = {}, {}
     for path in map(Path, prediction_files):
         sidecar = path.with_name(path.name + SIDECAR_SUFFIX)
-        identity = json.loads(sidecar.read_text()) if sidecar.exists() else {"judge": {"name": path.stem}}
+        identity = {"judge": {"name": path.stem}}
+        if os.path.lexists(sidecar):
+            try:
+                identity = read_json(sidecar, None, MAX_JSON_BYTES, "predictions sidecar")
+            except OSError as exc:
+                raise PredictionsError(f"{sidecar}: cannot be read ({exc.strerror})") from None
+            if not isinstance(identity, dict):
+                raise PredictionsError(f"{sidecar}: not a JSON object")
         if identity.get("export_hash") not in (None, js.export_hash):
-            raise PredictionsError(f"{path}: judged judge set {identity['export_hash'][:12]}, not "
+            raise PredictionsError(f"{path}: judged judge set {str(identity['export_hash'])[:12]}, not "
                                    f"{js.export_hash[:12]} ({js.root}); score it on the set it judged")
         name = path.stem
         if name in predictions or name == LENGTH_ONLY:
             raise PredictionsError(f"{path}: two prediction files are named {name!r}; rename one")
         predictions[name] = read_predictions(path, known_ids=list(js.by_id))
         identities[name] = identity
-    result = score(table, predictions, seed=seed, n_boot=n_boot)
+    try:
+        result = score(table, predictions, seed=seed, n_boot=n_boot, ensembles=ensembles, compare=compare)
+    except ValueError as exc:
+        raise PredictionsError(str(exc)) from None
     result.update(export_hash=js.export_hash, judge_set=str(js.root), identities=identities,
                   source=js.info.get("source"))
     out = Path(out) if out is not None else js.root / "scores"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "scores.json").write_text(json.dumps(result, indent=2, sort_keys=True, default=float) + "\n")
-    (out / "scores.md").write_text(markdown(result))
+    atomic_write_text(out / "scores.json", json.dumps(result, indent=2, sort_keys=True, default=float) + "\n")
+    atomic_write_text(out / "scores.md", markdown(result))
     for name, frame in tables(result).items():
-        frame.to_csv(out / f"{name}.csv", index=False)
+        write_csv(frame, out / f"{name}.csv")
     write_figure(result, out / "judges_by_condition.png")
     result["out"] = str(out)
     return result
 
 
-__all__ = ["LENGTH_ONLY", "accuracy", "balanced_accuracy", "length_only", "markdown", "overlap", "paired", "score",
-           "score_files", "success_bias", "tables"]
+__all__ = ["LENGTH_ONLY", "accuracy", "balanced_accuracy", "ensemble_name", "length_only", "majority_vote", "markdown",
+           "overlap", "paired", "pipelines", "score", "score_files", "success_bias", "tables"]

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import (
     Any,
     Callable,
+    Dict,
     Hashable,
     List,
     Mapping,
@@ -470,6 +471,10 @@ class BootstrapResult:
             nothing); they are left out of the interval and counted here.
         seed: the seed of the ``numpy.random.Generator`` that drew the resamples.
         confidence: the interval's nominal coverage.
+        diff_lo, diff_hi, diff_point: with reference alarms (``bootstrap_excess(reference_alarms=...)``), the
+            interval and point estimate of the rule's excess minus the reference's on the same resamples
+            (below 0: the rule is cheaper than the reference); None otherwise.
+        n_diff_undefined: resamples where either excess was undefined (left out of the difference's interval).
     """
 
     lo: Optional[float]
@@ -481,6 +486,10 @@ class BootstrapResult:
     n_undefined: int
     seed: int
     confidence: float
+    diff_lo: Optional[float] = None
+    diff_hi: Optional[float] = None
+    diff_point: Optional[float] = None
+    n_diff_undefined: int = 0
 
 
 def _strata_positions(frame: pd.DataFrame, strata: Sequence[str], name: str) -> List[np.ndarray]:
@@ -521,6 +530,29 @@ def _draw(positions: List[np.ndarray], rng: np.random.Generator) -> np.ndarray:
     return np.concatenate([pos[rng.integers(0, pos.size, size=pos.size)] for pos in positions])
 
 
+def cluster_positions(frame: pd.DataFrame, strata: Sequence[str], clusters: Sequence[str]) -> List[List[np.ndarray]]:
+    """Row positions of every cluster, grouped by stratum (both in sorted order): what :func:`draw_clusters` resamples."""
+    frame = frame.reset_index(drop=True)
+    out = []
+    for positions in _strata_positions(frame, strata, "clustered") if strata else [np.arange(len(frame))]:
+        keys = [tuple(v) for v in frame.loc[positions, list(clusters)].astype(str).itertuples(index=False)]
+        groups: Dict[Tuple[str, ...], List[int]] = {}
+        for position, key in zip(positions.tolist(), keys):
+            groups.setdefault(key, []).append(position)
+        out.append([np.asarray(groups[key], dtype=np.intp) for key in sorted(groups)])
+    return out
+
+
+def draw_clusters(clustered: List[List[np.ndarray]], rng: np.random.Generator) -> np.ndarray:
+    """A cluster bootstrap resample: within each stratum, as many clusters as it has, drawn with replacement, each
+    bringing all its rows (a base episode brings every condition's rollout: they are correlated)."""
+    drawn = []
+    for groups in clustered:
+        for index in rng.integers(0, len(groups), size=len(groups)):
+            drawn.append(groups[index])
+    return np.concatenate(drawn) if drawn else np.zeros(0, dtype=np.intp)
+
+
 def _position_alarms(alarms: Any, n: int) -> np.ndarray:
     values = np.asarray(alarms, dtype=float).ravel()
     if values.size != n:
@@ -534,7 +566,8 @@ def bootstrap_excess(validation: pd.DataFrame, test: pd.DataFrame,
                      alarms_for: Callable[[np.ndarray, float], np.ndarray],
                      cost_model: CostModel = CostModel(), n_resamples: int = 1000, seed: int = 0,
                      strata: Sequence[str] = ("task", "success"), c: Optional[float] = None,
-                     confidence: float = 0.95) -> BootstrapResult:
+                     confidence: float = 0.95, clusters: Sequence[str] = (),
+                     reference_alarms: Optional[np.ndarray] = None, select_on: str = "successes") -> BootstrapResult:
     """Stratified episode bootstrap of the stop-and-reset excess cost, re-selecting the threshold each time.
 
     Each resample draws rows with replacement within each stratum (by default task x outcome) of the
@@ -552,8 +585,8 @@ def bootstrap_excess(validation: pd.DataFrame, test: pd.DataFrame,
             ``alarms_for`` maps positions into it to alarm steps.
         select_threshold: ``select_threshold(scores) -> threshold``, ``scores`` the numpy array of the
             validation resample's ``score`` values on its successful rows (``success`` as bool), in
-            resample order; called once on the unresampled validation set and once per resample
-            (``n_resamples + 1`` calls).
+            resample order; called once on the unresampled validation set (errors propagate) and once
+            per resample that drew a success (a resample that drew none gets +inf: never alarm).
         alarms_for: ``alarms_for(positions, threshold) -> alarm steps``, ``positions`` the test
             resample's row positions into ``test`` (``np.arange(len(test))`` for the point estimate),
             the alarm steps (NaN for no alarm) one per position, in order.
@@ -562,9 +595,19 @@ def bootstrap_excess(validation: pd.DataFrame, test: pd.DataFrame,
         seed: seed of the ``numpy.random.default_rng`` that draws them (validation first, then test, in
             each resample; strata in sorted order).
         strata: columns whose combinations are the strata, in both tables.
+        clusters: columns whose combinations are clusters within a stratum (e.g. ``("episode",)`` with
+            ``strata=("task",)``: base episodes within task); when given, whole clusters are drawn with
+            replacement, as many as the stratum has, each bringing all its rows, instead of single rows.
         c: the per-step cost; None fixes it once from the UNRESAMPLED test set's successes (the cost
             model is declared, not re-estimated per resample).
         confidence: nominal coverage of the percentile interval (``numpy.quantile``, linear).
+        reference_alarms: alarm steps of a reference rule (e.g. a rate-matched random alarm), one per test
+            row (NaN: no alarm), fixed across resamples: the result then also holds the interval of the rule's
+            excess minus the reference's excess on the same resamples (``diff_lo``/``diff_hi``), "beats the
+            reference" as an interval rather than a comparison of point estimates.
+        select_on: ``"successes"`` (``select_threshold`` gets the successful rows' scores, as above) or
+            ``"positions"`` (it gets the validation resample's row positions into ``validation``, e.g. for a
+            threshold that minimises the validation cost: :func:`cost_optimal_selector`).
 
     Returns:
         A :class:`BootstrapResult`.
@@ -581,11 +624,16 @@ def bootstrap_excess(validation: pd.DataFrame, test: pd.DataFrame,
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise AnalysisError(f"seed must be an integer, got {seed!r}")
     confidence = _check_number("confidence", confidence, 0.0, 1.0, lo_open=True, hi_open=True)
+    if select_on not in ("successes", "positions"):
+        raise AnalysisError(f"select_on must be 'successes' or 'positions', got {select_on!r}")
     strata = tuple(strata)
     validation = validation.reset_index(drop=True)
     test = test.reset_index(drop=True)
     val_positions = _strata_positions(validation, strata, "validation")
     test_positions = _strata_positions(test, strata, "test")
+    if clusters:
+        val_clusters = cluster_positions(validation, strata, clusters)
+        test_clusters = cluster_positions(test, strata, clusters)
     if "score" not in validation.columns:
         raise AnalysisError("validation table lacks column 'score', whose successful rows select_threshold is given")
     if c is None:
@@ -598,21 +646,42 @@ def bootstrap_excess(validation: pd.DataFrame, test: pd.DataFrame,
     # table's success and steps once for every resample
     val_success = validation["success"].astype(bool).to_numpy()
     val_scores = validation["score"].to_numpy()
-    point_threshold = select_threshold(val_scores[val_success])
+
+    def select(drawn: np.ndarray, resample: bool = True) -> float:
+        if select_on == "positions":
+            return select_threshold(drawn)
+        successes = drawn[val_success[drawn]]
+        if resample and not successes.size:
+            # a resample that drew no success has no false alarm to bound: never alarm, the rule's
+            # answer whenever too few successes exist (a study with few gets an interval, not a crash)
+            return math.inf
+        return select_threshold(val_scores[successes])
+
+    point_threshold = select(np.arange(len(validation)), resample=False)
     point_alarms = _position_alarms(alarms_for(np.arange(len(test)), point_threshold), len(test))
     episodes = pd.DataFrame({"success": test["success"].to_numpy(), "steps": test["steps"].to_numpy(),
                              "alarm_step": point_alarms}, index=test.index)
     test_success, test_steps, point_alarms = _episode_arrays(episodes)
     point = _worksheet_arrays(test_success, test_steps, point_alarms, cost_model, c_value)["excess_direct"]
+    reference = None
+    diff_point = None
+    if reference_alarms is not None:
+        reference = _position_alarms(reference_alarms, len(test))
+        _check_alarm_steps(reference, test_steps, test.index)
+        ref_point = _excess_direct(test_success, test_steps, reference, c_value, reset)
+        diff_point = None if point is None or ref_point is None else point - ref_point
 
     rng = np.random.default_rng(int(seed))
     values: List[float] = []
-    n_undefined = 0
+    diffs: List[float] = []
+    n_undefined = n_diff_undefined = 0
     for _ in range(int(n_resamples)):
-        val_drawn = _draw(val_positions, rng)
-        test_drawn = _draw(test_positions, rng)
+        if clusters:
+            val_drawn, test_drawn = draw_clusters(val_clusters, rng), draw_clusters(test_clusters, rng)
+        else:
+            val_drawn, test_drawn = _draw(val_positions, rng), _draw(test_positions, rng)
         success, steps = test_success[test_drawn], test_steps[test_drawn]
-        threshold = select_threshold(val_scores[val_drawn[val_success[val_drawn]]])
+        threshold = select(val_drawn)
         alarm = _position_alarms(alarms_for(test_drawn, threshold), test_drawn.size)
         _check_alarm_steps(alarm, steps, range(test_drawn.size))
         value = _excess_direct(success, steps, alarm, c_value, reset)
@@ -620,14 +689,86 @@ def bootstrap_excess(validation: pd.DataFrame, test: pd.DataFrame,
             n_undefined += 1
         else:
             values.append(value)
+        if reference is not None:
+            ref_value = _excess_direct(success, steps, reference[test_drawn], c_value, reset)
+            if value is None or ref_value is None:
+                n_diff_undefined += 1
+            else:
+                diffs.append(value - ref_value)
     lo = hi = None
     if values:
         tail = (1.0 - confidence) / 2.0
         lo_q, hi_q = np.quantile(np.asarray(values), [tail, 1.0 - tail])
         lo, hi = float(lo_q), float(hi_q)
+    diff_lo = diff_hi = None
+    if diffs:
+        tail = (1.0 - confidence) / 2.0
+        d_lo, d_hi = np.quantile(np.asarray(diffs), [tail, 1.0 - tail])
+        diff_lo, diff_hi = float(d_lo), float(d_hi)
     return BootstrapResult(lo=lo, hi=hi, point=point, threshold=float(point_threshold), c=c_value,
                            n_resamples=int(n_resamples), n_undefined=n_undefined, seed=int(seed),
-                           confidence=confidence)
+                           confidence=confidence, diff_lo=diff_lo, diff_hi=diff_hi, diff_point=diff_point,
+                           n_diff_undefined=n_diff_undefined)
+
+
+# --------------------------------------------------------------------------- cost-optimal thresholds
+
+
+def excess_by_candidate(success: np.ndarray, steps: np.ndarray, alarms: np.ndarray, c: float,
+                        reset_cost: float = 1.0) -> np.ndarray:
+    """The direct-accounting excess cost over never intervening of each candidate rule at once.
+
+    Args:
+        success, steps: per rollout (n,); alarms: (n, m) alarm steps of m candidate rules (NaN: no alarm).
+
+    Returns:
+        (m,) excess per candidate (``worksheet``'s ``excess_direct``); +inf where the rule completes nothing
+        or there is no success to price never intervening with.
+    """
+    success = np.asarray(success, dtype=bool)
+    steps = np.asarray(steps, dtype=float)
+    alarms = np.asarray(alarms, dtype=float).reshape(len(success), -1)
+    n_s = int(success.sum())
+    if not n_s:
+        return np.full(alarms.shape[1], np.inf)
+    alarmed = ~np.isnan(alarms)
+    completions = n_s - (alarmed & success[:, None]).sum(axis=0)
+    never_total = c * steps.sum() + reset_cost * (~success).sum()
+    unalarmed_cost = (c * steps + reset_cost * ~success)[:, None]
+    rule_total = np.where(alarmed, c * np.nan_to_num(alarms) + reset_cost, unalarmed_cost).sum(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        excess = np.where(completions > 0, rule_total / np.maximum(completions, 1) - never_total / n_s, np.inf)
+    return excess
+
+
+def cost_optimal_selector(validation: pd.DataFrame, candidates: np.ndarray, candidate_alarms: np.ndarray,
+                          c: float, reset_cost: float = 1.0) -> Callable[[np.ndarray], float]:
+    """A threshold selector (``bootstrap_excess(select_on="positions")``) that minimises the validation cost.
+
+    Args:
+        validation: rows with ``success`` and ``steps``, in the order of ``candidate_alarms``' rows.
+        candidates: (m,) candidate thresholds, ascending (the observed episode scores and +inf).
+        candidate_alarms: (n, m) alarm step of each validation row at each candidate (NaN: none).
+
+    Returns:
+        ``select(positions) -> threshold``: on the validation rows at ``positions`` (a resample), the
+        candidate with the lowest excess cost over never intervening; ties go to the highest threshold
+        (the fewest alarms: +inf, never intervening, when nothing is cheaper).
+    """
+    success = validation["success"].astype(bool).to_numpy()
+    steps = validation["steps"].to_numpy(dtype=float)
+    candidates = np.asarray(candidates, dtype=float)
+    alarms = np.asarray(candidate_alarms, dtype=float)
+    if alarms.shape != (len(validation), len(candidates)):
+        raise AnalysisError(f"candidate_alarms must be (validation rows, candidates) = ({len(validation)}, "
+                            f"{len(candidates)}), got {alarms.shape}")
+
+    def select(positions: np.ndarray) -> float:
+        excess = excess_by_candidate(success[positions], steps[positions], alarms[positions], c, reset_cost)
+        best = np.flatnonzero(excess <= excess.min() + 1e-12)
+        return float(candidates[best[-1]])
+
+    return select
 
 
 # --------------------------------------------------------------------------- recover routing

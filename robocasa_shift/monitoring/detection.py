@@ -82,6 +82,8 @@ def check_boundary_scores(scores: pd.DataFrame) -> pd.DataFrame:
     """
     if not isinstance(scores, pd.DataFrame):
         raise AnalysisError(f"boundary scores must be a pandas DataFrame, got {type(scores).__name__}")
+    if _already_checked(scores):  # a row subset of a checked table (the analyses re-read one table many times)
+        return scores.reset_index(drop=True)
     missing = [c for c in BOUNDARY_COLUMNS if c not in scores.columns]
     if missing:
         raise AnalysisError(
@@ -122,7 +124,33 @@ def check_boundary_scores(scores: pd.DataFrame) -> pd.DataFrame:
         first = df[outside].iloc[0]
         raise AnalysisError(f"column 'step': {first['step']} of rollout '{first['rollout_id']}' is outside "
                             f"[0, steps={first['steps']}]")
-    return df.sort_values(["rollout_id", "step"], kind="mergesort").reset_index(drop=True)
+    df = df.sort_values(["rollout_id", "step"], kind="mergesort").reset_index(drop=True)
+    df.attrs[_CHECKED] = True
+    return df
+
+
+_CHECKED = "robocasa_shift.boundary_scores_checked"
+_CHECKED_DTYPES = {"success": "b", "episode": "i", "steps": "i", "horizon": "i", "step": "i", "score": "f"}
+
+
+def _already_checked(scores: pd.DataFrame) -> bool:
+    """A frame :func:`check_boundary_scores` returned (or a row subset of one, in its order): the mark it
+    carries, every column of its type, and its rows still sorted by (rollout_id, step) with no repeat."""
+    if not scores.attrs.get(_CHECKED) or scores.empty:
+        return False
+    if any(c not in scores.columns for c in BOUNDARY_COLUMNS):
+        return False
+    if any(scores[c].dtype.kind != kind for c, kind in _CHECKED_DTYPES.items()):
+        return False
+    if scores[list(ROLLOUT_COLUMNS) + ["step"]].isna().to_numpy().any():
+        return False
+    rid = scores["rollout_id"].to_numpy()
+    step = scores["step"].to_numpy()
+    try:
+        ordered = bool(np.all((rid[1:] > rid[:-1]) | ((rid[1:] == rid[:-1]) & (step[1:] > step[:-1]))))
+    except TypeError:
+        return False
+    return ordered and bool(((step >= 0) & (step <= scores["steps"].to_numpy())).all())
 
 
 def _as_bool(series: pd.Series) -> pd.Series:
@@ -457,6 +485,63 @@ def length_only_scores(scores: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+LENGTH_ONLY, ELAPSED_TIME, TASK_IDENTITY = "length_only", "elapsed_time", "task_identity"
+BASELINES = (LENGTH_ONLY, ELAPSED_TIME, TASK_IDENTITY)
+"""The baselines beside every AUC (the pooled-AUC report, Sec. 6, item 3): boundaries reached, control steps
+elapsed, and the task's base rate of failure (a score that knows only which task it is)."""
+BASELINE_PREFIX = {LENGTH_ONLY: "length", ELAPSED_TIME: "elapsed", TASK_IDENTITY: "task_identity"}
+
+
+def elapsed_time_scores(scores: pd.DataFrame) -> pd.DataFrame:
+    """The elapsed-time baseline: each boundary scored by its control step (the time since the start).
+
+    Like :func:`length_only_scores` it reads how long a rollout has run, in steps rather than in
+    boundaries (they differ where chunks differ in length).
+    """
+    df = check_boundary_scores(scores)
+    df["score"] = df["step"].astype(float)
+    return df
+
+
+def task_base_rates(scores: pd.DataFrame, part: Optional[str] = VALIDATION) -> Dict[str, float]:
+    """Each task's failure rate over its rollouts (of ``part`` of the split when ``scores`` has a ``split``
+    column and ``part`` is given; every rollout otherwise): the task-identity baseline's score.
+
+    A task without rollouts in ``part`` gets the rate over every rollout of ``part`` (of all tasks).
+    """
+    df = check_boundary_scores(scores)
+    rollouts = _rollouts(df)
+    if part is not None and SPLIT_COLUMN in rollouts.columns:
+        chosen = rollouts[rollouts[SPLIT_COLUMN] == part]
+        rollouts = chosen if len(chosen) else rollouts
+    overall = float((~rollouts["success"]).mean()) if len(rollouts) else 0.5
+    rates = {}
+    for task in _tasks(df):
+        mine = rollouts[rollouts["task"] == task]
+        rates[task] = float((~mine["success"]).mean()) if len(mine) else overall
+    return rates
+
+
+def task_identity_scores(scores: pd.DataFrame, rates: Mapping[str, float]) -> pd.DataFrame:
+    """The task-identity baseline: every boundary of a rollout scored by its task's base rate of failure.
+
+    Its AUC within one task is 0.5 (all ties); pooled over tasks it ranks by base rate only, so it
+    shows how much of a pooled AUC task identity alone buys (the pooled-AUC report, Sec. 3.2).
+    """
+    df = check_boundary_scores(scores)
+    overall = float(np.mean(list(rates.values()))) if rates else 0.5
+    df["score"] = df["task"].map(lambda task: float(rates.get(task, overall))).astype(float)
+    return df
+
+
+def baseline_scores(scores: pd.DataFrame, rates: Optional[Mapping[str, float]] = None) -> Dict[str, pd.DataFrame]:
+    """The boundary scores of every baseline of :data:`BASELINES` on the rollouts of ``scores``."""
+    df = check_boundary_scores(scores)
+    rates = task_base_rates(df) if rates is None else rates
+    return {LENGTH_ONLY: length_only_scores(df), ELAPSED_TIME: elapsed_time_scores(df),
+            TASK_IDENTITY: task_identity_scores(df, rates)}
+
+
 # --------------------------------------------------------------------------- thresholds and alarms
 
 
@@ -756,7 +841,9 @@ def leave_one_task_out(scores: pd.DataFrame, limits: Mapping[str, Optional[int]]
     Returns:
         One row per held-out task: task, threshold, n_calibration_successes, n_test_rollouts,
         n_failures, n_successes, auc (the monitor's AUC on the task's test rollouts),
-        length_only_auc (the boundary-count baseline on the same rollouts), n_false_alarms,
+        length_only_auc (the boundary-count baseline on the same rollouts), elapsed_time_auc
+        and task_identity_auc (the other baselines; a task's base rate is one score for all its
+        rollouts, so its AUC within one task is 0.5 by construction), n_false_alarms,
         false_alarm_rate, n_caught, catch_rate, mean_alarm_position_fraction.
 
     Raises:
@@ -766,6 +853,8 @@ def leave_one_task_out(scores: pd.DataFrame, limits: Mapping[str, Optional[int]]
     _require_split(df)
     ep = episode_scores(df, limits)
     length_ep = episode_scores(length_only_scores(df), limits)
+    elapsed_ep = episode_scores(elapsed_time_scores(df), limits)
+    identity_ep = episode_scores(task_identity_scores(df, task_base_rates(df)), limits)
     rows = []
     for task in _tasks(df):
         calibration = _calibration_successes(ep[ep["task"] != task])
@@ -781,6 +870,8 @@ def leave_one_task_out(scores: pd.DataFrame, limits: Mapping[str, Optional[int]]
             "task": task, "threshold": threshold, "n_calibration_successes": len(calibration),
             "n_test_rollouts": len(held), "n_failures": point.n_failures, "n_successes": point.n_successes,
             "auc": _split_auc(held), "length_only_auc": _split_auc(length_held),
+            "elapsed_time_auc": _split_auc(elapsed_ep[elapsed_ep["rollout_id"].isin(held_ids)]),
+            "task_identity_auc": _split_auc(identity_ep[identity_ep["rollout_id"].isin(held_ids)]),
             "n_false_alarms": point.n_false_alarms, "false_alarm_rate": point.false_alarm_rate,
             "n_caught": point.n_caught, "catch_rate": point.catch_rate,
             "mean_alarm_position_fraction": point.mean_alarm_position_fraction,
@@ -818,10 +909,16 @@ def _conditions(df: pd.DataFrame, conditions: Optional[Sequence[str]]) -> List[s
 
 
 def _evaluation_row(ep: pd.DataFrame, length_ep: pd.DataFrame, alarms: pd.DataFrame,
-                    threshold: float) -> Dict[str, Any]:
-    """The detection measures of one set of rollouts (already restricted to one window and condition)."""
+                    threshold: float, baseline_eps: Optional[Mapping[str, pd.DataFrame]] = None) -> Dict[str, Any]:
+    """The detection measures of one set of rollouts (already restricted to one window and condition), with the
+    AUCs of every baseline in ``baseline_eps`` (name -> its episode scores on the same rollouts) beside them."""
     monitor, length = auc_decomposition(ep), auc_decomposition(length_ep)
     point = summarize_alarms(alarms, threshold)
+    extra: Dict[str, Any] = {}
+    for name, base_ep in (baseline_eps or {}).items():
+        base = auc_decomposition(base_ep)
+        extra[f"{BASELINE_PREFIX[name]}_pooled_auc"] = base.pooled_auc
+        extra[f"{BASELINE_PREFIX[name]}_macro_auc"] = base.macro_auc
     return {
         "n_rollouts": len(ep), "n_tasks": int(ep["task"].nunique()),
         "n_failures": monitor.n_failures, "n_successes": monitor.n_successes,
@@ -829,7 +926,7 @@ def _evaluation_row(ep: pd.DataFrame, length_ep: pd.DataFrame, alarms: pd.DataFr
         "within_auc": monitor.within_auc, "between_auc": monitor.between_auc,
         "weight_within": monitor.weight_within, "weight_between": monitor.weight_between,
         "n_pairs": monitor.n_pairs, "skipped_tasks": ", ".join(monitor.skipped_tasks),
-        "length_pooled_auc": length.pooled_auc, "length_macro_auc": length.macro_auc,
+        "length_pooled_auc": length.pooled_auc, "length_macro_auc": length.macro_auc, **extra,
         "threshold": threshold,
         "n_false_alarms": point.n_false_alarms, "false_alarm_rate": point.false_alarm_rate,
         "n_caught": point.n_caught, "catch_rate": point.catch_rate,
@@ -850,6 +947,7 @@ def detection_table(
     limits_by_window: Mapping[str, Mapping[str, Optional[int]]],
     target_fa: float = DEFAULT_TARGET_FA,
     conditions: Optional[Sequence[str]] = None,
+    task_rates: Optional[Mapping[str, float]] = None,
 ) -> pd.DataFrame:
     """Ranking and operating-point measures over windows x conditions, on test rollouts.
 
@@ -865,6 +963,8 @@ def detection_table(
         target_fa: the false-alarm target of the threshold selection.
         conditions: the conditions to evaluate, in order; None: clean first, then the others sorted.
             ``"all"`` (:data:`ALL_CONDITIONS`) pools the test rollouts of every condition.
+        task_rates: the task-identity baseline's score per task (:func:`task_base_rates`); None: the
+            failure rate of each task's validation rollouts in ``scores``.
 
     Returns:
         One row per (window, condition): window, window_max_steps (the window's per-task limits as
@@ -872,7 +972,8 @@ def detection_table(
         n_rollouts, n_tasks, n_failures, n_successes, pooled_auc, macro_auc, within_auc,
         between_auc, weight_within, weight_between, n_pairs, skipped_tasks (tasks left out of
         the macro for having one class, comma-joined), length_pooled_auc, length_macro_auc,
-        threshold, n_false_alarms, false_alarm_rate, n_caught, catch_rate,
+        elapsed_pooled_auc, elapsed_macro_auc, task_identity_pooled_auc, task_identity_macro_auc
+        (the three baselines of :data:`BASELINES` on the same rollouts and window), threshold, n_false_alarms, false_alarm_rate, n_caught, catch_rate,
         mean_alarm_step_caught, mean_alarm_position_steps, mean_alarm_position_fraction.
 
     Raises:
@@ -881,10 +982,13 @@ def detection_table(
     """
     df = add_split_column(check_boundary_scores(scores), splits)
     length = length_only_scores(df)
+    rates = dict(task_rates) if task_rates is not None else task_base_rates(df)
+    others = {ELAPSED_TIME: elapsed_time_scores(df), TASK_IDENTITY: task_identity_scores(df, rates)}
     chosen = _conditions(df, conditions)
     rows = []
     for window, limits in limits_by_window.items():
         ep, length_ep = episode_scores(df, limits), episode_scores(length, limits)
+        other_eps = {name: episode_scores(frame, limits) for name, frame in others.items()}
         calibration = _calibration_successes(ep)
         if calibration.empty:
             raise AnalysisError(f"window '{window}': no validation clean success to choose a threshold on")
@@ -895,6 +999,194 @@ def detection_table(
             test = ((ep[SPLIT_COLUMN] == TEST) & same).to_numpy()
             row = {"window": window, "window_max_steps": _limits_text(limits), "condition": condition,
                    "n_calibration_successes": len(calibration)}
-            row.update(_evaluation_row(ep[test], length_ep[test], alarms[test], threshold))
+            row.update(_evaluation_row(ep[test], length_ep[test], alarms[test], threshold,
+                                       {name: e[test] for name, e in other_eps.items()}))
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- fixed horizons, task-level summaries
+
+
+FIXED_HORIZON_FRACTIONS = (0.125, 0.25, 0.5)
+"""The predeclared fixed horizons, as fractions of each task's horizon (50, 100 and 200 steps of a 400-step
+task; the pooled-AUC report, Sec. 3.5, predeclares 50/100/148 steps of 520). Declared here, before any run."""
+BELOW_STEP = 100
+"""RESCUE Table II's ``<100`` column: the episode score restricted to boundaries before control step 100."""
+
+
+def fixed_window_name(fraction: float) -> str:
+    """The window name of a fixed horizon, e.g. ``fixed_0.125``."""
+    return f"fixed_{fraction:g}"
+
+
+def fixed_horizon_windows(scores: pd.DataFrame,
+                          fractions: Sequence[float] = FIXED_HORIZON_FRACTIONS) -> Dict[str, Limits]:
+    """One window per predeclared fixed horizon: ``{fixed_<fraction>: {task: floor(fraction * horizon)}}``.
+
+    Every rollout is observed through the horizon or to its own end, whichever comes first (nothing is
+    padded, extended or left out).
+    """
+    return {fixed_window_name(f): window_limits(scores, "cap", cap_fraction=float(f)) for f in fractions}
+
+
+def below_step_window(scores: pd.DataFrame, step: int = BELOW_STEP) -> Limits:
+    """The window of the boundaries before control step ``step`` (``step <= step - 1``) for every task."""
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 2:
+        raise AnalysisError(f"step {step!r} must be an integer of at least 2")
+    return {task: int(step) - 1 for task in _tasks(check_boundary_scores(scores))}
+
+
+def per_task_auc(ep: pd.DataFrame) -> Dict[str, Optional[float]]:
+    """Each task's AUC on an episode-score table (None for a task with one class)."""
+    return {t.task: t.auc for t in auc_decomposition(ep).per_task}
+
+
+def task_macro(per_task: Mapping[str, Optional[float]], n_boot: int = 1000, seed: int = 0,
+               confidence: float = 0.95) -> Dict[str, Any]:
+    """Macro mean of per-task values with a task-bootstrap interval, the SD across tasks and the range.
+
+    As the pooled-AUC report summarises leave-one-task-out (Sec. 3.3): the tasks with a defined value
+    are resampled with replacement (``n_boot`` times, a ``numpy.random.default_rng(seed)``), the interval
+    is the percentile interval of the resampled means; ``sd`` uses ``ddof = 1`` (None with one task).
+
+    Returns:
+        ``{"macro", "ci95": [lo, hi], "sd", "min", "max", "n_tasks", "tasks_without_value"}``
+        (None where there is no task with a value).
+    """
+    values = np.array([float(v) for v in per_task.values() if v is not None], dtype=float)
+    missing = sorted(t for t, v in per_task.items() if v is None)
+    if values.size == 0:
+        return {"macro": None, "ci95": [None, None], "sd": None, "min": None, "max": None, "n_tasks": 0,
+                "tasks_without_value": missing}
+    rng = np.random.default_rng(int(seed))
+    means = values[rng.integers(0, values.size, size=(int(n_boot), values.size))].mean(axis=1)
+    tail = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(means, [tail, 1.0 - tail])
+    return {"macro": float(values.mean()), "ci95": [float(lo), float(hi)],
+            "sd": float(values.std(ddof=1)) if values.size > 1 else None,
+            "min": float(values.min()), "max": float(values.max()), "n_tasks": int(values.size),
+            "tasks_without_value": missing}
+
+
+# --------------------------------------------------------------------------- the pooled-minus-macro gap
+
+
+def gap_terms(ep: pd.DataFrame) -> Dict[str, Optional[float]]:
+    """The pooled-minus-macro AUC gap and its exact decomposition (the pooled-AUC report, Sec. 3.2)::
+
+        pooled - macro = w (between - within_micro) + (within_micro - macro)
+
+    ``w`` is the share of between-task pairs. The first term is what easier (or harder) cross-task
+    pairs add, the second what unequal within-task pair counts add. None where a part is undefined.
+    """
+    d = auc_decomposition(ep)
+    out: Dict[str, Optional[float]] = {"pooled_auc": d.pooled_auc, "macro_auc": d.macro_auc,
+                                       "within_auc": d.within_auc, "between_auc": d.between_auc,
+                                       "weight_between": d.weight_between, "gap": None, "term_between": None,
+                                       "term_weights": None}
+    if d.pooled_auc is not None and d.macro_auc is not None:
+        out["gap"] = d.pooled_auc - d.macro_auc
+    if d.within_auc is not None and d.macro_auc is not None:
+        out["term_weights"] = d.within_auc - d.macro_auc
+        out["term_between"] = (d.weight_between or 0.0) * ((d.between_auc if d.between_auc is not None
+                                                            else d.within_auc) - d.within_auc)
+    return out
+
+
+def _gap_of_clusters(clusters: Sequence[Tuple[np.ndarray, np.ndarray]]) -> Optional[float]:
+    """Pooled minus macro AUC of (failure scores, success scores) clusters, each cluster a task."""
+    fails = np.concatenate([f for f, _ in clusters]) if clusters else np.zeros(0)
+    succs = np.concatenate([s for _, s in clusters]) if clusters else np.zeros(0)
+    if fails.size == 0 or succs.size == 0:
+        return None
+    pooled = _double_wins(fails, succs) / (2 * fails.size * succs.size)
+    per = [_double_wins(f, s) / (2 * f.size * s.size) for f, s in clusters if f.size and s.size]
+    return pooled - float(np.mean(per)) if per else None
+
+
+def gap_bootstrap(ep: pd.DataFrame, n_boot: int = 1000, seed: int = 0,
+                  confidence: float = 0.95) -> Dict[str, Any]:
+    """A task-clustered, label-stratified bootstrap interval of the pooled-minus-macro gap (report, Sec. 3.2).
+
+    Each resample draws as many tasks as there are, with replacement (a task drawn twice is two tasks:
+    their mutual pairs are between-task pairs), and within each drawn task its failures and its
+    successes separately with replacement (its class counts kept). A resample without a defined gap is
+    left out and counted.
+
+    Returns:
+        :func:`gap_terms` of ``ep`` with ``ci95`` ([lo, hi], None when no resample had a gap),
+        ``n_boot``, ``n_undefined`` and ``n_tasks``.
+    """
+    _check_episode_frame(ep)
+    out: Dict[str, Any] = dict(gap_terms(ep))
+    score = _finite_or_low(ep["score"].to_numpy())
+    failed = ~ep["success"].to_numpy(dtype=bool)
+    task = ep["task"].to_numpy()
+    tasks = sorted(set(task.tolist()))
+    clusters = [(score[(task == t) & failed], score[(task == t) & ~failed]) for t in tasks]
+    rng = np.random.default_rng(int(seed))
+    values, undefined = [], 0
+    for _ in range(int(n_boot)):
+        drawn = []
+        for index in rng.integers(0, len(clusters), size=len(clusters)):
+            f, s = clusters[index]
+            drawn.append((f[rng.integers(0, f.size, size=f.size)] if f.size else f,
+                          s[rng.integers(0, s.size, size=s.size)] if s.size else s))
+        gap = _gap_of_clusters(drawn)
+        if gap is None:
+            undefined += 1
+        else:
+            values.append(gap)
+    tail = (1.0 - confidence) / 2.0
+    out["ci95"] = [float(v) for v in np.quantile(values, [tail, 1.0 - tail])] if values else [None, None]
+    out.update(n_boot=int(n_boot), n_undefined=undefined, n_tasks=len(tasks))
+    return out
+
+
+# --------------------------------------------------------------------------- AUC-PDT and timeliness
+
+
+PDT_FRACTIONS = tuple(round(k / 10, 1) for k in range(1, 11))
+
+
+def fraction_scores(scores: pd.DataFrame, fractions: Sequence[float] = PDT_FRACTIONS) -> pd.DataFrame:
+    """Per rollout, its score (max over boundaries) with only a fraction of the attempt observed.
+
+    Column ``f<fraction>`` holds the max over the boundaries with ``step <= fraction * steps`` (-inf when
+    none); one row per rollout with its per-rollout columns (and ``split`` when present).
+    """
+    df = check_boundary_scores(scores)
+    rollouts = _rollouts(df)
+    steps = pd.Series(rollouts["steps"].to_numpy(dtype=float), index=rollouts["rollout_id"])
+    per_row = steps.loc[df["rollout_id"]].to_numpy()
+    values = df["score"].fillna(-np.inf).to_numpy()
+    for fraction in fractions:
+        inside = df["step"].to_numpy(dtype=float) <= fraction * per_row
+        best = pd.Series(np.where(inside, values, -np.inf), index=df["rollout_id"]).groupby(level=0, sort=False).max()
+        rollouts[f"f{fraction:g}"] = best.loc[rollouts["rollout_id"]].to_numpy()
+    return rollouts
+
+
+def auc_pdt(failure_scores: np.ndarray, success_scores: np.ndarray) -> Optional[float]:
+    """AUC-PDT as this harness computes it: the mean over the observed fractions (columns) of the ROC-AUC of
+    the running-max score with that fraction of each attempt observed: the area under "AUC against the share
+    of the attempt seen" (VLA-FAIL's detection-and-timing summary, read as an area over detection time).
+
+    Args:
+        failure_scores, success_scores: (rollouts, fractions) arrays from :func:`fraction_scores`.
+    """
+    f, s = np.asarray(failure_scores, dtype=float), np.asarray(success_scores, dtype=float)
+    if f.ndim != 2 or s.ndim != 2 or not len(f) or not len(s):
+        return None
+    return float(np.mean([roc_auc(f[:, j], s[:, j]) for j in range(f.shape[1])]))
+
+
+def timely_rate(alarm_step: np.ndarray, horizon: np.ndarray) -> Tuple[int, int, Optional[float]]:
+    """RESCUE's Timely (Sec. IV-D): of the alarmed failures with a defined recoverability horizon, the share
+    whose alarm comes at or before it. Returns (timely, eligible, rate or None)."""
+    alarm, horizon = np.asarray(alarm_step, dtype=float), np.asarray(horizon, dtype=float)
+    eligible = ~np.isnan(alarm) & ~np.isnan(horizon)
+    n = int(eligible.sum())
+    k = int((alarm[eligible] <= horizon[eligible]).sum())
+    return k, n, (k / n if n else None)

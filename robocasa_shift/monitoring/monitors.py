@@ -1,6 +1,6 @@
 """Runtime monitors: a function from a rollout's step log up to a boundary to a score.
 
-A monitor maps a :class:`~robocasa_shift.engine.steplog.StepLog` to one score per
+A monitor maps a :class:`~robocasa_shift.core.steplog.StepLog` to one score per
 action-chunk boundary (higher: more likely failing); the score at boundary ``i``
 reads only the log up to that boundary (the end effector where it stands, the
 actions already taken, the samples drawn there), so an alarm raised on it could
@@ -33,7 +33,7 @@ from typing import Callable, List
 
 import numpy as np
 
-from robocasa_shift.engine.steplog import StepLog
+from robocasa_shift.core.steplog import StepLog
 from robocasa_shift.registry import Registry
 
 Monitor = Callable[[StepLog], np.ndarray]

@@ -15,7 +15,8 @@ validation and test per task (clean and perturbed twins together; seed stream
 2. **Decision value of stop-and-reset** (``decision.csv``): RESCUE's worksheet per
    monitor and condition on the test rollouts (the per-step cost from the clean
    test successes' median length), the excess cost over never intervening with a
-   stratified bootstrap interval that re-selects the threshold in each resample,
+   bootstrap interval over base episodes within task (each with all its conditions'
+   rollouts) that re-selects the threshold in each resample,
    the break-even false-alarm rate, the ideal-detector ceiling, and a
    rate-matched random alarm on the same rollouts. Where branch studies of the
    run hold ``recover`` branches at alarm checkpoints (``alarms.csv`` lists every
@@ -42,8 +43,9 @@ import numpy as np
 import pandas as pd
 
 from robocasa_shift import seeding
-from robocasa_shift.analysis.measures import order_conditions
-from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.core.conditions import order_conditions
+from robocasa_shift.core.records import RolloutKey
+from robocasa_shift.core.specs import load_protocol
 from robocasa_shift.errors import AnalysisError, RunDirError
 from robocasa_shift.monitoring import decision, detection
 from robocasa_shift.monitoring.monitors import (
@@ -52,7 +54,8 @@ from robocasa_shift.monitoring.monitors import (
     monitor_names,
     score,
 )
-from robocasa_shift.study.store import RunStore
+from robocasa_shift.rundir.files import atomic_write_text, confined, save_figure, write_csv
+from robocasa_shift.rundir.store import RunStore
 
 OUT = "monitors"
 DECISION_WINDOW = "end"  # a stop-and-reset rule watches the whole attempt
@@ -158,17 +161,28 @@ class AlarmIndex:
 # --------------------------------------------------------------------------- the measures
 
 
+# Every bootstrap of the study resamples base episodes within task (clusters): a base episode's rollouts under
+# the different conditions share their initial state and are correlated, so they are drawn together.
+BOOTSTRAP_STRATA, BOOTSTRAP_CLUSTERS = ("task",), ("episode",)
+BOOTSTRAP_TEXT = ("base episodes resampled with replacement within task, each bringing all its rollouts (every "
+                  "condition of that base episode: they share its initial state); the threshold re-selected on each "
+                  "validation resample")
+
+
 def _auc_interval(ep: pd.DataFrame, n_resamples: int, seed: int) -> Tuple[Optional[float], Optional[float]]:
-    """95% percentile interval of the pooled AUC, rollouts resampled within task x outcome."""
+    """95% percentile interval of the pooled AUC, base episodes resampled within task (:data:`BOOTSTRAP_TEXT`).
+
+    A resample with one outcome only has no AUC and is left out.
+    """
     rng = np.random.default_rng(seed)
-    strata = list(ep.groupby(["task", "success"], sort=True)["score"])
-    groups, flags = [g.to_numpy() for _, g in strata], [bool(k[1]) for k, _ in strata]
+    ep = ep.reset_index(drop=True)
+    clustered = decision.cluster_positions(ep, BOOTSTRAP_STRATA, BOOTSTRAP_CLUSTERS)
+    fail = ~ep["success"].astype(bool).to_numpy()
+    score = ep["score"].to_numpy(dtype=float)
     values = []
     for _ in range(n_resamples):
-        draws = [g[rng.integers(0, len(g), len(g))] for g in groups]
-        pos = np.concatenate([d for d, ok in zip(draws, flags) if not ok] or [np.zeros(0)])
-        neg = np.concatenate([d for d, ok in zip(draws, flags) if ok] or [np.zeros(0)])
-        auc = detection.roc_auc(pos, neg)
+        drawn = decision.draw_clusters(clustered, rng)
+        auc = detection.roc_auc(score[drawn[fail[drawn]]], score[drawn[~fail[drawn]]])
         if auc is not None:
             values.append(auc)
     if not values:
@@ -236,20 +250,24 @@ def decision_rows(name: str, scores: pd.DataFrame, splits, limits, conditions: S
                 known[thr] = index.alarms(ids, thr)
             return known[thr][positions]
 
-        boot = decision.bootstrap_excess(
-            validation, test, cost_model=cost_model, n_resamples=n_resamples,
-            seed=seeding.derive_seed(seed, stream="monitor_bootstrap", monitor=name, condition=condition), c=c,
-            select_threshold=threshold_of,
-            alarms_for=alarms_at)
         rate = float(np.mean(~np.isnan(alarms)))
         rng = np.random.default_rng(seeding.derive_seed(seed, stream="random_alarm", monitor=name, condition=condition))
         test_scores = scores[scores["rollout_id"].isin(set(test["rollout_id"]))]
         random_alarms = detection.rate_matched_random_alarm(test_scores, rate, rng, limits)
+        # the random alarm stays fixed per rollout across resamples: the rule minus it, resample by resample
+        reference = random_alarms.set_index("rollout_id").loc[test_ids, "alarm_step"].to_numpy(dtype=float)
+        boot = decision.bootstrap_excess(
+            validation, test, cost_model=cost_model, n_resamples=n_resamples,
+            seed=seeding.derive_seed(seed, stream="monitor_bootstrap", monitor=name, condition=condition), c=c,
+            select_threshold=threshold_of,
+            alarms_for=alarms_at, strata=BOOTSTRAP_STRATA, clusters=BOOTSTRAP_CLUSTERS, reference_alarms=reference)
         random_sheet = decision.worksheet(random_alarms[["success", "steps", "alarm_step"]], cost_model, c=c)
         row = {"monitor": name, "condition": condition, "threshold": threshold, "alarm_rate": rate,
                **{k: _plain(v) for k, v in sheet.items()},
                "excess_ci95": [boot.lo, boot.hi], "excess_ci95_undefined": boot.n_undefined,
-               "n_resamples": boot.n_resamples, "random_alarm_excess": random_sheet["excess_direct"]}
+               "n_resamples": boot.n_resamples, "random_alarm_excess": random_sheet["excess_direct"],
+               "random_diff": boot.diff_point, "random_diff_ci95": [boot.diff_lo, boot.diff_hi],
+               "beats_random_admits": bool(boot.diff_hi is not None and boot.diff_hi < 0)}
         if recover:
             alarmed = ~np.isnan(alarms)
             outcomes = {rid: recover[(rid, int(step))] for rid, step in zip(test["rollout_id"][alarmed], alarms[alarmed])
@@ -302,7 +320,10 @@ def verdict_rows(names: Sequence[str], scores: Mapping[str, pd.DataFrame], split
             row.update({"excess": d["excess_direct"], "excess_ci95": [lo, hi],
                         "decision_admits": bool(hi is not None and hi < 0),
                         "random_alarm_excess": d["random_alarm_excess"],
-                        "beats_random_alarm": bool(d["excess_direct"] is not None and d["random_alarm_excess"] is not None
+                        "excess_minus_random_ci95": d.get("random_diff_ci95"),
+                        # an interval, not a comparison of point estimates: the difference's upper end below 0
+                        "beats_random_alarm": bool(d.get("beats_random_admits", False)),
+                        "beats_random_point": bool(d["excess_direct"] is not None and d["random_alarm_excess"] is not None
                                                    and d["excess_direct"] < d["random_alarm_excess"])})
         rows.append(row)
     return rows
@@ -320,15 +341,28 @@ def evaluate(run_dir: Path | str, monitors: Optional[Sequence[str]] = None, targ
         UnknownNameError: an unknown monitor (the message lists them).
         AnalysisError: no logged rollouts, or too few to split (a task needs two base episodes).
     """
-    names = list(monitors or monitor_names())
+    from robocasa_shift.monitoring.probe import PROBE
+
+    names = list(monitors or [*monitor_names(), PROBE])  # the probe joins when the logs hold features
     for name in names:
         from robocasa_shift.monitoring.monitors import MONITORS
 
-        MONITORS.get(name)  # unknown names fail here, listing the registered ones
+        if name != PROBE:
+            MONITORS.get(name)  # unknown names fail here, listing the registered ones
     run_dir = Path(run_dir)
+    with confined(run_dir):  # below the run directory nothing is read or written through a symbolic link
+        return _evaluate(run_dir, names, target_fa, kappa, n_resamples, figures)
+
+
+def _evaluate(run_dir: Path, names: List[str], target_fa: float, kappa: float, n_resamples: int,
+              figures: bool) -> Dict[str, Any]:
+    from robocasa_shift.monitoring import analyses, probe
+
     store = RunStore(run_dir)
     manifest = store.manifest() or {}
     study_seed = int(manifest.get("study_seed", 0))
+    wants_probe = probe.PROBE in names
+    names = [n for n in names if n != probe.PROBE]
     scores, excluded = boundary_scores(run_dir, names)
     first = scores[names[0]]
     split_seed = seeding.derive_seed(study_seed, stream="monitors")
@@ -337,8 +371,22 @@ def evaluate(run_dir: Path | str, monitors: Optional[Sequence[str]] = None, targ
         if not parts[detection.TEST] or not parts[detection.VALIDATION]:
             raise AnalysisError(f"task {task}: {len(parts[detection.VALIDATION]) + len(parts[detection.TEST])} base "
                                 f"episode(s) with step logs; a split needs at least two")
+    probe_info, probe_loto = None, None
+    if wants_probe:  # SAFE-style: trained on validation rollouts' features, scored on every rollout
+        logs = probe.read_feature_logs(run_dir)
+        if logs is None:
+            probe_info = {"name": probe.PROBE, "reason": "no step log holds the policy's features (Policy.features): "
+                                                         "the run's policy exposes none"}
+        else:
+            try:
+                scores[probe.PROBE], probe_info = probe.probe_scores(logs, splits)
+                probe_info["name"] = probe.PROBE
+                probe_loto = probe.loto_scores(logs, splits)
+                names.append(probe.PROBE)
+            except AnalysisError as exc:
+                probe_info = {"name": probe.PROBE, "reason": f"not trained: {exc}"}
     windows = detection.standard_windows(first, splits)
-    conditions = order_conditions(first["condition"].unique())
+    conditions = order_conditions(first["condition"].unique(), load_protocol().factor_order)
     evaluated = [*conditions, detection.ALL_CONDITIONS]  # every condition, then all of them pooled
     detection_df = pd.concat([detection.detection_table(scores[n], splits, windows, target_fa, evaluated)
                               .assign(monitor=n) for n in names], ignore_index=True)
@@ -357,18 +405,21 @@ def evaluate(run_dir: Path | str, monitors: Optional[Sequence[str]] = None, targ
     alarms_df = pd.concat([alarm_table(n, scores[n], splits, windows[DECISION_WINDOW], target_fa) for n in names],
                           ignore_index=True)
     verdicts = pd.DataFrame(verdict_rows(names, scores, splits, windows, decision_df, n_resamples, study_seed))
+    real = [n for n in names if n in REAL_MONITORS or n == probe.PROBE]
+    extra, extra_md, extra_figures = analyses.run(
+        run_dir, run_dir / OUT, names, scores, splits, windows, conditions, decision_df, target_fa, cost_model, c,
+        n_resamples, study_seed, real, probe_info, probe_loto, probe.PROBE, figures)
     out = run_dir / OUT
-    out.mkdir(parents=True, exist_ok=True)
     for frame, file in ((detection_df, "detection.csv"), (loto_df, "loto.csv"), (decision_df, "decision.csv"),
                         (verdicts, "verdicts.csv"), (alarms_df, "alarms.csv")):
-        frame.to_csv(out / file, index=False)
+        write_csv(frame, out / file)
     counts = first.drop_duplicates("rollout_id").assign(split=lambda d: d.apply(
         lambda r: detection.VALIDATION if r["episode"] in splits[r["task"]][detection.VALIDATION] else detection.TEST,
         axis=1)).groupby(["split", "success"]).size()
     summary = {
-        "run_dir": str(run_dir), "monitors": names, "real_monitors": [n for n in names if n in REAL_MONITORS],
+        "run_dir": str(run_dir), "monitors": names, "real_monitors": real,
         "controls": [n for n in names if n in CONTROLS], "target_fa": target_fa, "kappa": kappa, "c": c,
-        "n_resamples": n_resamples, "split_seed": split_seed, "splits": splits,
+        "n_resamples": n_resamples, "bootstrap": BOOTSTRAP_TEXT, "split_seed": split_seed, "splits": splits,
         "windows": {w: {t: v for t, v in lim.items()} for w, lim in windows.items()},
         "counts": {f"{split}_{'successes' if ok else 'failures'}": int(n) for (split, ok), n in counts.items()},
         "rollouts": int(first["rollout_id"].nunique()), "excluded": excluded, "conditions": conditions,
@@ -378,12 +429,15 @@ def evaluate(run_dir: Path | str, monitors: Optional[Sequence[str]] = None, targ
         "verdicts": _records(verdicts),
         "pooled_detection": _records(detection_df[detection_df["condition"] == detection.ALL_CONDITIONS]),
         "pooled_decision": _records(decision_df[decision_df["condition"] == detection.ALL_CONDITIONS]),
+        "ideal_detector_ceiling": ideal_detector_ceiling(ep, cost_model, c, conditions),
+        **extra,
         "figures": [],
     }
     if figures:
-        summary["figures"] = write_figures(out, scores, splits, windows, names, target_fa)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=False, default=_plain) + "\n")
-    (out / "summary.md").write_text(summary_markdown(summary, detection_df, decision_df, verdicts))
+        summary["figures"] = write_figures(out, scores, splits, windows, names, target_fa) + extra_figures
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, allow_nan=False, default=_plain) + "\n")
+    atomic_write_text(out / "summary.md", summary_markdown(summary, detection_df, decision_df, verdicts)
+                      + "\n".join(extra_md) + "\n")
     return summary
 
 
@@ -407,7 +461,6 @@ def write_figures(out: Path, scores: Mapping[str, pd.DataFrame], splits, windows
     import matplotlib.pyplot as plt
 
     figures = []
-    (out / "figures").mkdir(exist_ok=True)
     for name in names:
         ep = _episodes(scores[name], splits, windows[DECISION_WINDOW])
         test = ep[ep[detection.SPLIT_COLUMN] == detection.TEST]
@@ -423,7 +476,7 @@ def write_figures(out: Path, scores: Mapping[str, pd.DataFrame], splits, windows
         ax.legend(fontsize=7, loc="lower right")
         fig.tight_layout()
         file = f"figures/roc__{name}.png"
-        fig.savefig(out / file, dpi=110)
+        save_figure(fig, out / file, dpi=110)
         plt.close(fig)
         figures.append({"monitor": name, "kind": "roc", "file": file})
 
@@ -439,7 +492,7 @@ def write_figures(out: Path, scores: Mapping[str, pd.DataFrame], splits, windows
         ax.legend(fontsize=7)
         fig.tight_layout()
         file = f"figures/alarms__{name}.png"
-        fig.savefig(out / file, dpi=110)
+        save_figure(fig, out / file, dpi=110)
         plt.close(fig)
         figures.append({"monitor": name, "kind": "alarms", "file": file})
     return figures
@@ -475,13 +528,51 @@ def _table(frame: pd.DataFrame, columns: Sequence[str]) -> str:
 
 
 DETECTION_COLUMNS = ("monitor", "window", "pooled_auc", "macro_auc", "within_auc", "between_auc", "weight_between",
-                     "length_pooled_auc", "length_macro_auc", "threshold", "false_alarm_rate", "catch_rate",
-                     "mean_alarm_position_fraction")
+                     "length_pooled_auc", "length_macro_auc", "elapsed_pooled_auc", "task_identity_pooled_auc",
+                     "threshold", "false_alarm_rate", "catch_rate", "mean_alarm_position_fraction")
 DECISION_COLUMNS = ("monitor", "condition", "p", "d", "t_d", "f", "t_fa", "T_s_fa", "C_never", "f_star",
-                    "excess_direct", "excess_ci95", "random_alarm_excess", "f_star_ideal", "recover_excess",
+                    "excess_direct", "excess_ci95", "random_alarm_excess", "random_diff_ci95", "f_star_ideal_any_success",
+                    "recover_excess",
                     "recover_priced", "recover_missing")
+
+IDEAL_CEILING_TEXT = (
+    "the break-even false-alarm rate of an ideal detector (catches every failure at step 0: d = 1, t_d = 0) on the test "
+    "rollouts, over a false alarm anywhere in a success of the longest natural duration, t_fa in [0, T_s,max]: "
+    "low end at t_fa = T_s,max, high end at t_fa = 0 (RESCUE Sec. IV-C); one range per run (and per condition), "
+    "whichever monitor ran"
+)
+
+
+def ideal_detector_ceiling(ep: pd.DataFrame, cost_model: decision.CostModel, c: float,
+                           conditions: Sequence[str]) -> Dict[str, Any]:
+    """The ideal-detector ceiling as one range per run: ``f_star_ideal_any_success`` of the test rollouts.
+
+    It depends on the rollouts only (failure prevalence, their mean length, the cost of never
+    intervening, the longest natural success), never on a monitor's own false alarms (``f_star_ideal``
+    in ``decision.csv`` is that monitor's). ``ep`` is any monitor's episode table (the rollouts are
+    the same for all).
+    """
+    test = ep[ep[detection.SPLIT_COLUMN] == detection.TEST]
+    out: Dict[str, Any] = {"definition": IDEAL_CEILING_TEXT, "per_condition": {}}
+    for condition in [detection.ALL_CONDITIONS, *conditions]:
+        rows = test if condition == detection.ALL_CONDITIONS else test[test["condition"] == condition]
+        success = rows["success"].astype(bool).to_numpy()
+        if not len(rows) or not success.any():
+            out["per_condition"][condition] = None
+            continue
+        sheet = decision.worksheet(pd.DataFrame({"success": success, "steps": rows["steps"].to_numpy(dtype=float),
+                                                 "alarm_step": np.nan}), cost_model, c=c)
+        lo, hi = sheet["f_star_ideal_any_success"] or (None, None)
+        out["per_condition"][condition] = {
+            "f_star": [_plain(lo), _plain(hi)], "T_s_longest": float(rows.loc[success, "steps"].max()),
+            "p": sheet["p"], "T_f_all": sheet["T_f_all"], "C_never": sheet["C_never"], "c": sheet["c"],
+            "n_rollouts": int(len(rows))}
+    pooled = out["per_condition"].get(detection.ALL_CONDITIONS)
+    out["f_star"] = None if pooled is None else pooled["f_star"]
+    return out
 VERDICT_COLUMNS = ("monitor", "end_auc", "end_auc_ci95", "end_auc_admits", "early_auc", "early_auc_admits", "cap_auc",
-                   "cap_auc_admits", "excess", "excess_ci95", "decision_admits", "beats_random_alarm")
+                   "cap_auc_admits", "excess", "excess_ci95", "decision_admits", "excess_minus_random_ci95",
+                   "beats_random_alarm")
 
 
 def _calibration_warning(summary: Mapping[str, Any], detection_df: pd.DataFrame) -> List[str]:
@@ -496,6 +587,17 @@ def _calibration_warning(summary: Mapping[str, Any], detection_df: pd.DataFrame)
             "validation successes) or raise --target-fa.", ""]
 
 
+def _ceiling_lines(summary: Mapping[str, Any]) -> List[str]:
+    ceiling = summary.get("ideal_detector_ceiling") or {}
+    pooled = (ceiling.get("per_condition") or {}).get(detection.ALL_CONDITIONS)
+    if not pooled:
+        return []
+    lo, hi = pooled["f_star"]
+    return [f"Ideal-detector ceiling of this run (test rollouts of every condition): f* {_cell(lo)}-{_cell(hi)} "
+            f"(failure prevalence {pooled['p']:.3f}, longest natural success {pooled['T_s_longest']:g} steps): "
+            f"{ceiling['definition']}. `f_star_ideal_any_success` gives it per condition.", ""]
+
+
 def summary_markdown(summary: Mapping[str, Any], detection_df: pd.DataFrame, decision_df: pd.DataFrame,
                      verdicts: pd.DataFrame) -> str:
     """``summary.md``: counts and windows, clean detection, decision value per condition, verdicts."""
@@ -506,7 +608,8 @@ def summary_markdown(summary: Mapping[str, Any], detection_df: pd.DataFrame, dec
              f"{summary['rollouts']} logged rollouts ({summary['counts']}); left out: {summary['excluded']}. "
              f"Target false-alarm rate {summary['target_fa']:g} on clean validation successes; kappa "
              f"{summary['kappa']:g} (c = {summary['c']:.5f} resets per step); {summary['n_resamples']} bootstrap "
-             f"resamples. Every failure is a horizon timeout: {summary['all_failures_timeouts']}.", "",
+             f"resamples ({summary.get('bootstrap', BOOTSTRAP_TEXT)}). Every failure is a horizon timeout: "
+             f"{summary['all_failures_timeouts']}.", "",
              f"Windows (last step counted): {windows}.", "",
              *_calibration_warning(summary, detection_df),
              "## Verdicts (test rollouts of every condition)", "",
@@ -516,6 +619,7 @@ def summary_markdown(summary: Mapping[str, Any], detection_df: pd.DataFrame, dec
              "## Under shift (end window; thresholds frozen from clean validation)", "",
              _table(shift, ("monitor", "condition", "pooled_auc", "length_pooled_auc", "false_alarm_rate", "catch_rate")),
              "", "## Decision value of stop-and-reset (test rollouts)", "",
+             *_ceiling_lines(summary),
              _table(decision_df, [c for c in DECISION_COLUMNS if c in decision_df]), "",
              "Routing alarms to `recover` is priced from branches at the alarm checkpoints where a branch study has "
              f"them ({summary['recover_checkpoints']} checkpoints with recover branches found); `alarms.csv` lists every "

@@ -7,8 +7,8 @@ import os
 from typing import Any, Dict, Mapping
 
 from robocasa_shift.config import ENV_PREFIX, is_env_reference, is_secret_option
+from robocasa_shift.core.policy import Observation, Policy
 from robocasa_shift.errors import PolicyOptionError
-from robocasa_shift.policies.base import Observation, Policy
 from robocasa_shift.registry import Registry
 
 POLICIES: Registry[type] = Registry("policy", "robocasa_shift.policies")
@@ -20,10 +20,11 @@ POLICIES.register("reference-blind", "robocasa_shift.policies.reference:BlindRef
 POLICIES.register("gr00t", "robocasa_shift.policies.gr00t.policy:Gr00tPolicy")
 POLICIES.register("openpi", "robocasa_shift.policies.openpi:OpenpiPolicy")
 POLICIES.register("lerobot", "robocasa_shift.policies.lerobot:LeRobotPolicy")
-# policies of the testing backend (backends/fake.py): image-driven, privileged, negative control
-POLICIES.register("fake", "robocasa_shift.backends.fake:FakePolicy")
-POLICIES.register("fake-expert", "robocasa_shift.backends.fake:FakeExpertPolicy")
-POLICIES.register("fake-random", "robocasa_shift.backends.fake:FakeRandomPolicy")
+POLICIES.register("vla-eval", "robocasa_shift.policies.vla_eval:VlaEvalPolicy")
+# policies of the testing backend (policies/fake.py): image-driven, privileged, negative control
+POLICIES.register("fake", "robocasa_shift.policies.fake:FakePolicy")
+POLICIES.register("fake-expert", "robocasa_shift.policies.fake:FakeExpertPolicy")
+POLICIES.register("fake-random", "robocasa_shift.policies.fake:FakeRandomPolicy")
 
 
 def make_policy(name: str, **options: Any) -> Policy:

@@ -27,7 +27,11 @@ On LIBERO (``preset="libero"``, the features of LeRobot's LIBERO env and its
 ``LiberoProcessorStep``): ``observation.images.image`` (agentview) and
 ``observation.images.image2`` (wrist), rotated 180 degrees from robosuite's raw
 frame, i.e. this harness's upright render mirrored left-right; ``observation.state``
-8-D (end effector position, axis-angle, finger joints); 7-D actions.
+8-D (end effector position, axis-angle, finger joints); 7-D actions. On the testing
+backend (``preset="fake"``, what ``train-lerobot`` trains there): ``observation.images.agentview``,
+``observation.state`` 3-D (gripper x, y in the base frame, grasping), 3-D planar actions.
+The conversion is :func:`raw_observation`, shared with ``train-lerobot`` so that a
+checkpoint trained here sees at evaluation exactly the inputs it was trained on.
 
 Actions: 12-D in LeRobot's RoboCasa order (base motion 4, control mode 1, end
 effector position 3, rotation 3, gripper 1) -> the PandaOmron action
@@ -45,19 +49,42 @@ CUDA device); every call into the model runs with that state installed as
 the global one, and the state the call left behind is stored back. The actions are a function of
 the seed and the observations only, the caller's global RNG is never touched,
 and ``rng_fingerprint`` hashes the stored state.
+
+Branching (``get_state`` / ``set_state``). Everything that decides the next
+action besides the weights and the observation: the generator states (CPU and the
+model's CUDA device), and the episode state the policy class keeps between
+``select_action`` calls, read from the attributes its ``reset`` re-creates: the
+action queue (``_action_queue``: ACT, pi0, pi0.5, GR00T), the observation and
+action queues (``_queues``: diffusion, pi0, SmolVLA, VQ-BeT, TD-MPC), TD-MPC's warm
+start (``_prev_mean``) and ACT's temporal ensembler (``ensembled_actions`` and
+their counts). Each queued tensor is one array (bfloat16 ones as their int16 bits),
+with each queue's length and maxlen; absent entries come back absent. A policy
+class whose ``reset`` re-creates anything else, or a pre/post-processor step with
+a ``reset`` of its own (episode state, e.g. LeRobot's human-in-the-loop steps), is
+refused with the attribute or step named: it could not be restored. The
+processors' normalisation statistics are part of the checkpoint, not of the state.
+
+Samples (``sample_actions``): n draws of the action the policy would take if it
+planned now, each with a generator seeded from the caller's ``rng``: the state is
+restored, the action queue emptied (``select_action`` then plans a fresh chunk on
+this observation; observation histories are kept) and the policy asked once; the
+policy's state is restored afterwards, byte for byte. ACT without its VAE at
+inference is deterministic: its draws agree.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
+import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from robocasa_shift.errors import UnknownNameError
-from robocasa_shift.policies.base import Observation, Policy
+from robocasa_shift.core.policy import Observation, Policy
+from robocasa_shift.errors import StateUnsupported, UnknownNameError
 from robocasa_shift.policies.remote import (
     LIBERO_STATE,
     NOT_RESET,
@@ -90,9 +117,46 @@ PRESETS: Dict[str, Dict[str, Any]] = {
                  "mirror_images": False},
     "libero": {"camera_map": {"agentview": ("image",), "robot0_eye_in_hand": ("image2",)},
                "state_layout": LIBERO_STATE, "action_layout": "libero", "mirror_images": True},
+    # the testing backend (backends/fake.py): its third-person camera, gripper position and grasp, planar actions
+    "fake": {"camera_map": {"agentview": ("agentview",)}, "state_layout": (("eef_pos", 2), ("grasping", 1)),
+             "action_layout": "fake-planar", "mirror_images": False},
 }
 # Policies whose predict_action_chunk stacks an observation history kept by select_action.
 HISTORY_TYPES = frozenset({"diffusion", "tdmpc", "vqbet"})
+# Episode state LeRobot 0.4.4's policy classes keep between select_action calls (re-created by their reset):
+# a deque of tensors, a dict of such deques, a tensor or None. ACT's temporal ensembler is handled on its own.
+QUEUE_ATTRS = ("_action_queue",)
+QUEUES_ATTRS = ("_queues",)
+TENSOR_ATTRS = ("_prev_mean",)
+ENSEMBLER_ATTR = "temporal_ensembler"
+ENSEMBLER_TENSORS = ("ensembled_actions", "ensembled_actions_count")
+# The queues whose entries are planned actions: emptied before a sample, so that the sample plans afresh.
+ACTION_QUEUE_KEY = "action"
+
+
+def raw_observation(obs: Observation, image_names: Sequence[str], camera_map: Mapping[str, Tuple[str, ...]],
+                    mirror_images: bool, state_layout: Optional[Sequence[Tuple[str, int]]]) -> Dict[str, Any]:
+    """What a LeRobot env hands ``preprocess_observation``: ``pixels`` (LeRobot camera name -> uint8 (H, W, 3))
+    for ``image_names`` and, when ``state_layout`` is given, ``agent_pos``.
+
+    Raises:
+        KeyError: a wanted camera that no rendered camera maps to.
+    """
+    wanted = set(image_names)
+    pixels: Dict[str, np.ndarray] = {}
+    for camera, image in obs.images.items():
+        for name in camera_map.get(camera, (camera,)):
+            if name in wanted:
+                image = checked_image(camera, image)
+                pixels[name] = np.ascontiguousarray(image[:, ::-1]) if mirror_images else image
+    missing = sorted(wanted - set(pixels))
+    if missing:
+        raise KeyError(f"the checkpoint reads cameras {missing}, which no rendered camera maps to "
+                       f"(rendered: {sorted(obs.images)}); set camera_map")
+    raw: Dict[str, Any] = {"pixels": pixels}
+    if state_layout is not None:
+        raw["agent_pos"] = proprio_vector(obs, state_layout)
+    return raw
 
 
 def directory_digest(root: Union[str, Path], block: int = 1 << 20) -> str:
@@ -120,8 +184,9 @@ class LeRobotPolicy(Policy):
         action_layout: a name in ``remote.ACTION_LAYOUTS`` or a list of slots.
         instruction: replaces the task's instruction (sent as ``task``).
         image_size: render size (default: the size of the checkpoint's image features).
-        preset: ``robocasa`` (LeRobot's RoboCasa features) or ``libero`` (LeRobot's LIBERO features:
-            ``image`` / ``image2``, mirrored images, 8-D state, 7-D actions); the options above override it.
+        preset: ``robocasa`` (LeRobot's RoboCasa features), ``libero`` (LeRobot's LIBERO features:
+            ``image`` / ``image2``, mirrored images, 8-D state, 7-D actions) or ``fake`` (the testing
+            backend's: ``agentview``, 3-D state, planar actions); the options above override it.
         mirror_images: mirror every image left-right before the model sees it (see ``PRESETS``).
     """
 
@@ -150,7 +215,10 @@ class LeRobotPolicy(Policy):
             import torch
             from lerobot.configs.policies import PreTrainedConfig
             from lerobot.envs.utils import preprocess_observation
-            from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+            from lerobot.policies.factory import (
+                get_policy_class,
+                make_pre_post_processors,
+            )
         except ImportError as exc:
             raise ImportError(f"lerobot is not importable here ({exc}): it needs its own venv (torch<2.11); build it "
                               "with `make setup-lerobot` and run .venv-lerobot/bin/robocasa-shift") from None
@@ -214,6 +282,7 @@ class LeRobotPolicy(Policy):
         self._rng_devices: Tuple[int, ...] = ((device_spec.index or 0),) if device_spec.type == "cuda" else ()
         self.rng: Optional[TorchSessionRNG] = None
         self._digest: Optional[str] = None
+        self._state_problem = self._unsupported_state()
 
     # ------------------------------------------------------------------ protocol
 
@@ -228,20 +297,8 @@ class LeRobotPolicy(Policy):
 
     def batch(self, obs: Observation) -> Dict[str, Any]:
         """The batch LeRobot's evaluation loop would build (before the preprocessor)."""
-        wanted = {k[len(IMAGE_PREFIX):] for k in self.image_keys}
-        pixels: Dict[str, np.ndarray] = {}
-        for camera, image in obs.images.items():
-            for name in self.camera_map.get(camera, (camera,)):
-                if name in wanted:
-                    image = checked_image(camera, image)
-                    pixels[name] = np.ascontiguousarray(image[:, ::-1]) if self.mirror_images else image
-        missing = sorted(wanted - set(pixels))
-        if missing:
-            raise KeyError(f"the checkpoint reads cameras {missing}, which no rendered camera maps to "
-                           f"(rendered: {sorted(obs.images)}); set camera_map")
-        raw: Dict[str, Any] = {"pixels": pixels}
-        if self.uses_state:
-            raw["agent_pos"] = proprio_vector(obs, self.state_layout)
+        raw = raw_observation(obs, [k[len(IMAGE_PREFIX):] for k in self.image_keys], self.camera_map,
+                              self.mirror_images, self.state_layout if self.uses_state else None)
         batch = self._preprocess_observation(raw)
         batch["task"] = [str(self.instruction if self.instruction is not None else obs.instruction)]
         return batch
@@ -264,6 +321,141 @@ class LeRobotPolicy(Policy):
         action = self.rng.run(infer).to("cpu").numpy()
         chunk = action[0] if action.ndim == 3 else action  # (1, T, D) chunk or (1, D) step
         return flat_to_actions(chunk, self.layout, None, f"{self.policy_type} action")
+
+    # ------------------------------------------------------------------ branching and samples
+
+    def _unsupported_state(self) -> Optional[str]:
+        """Why this checkpoint's policy state cannot be snapshotted (None: it can); see the module docstring."""
+        before = dict(vars(self.model))
+        self.model.reset()
+        after = vars(self.model)
+        known = set(QUEUE_ATTRS) | set(QUEUES_ATTRS) | set(TENSOR_ATTRS)
+        unknown = sorted(k for k in after if (k not in before or after[k] is not before[k]) and k not in known)
+        if unknown:
+            return (f"the '{self.policy_type}' policy class keeps episode state in {unknown}, which this adapter "
+                    "does not snapshot, so it cannot be branched")
+        from lerobot.processor.pipeline import ProcessorStep
+
+        for name, pipeline in (("preprocessor", self.preprocessor), ("postprocessor", self.postprocessor)):
+            stateful = [type(step).__name__ for step in getattr(pipeline, "steps", [])
+                        if getattr(type(step), "reset", ProcessorStep.reset) is not ProcessorStep.reset]
+            if stateful:
+                return (f"its {name} has steps with episode state ({stateful}), which this adapter does not "
+                        "snapshot, so it cannot be branched")
+        return None
+
+    def instance_state_refusal(self) -> Optional[str]:
+        return self._state_problem
+
+    def _tensor_entries(self, name: str, tensor: Any) -> Dict[str, np.ndarray]:
+        torch = self.torch
+        tensor = tensor.detach().to("cpu")
+        if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: its bits as int16
+            return {f"{name}@bfloat16": tensor.view(torch.int16).numpy().copy()}
+        return {name: tensor.numpy().copy()}
+
+    def _tensor_from(self, state: Mapping[str, np.ndarray], name: str) -> Any:
+        torch = self.torch
+        if f"{name}@bfloat16" in state:
+            return torch.from_numpy(np.array(state[f"{name}@bfloat16"], dtype=np.int16)).view(torch.bfloat16).to(self.device)
+        return torch.from_numpy(np.array(state[name])).to(self.device)
+
+    def _has_tensor(self, state: Mapping[str, np.ndarray], name: str) -> bool:
+        return name in state or f"{name}@bfloat16" in state
+
+    def _deque_entries(self, prefix: str, queue: collections.deque) -> Dict[str, np.ndarray]:
+        out = {f"{prefix}.maxlen": np.array(-1 if queue.maxlen is None else queue.maxlen, dtype=np.int64),
+               f"{prefix}.len": np.array(len(queue), dtype=np.int64)}
+        for i, item in enumerate(queue):
+            out.update(self._tensor_entries(f"{prefix}.{i}", item))
+        return out
+
+    def _deque_from(self, state: Mapping[str, np.ndarray], prefix: str) -> collections.deque:
+        maxlen = int(state[f"{prefix}.maxlen"])
+        return collections.deque([self._tensor_from(state, f"{prefix}.{i}") for i in range(int(state[f"{prefix}.len"]))],
+                                 maxlen=None if maxlen < 0 else maxlen)
+
+    def get_state(self) -> Dict[str, np.ndarray]:
+        """Generator states and episode state as plain arrays (see the module docstring)."""
+        if self._state_problem is not None:
+            raise StateUnsupported(f"policy '{self.name}': {self._state_problem}")
+        if self.rng is None:
+            raise RuntimeError("the lerobot policy was never reset: call reset(seed) before get_state")
+        state: Dict[str, np.ndarray] = {"rng.cpu": self.rng.cpu_state.numpy().copy()}
+        state.update({f"rng.cuda.{d}": s.numpy().copy() for d, s in zip(self.rng.devices, self.rng.cuda_states)})
+        model = vars(self.model)
+        for attr in QUEUE_ATTRS:
+            if isinstance(model.get(attr), collections.deque):
+                state.update(self._deque_entries(f"queue.{attr}", model[attr]))
+        for attr in QUEUES_ATTRS:
+            queues = model.get(attr)
+            if isinstance(queues, dict):
+                keys = sorted(queues)
+                state[f"queues.{attr}.keys"] = np.frombuffer(json.dumps(keys).encode(), dtype=np.uint8).copy()
+                for key in keys:
+                    state.update(self._deque_entries(f"queues.{attr}[{key}]", queues[key]))
+        for attr in TENSOR_ATTRS:
+            if model.get(attr) is not None:
+                state.update(self._tensor_entries(f"tensor.{attr}", model[attr]))
+        ensembler = getattr(self.model, ENSEMBLER_ATTR, None)
+        if ensembler is not None:
+            state["ensembler.present"] = np.array(1, dtype=np.int64)
+            for name in ENSEMBLER_TENSORS:
+                if getattr(ensembler, name) is not None:
+                    state.update(self._tensor_entries(f"ensembler.{name}", getattr(ensembler, name)))
+        return state
+
+    def set_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restore :meth:`get_state`'s arrays after ``reset(seed)``: generators, queues, warm start, ensemble."""
+        if self._state_problem is not None:
+            raise StateUnsupported(f"policy '{self.name}': {self._state_problem}")
+        if self.rng is None:
+            raise RuntimeError("the lerobot policy was never reset: call reset(seed) before set_state")
+        rng = TorchSessionRNG(self.torch, 0, self._rng_devices)
+        rng.cpu_state = self.torch.from_numpy(np.array(state["rng.cpu"], dtype=np.uint8))
+        rng.cuda_states = [self.torch.from_numpy(np.array(state[f"rng.cuda.{d}"], dtype=np.uint8))
+                           for d in self._rng_devices]
+        model = vars(self.model)
+        for attr in QUEUE_ATTRS:
+            if f"queue.{attr}.len" in state:
+                model[attr] = self._deque_from(state, f"queue.{attr}")
+        for attr in QUEUES_ATTRS:
+            if f"queues.{attr}.keys" in state:
+                keys: List[str] = json.loads(np.asarray(state[f"queues.{attr}.keys"], dtype=np.uint8).tobytes().decode())
+                model[attr] = {key: self._deque_from(state, f"queues.{attr}[{key}]") for key in keys}
+        for attr in TENSOR_ATTRS:
+            if attr in model:
+                model[attr] = self._tensor_from(state, f"tensor.{attr}") if self._has_tensor(state, f"tensor.{attr}") \
+                    else None
+        ensembler = getattr(self.model, ENSEMBLER_ATTR, None)
+        if ensembler is not None:
+            for name in ENSEMBLER_TENSORS:
+                key = f"ensembler.{name}"
+                setattr(ensembler, name, self._tensor_from(state, key) if self._has_tensor(state, key) else None)
+        self.rng = rng
+
+    def sample_actions(self, obs: Observation, n: int, rng: np.random.Generator) -> Optional[np.ndarray]:
+        """``n`` draws of the action the policy would take if it planned now, noise from ``rng``; state kept."""
+        if self._state_problem is not None or self.rng is None:
+            return None
+        saved = self.get_state()
+        draws = []
+        try:
+            for _ in range(n):
+                self.set_state(saved)
+                self.rng = TorchSessionRNG(self.torch, int(rng.integers(0, 2**63)), self._rng_devices)
+                model = vars(self.model)
+                for attr in QUEUE_ATTRS:
+                    if isinstance(model.get(attr), collections.deque):
+                        model[attr].clear()
+                for attr in QUEUES_ATTRS:
+                    queues = model.get(attr)
+                    if isinstance(queues, dict) and isinstance(queues.get(ACTION_QUEUE_KEY), collections.deque):
+                        queues[ACTION_QUEUE_KEY].clear()
+                draws.append(self.act(obs)[0])
+        finally:
+            self.set_state(saved)
+        return np.array(draws, dtype=np.float64)
 
     def identity(self) -> Dict[str, Any]:
         if self._digest is None:

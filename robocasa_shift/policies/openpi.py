@@ -42,11 +42,20 @@ a generator owned by that connection and answers ``{"rng_fingerprint": str}``
 (a hash of the generator's state), which is recorded. A plain server is never
 sent this message.
 
+Branching and sampling. A server whose metadata also says ``"session_state":
+true`` and ``"sample": true`` (this harness's serving shim, ``python -m
+robocasa_shift.policies.openpi serve --policy-factory MODULE:FUNCTION``, module
+``openpi_server``) answers ``{"__get_state__": {}}``, ``{"__set_state__":
+{"blob": bytes}}`` and ``{"__sample__": {"obs": ..., "n": n, "seed": s}}``; the
+policy then implements ``get_state`` / ``set_state`` / ``sample_actions``
+(``remote_state``). Against a stock openpi server it refuses to be branched,
+with the reason, and offers no samples.
+
 Decoding replies. openpi-client's ``msgpack_numpy.unpackb`` builds an array
 straight from the dtype, shape and bytes the server sent: an object dtype
 turns 8 bytes into a raw pointer (reading it crashes the process), a short
 buffer or a structured dtype fail in numpy. Replies and metadata are decoded
-here instead (``unpackb``): plain numeric and bool dtypes only, the byte
+here instead (``unpackb``, in ``openpi_wire``, shared with the serving shim): plain numeric and bool dtypes only, the byte
 count checked against the shape, the array copied out of the message; a
 websocket message longer than ``max_message_bytes`` closes the connection.
 The API key goes in a header and never into an error, a log or the identity;
@@ -56,21 +65,24 @@ an endpoint is recorded without any password or secret query parameter.
 from __future__ import annotations
 
 import inspect
-import math
 from dataclasses import asdict
 from importlib.metadata import version
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from robocasa_shift.errors import ActionFormatError, PolicyServerError, PolicyServerTimeout, UnknownNameError
-from robocasa_shift.policies.base import Observation
+from robocasa_shift.core.policy import Observation
+from robocasa_shift.errors import (
+    ActionFormatError,
+    PolicyServerError,
+    PolicyServerTimeout,
+    UnknownNameError,
+)
 from robocasa_shift.policies.remote import (
     LIBERO_STATE,
     ROBOCASA_STATE,
     CameraMapLike,
     LayoutLike,
-    RemotePolicy,
     StateLayoutLike,
     as_camera_map,
     as_secret,
@@ -85,16 +97,22 @@ from robocasa_shift.policies.remote import (
     redact_uri,
     resolve_layout,
 )
+from robocasa_shift.policies.openpi_wire import (  # noqa: F401  (decoding lives there; names kept here)
+    ARRAY_KINDS,
+    MAX_MESSAGE_BYTES,
+    RESET_MESSAGE_KEY,
+    SEEDED_RESET_KEY,
+    ReplyFormatError,
+    decode_array,
+    unpackb,
+)
+from robocasa_shift.policies.remote_state import StatefulRemotePolicy
+from robocasa_shift.policies.session_state import SAMPLE, SESSION_STATE
 
 DEFAULT_PORT = 8000
-SEEDED_RESET_KEY = "seeded_reset"  # in the server's metadata
-RESET_MESSAGE_KEY = "__reset__"  # the client's reset message: {"__reset__": {"seed": int}}
-# Bound on one message from the server: an action chunk is a few kB and metadata rarely more, so this
-# only stops a server from making the client allocate without limit.
-MAX_MESSAGE_BYTES = 16 * 2**20
-# dtype kinds a reply's arrays may have: bool, signed and unsigned integers, floats. Object ("O"),
-# void/structured ("V"), strings, dates and complex numbers are refused.
-ARRAY_KINDS = frozenset("biuf")
+# the shim's state and sample messages: {"__get_state__": {}}, {"__set_state__": {"blob": bytes}},
+# {"__sample__": {"obs": dict, "n": int, "seed": int}}
+STATE_MESSAGE_KEYS = {"get_state": "__get_state__", "set_state": "__set_state__", "sample": "__sample__"}
 
 # Harness camera -> openpi observation key(s). Unlisted cameras map to "observation/<camera>".
 DEFAULT_CAMERA_MAP: Dict[str, Tuple[str, ...]] = {
@@ -145,74 +163,6 @@ def observation_to_openpi(
         payload[state_key] = proprio_vector(obs, state_layout)
     payload[prompt_key] = str(instruction if instruction is not None else obs.instruction)
     return payload
-
-
-# =========================================================================== decoding replies
-
-
-class ReplyFormatError(PolicyServerError, ValueError):
-    """A reply or metadata message that is not openpi's msgpack-numpy, or holds an array this client refuses."""
-
-
-def _checked_dtype(value: Any) -> np.dtype:
-    """The numpy dtype a dtype string names, if it is a plain bool, integer or float dtype; else ReplyFormatError."""
-    if not isinstance(value, str):
-        raise ReplyFormatError(f"an array's dtype must be a dtype string, got {type(value).__name__}")
-    try:
-        dtype = np.dtype(value)
-    except TypeError as exc:
-        raise ReplyFormatError(f"unknown dtype {value[:40]!r} ({exc})") from None
-    if dtype.kind not in ARRAY_KINDS or dtype.fields is not None or dtype.subdtype is not None:
-        raise ReplyFormatError(f"dtype {value[:40]!r} refused: only bool, integer and float arrays are accepted "
-                               "(object and structured dtypes would read the server's bytes as pointers)")
-    return dtype
-
-
-def decode_array(obj: Dict[Any, Any]) -> Any:
-    """openpi's msgpack-numpy hook, checked: numeric dtypes only, exact byte count, a copy.
-
-    Raises:
-        ReplyFormatError: another dtype, a malformed shape, or data whose length is not
-            ``prod(shape) * itemsize``.
-    """
-    if b"__ndarray__" in obj:
-        dtype = _checked_dtype(obj.get(b"dtype"))
-        shape, data = obj.get(b"shape"), obj.get(b"data")
-        if not isinstance(shape, (list, tuple)) or len(shape) > 32 or not all(
-                isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
-            raise ReplyFormatError(f"an array's shape must be a list of at most 32 sizes >= 0, got {shape!r:.80}")
-        if not isinstance(data, bytes):
-            raise ReplyFormatError(f"an array's data must be bytes, got {type(data).__name__}")
-        expected = math.prod(shape) * dtype.itemsize  # Python ints: no overflow on a hostile shape
-        if len(data) != expected:
-            raise ReplyFormatError(f"an array of shape {tuple(shape)} and dtype {dtype.str} needs {expected:,} bytes, "
-                                   f"the reply has {len(data):,}")
-        return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
-    if b"__npgeneric__" in obj:
-        dtype = _checked_dtype(obj.get(b"dtype"))
-        value = obj.get(b"data")
-        if not isinstance(value, (bool, int, float)):
-            raise ReplyFormatError(f"a numpy scalar's data must be a number, got {type(value).__name__}")
-        return dtype.type(value)
-    return obj
-
-
-def unpackb(data: bytes, max_bytes: Optional[int] = MAX_MESSAGE_BYTES) -> Any:
-    """Decode one msgpack-numpy message from a server with ``decode_array``; nothing in it runs or is trusted.
-
-    Raises:
-        ReplyFormatError: longer than ``max_bytes``, not msgpack, or an array ``decode_array`` refuses.
-    """
-    import msgpack
-
-    if max_bytes is not None and len(data) > max_bytes:
-        raise ReplyFormatError(f"a message of {len(data):,} bytes exceeds the limit of {max_bytes:,}")
-    try:
-        return msgpack.unpackb(data, object_hook=decode_array)
-    except ReplyFormatError:
-        raise
-    except Exception as exc:  # msgpack's own errors: truncated, extra data, bad types, too deep
-        raise ReplyFormatError(f"not a msgpack message ({type(exc).__name__}: {exc})") from None
 
 
 # =========================================================================== client
@@ -361,12 +311,29 @@ def make_client(host: str = "localhost", port: Optional[int] = DEFAULT_PORT, api
         def infer(self, obs: Dict) -> Dict:
             return self._exchange(obs, "infer")
 
-        def reset_seed(self, seed: int) -> Dict[str, Any]:
-            """Seed this connection's generator on a server that advertises ``seeded_reset``."""
+        def reset_seed(self, seed: int, owner: Optional[str] = None) -> Dict[str, Any]:
+            """Seed this connection's generator on a server that advertises ``seeded_reset``.
+
+            ``owner``: the session's owner tag (``session_state.owner_tag``), which state blobs are bound to.
+            """
             if not self.seeded:
                 raise PolicyServerError(f"the openpi server at {self.uri} does not advertise '{SEEDED_RESET_KEY}' "
                                         "in its metadata; a plain openpi server cannot be seeded", "reset")
-            return self._exchange({RESET_MESSAGE_KEY: {"seed": int(seed)}}, "reset")
+            data: Dict[str, Any] = {"seed": int(seed)}
+            if owner is not None:
+                data["owner"] = owner
+            return self._exchange({RESET_MESSAGE_KEY: data}, "reset")
+
+        def capabilities(self) -> Dict[str, Any]:
+            """What the server's metadata advertises beyond openpi's protocol ({} for a stock server)."""
+            metadata = self._server_metadata if isinstance(self._server_metadata, dict) else {}
+            return {k: metadata.get(k) is True for k in (SEEDED_RESET_KEY, SESSION_STATE, SAMPLE)}
+
+        def state_call(self, op: str, data: Dict[str, Any]) -> Dict[str, Any]:
+            """A state or sample message (``get_state``, ``set_state``, ``sample``) of the serving shim."""
+            if op not in STATE_MESSAGE_KEYS:
+                raise ValueError(f"unknown state request {op!r}")
+            return self._exchange({STATE_MESSAGE_KEYS[op]: data}, op)
 
         def close(self) -> None:
             self._drop()
@@ -377,7 +344,7 @@ def make_client(host: str = "localhost", port: Optional[int] = DEFAULT_PORT, api
 # =========================================================================== policy
 
 
-class OpenpiPolicy(RemotePolicy):
+class OpenpiPolicy(StatefulRemotePolicy):
     """An openpi policy server behind a websocket; one observation per ``n_action_steps`` control steps.
 
     Args:
@@ -398,12 +365,18 @@ class OpenpiPolicy(RemotePolicy):
         n_action_steps: steps of each chunk executed before the next observation (None: all).
         image_size: square render size (the preset's: 224, or LIBERO's 256 before resizing).
         max_message_bytes: longest message accepted from the server (the connection closes beyond it).
+        mode: "chunk" (the first ``n_action_steps`` of each chunk at once) or "step" (one action per call
+            from a client-side buffer of them, as openpi's ActionChunkBroker).
+        state_secret: binds this client's session states (branching) to it on the serving shim (default:
+            the API key, else none).
     """
 
     name = "openpi"
     camera_roles = ("third_person", "wrist")
     image_size = 224
     deterministic = False
+    state_hint = ("serve the policy with `python -m robocasa_shift.policies.openpi serve --policy-factory "
+                  "MODULE:FUNCTION` to branch it")
 
     def __init__(
         self,
@@ -425,7 +398,10 @@ class OpenpiPolicy(RemotePolicy):
         preset: str = "robocasa",
         mirror_images: Optional[bool] = None,
         model_image_size: Optional[int] = None,
+        mode: str = "chunk",
+        state_secret: Optional[str] = None,
     ):
+        self.init_session_state(mode, state_secret, api_key)
         if preset not in PRESETS:
             raise UnknownNameError("openpi preset", preset, sorted(PRESETS))
         chosen = PRESETS[preset]
@@ -444,6 +420,8 @@ class OpenpiPolicy(RemotePolicy):
 
     def reset(self, seed: int) -> None:
         """Seed this connection's generator on the server, or warn once that the server takes no seed."""
+        self.clear_buffer()
+        self.forget_server()
         if self.client.closed:
             self.client.reconnect()
         if not self.client.seeded:
@@ -453,17 +431,34 @@ class OpenpiPolicy(RemotePolicy):
                 "guaranteed on the policy side"
             )
             return
-        self.seeded(self.client.reset_seed(seed), self.client.uri)
+        self.seeded(self.client.reset_seed(seed, self._owner), self.client.uri)
+
+    def payload(self, obs: Observation) -> Dict[str, Any]:
+        return observation_to_openpi(obs, self.camera_map, self.state_key, self.state_layout, self.prompt_key,
+                                     self.instruction, self.mirror_images, self.model_image_size)
+
+    def actions_of(self, reply: Mapping[str, Any]) -> np.ndarray:
+        if not isinstance(reply, Mapping) or self.actions_key not in reply:
+            raise ActionFormatError(f"the server's reply has no '{self.actions_key}'; it has: "
+                                    f"{', '.join(sorted(map(str, reply))) if isinstance(reply, Mapping) else reply!r:.80}")
+        return flat_to_actions(reply[self.actions_key], self.layout, self.n_action_steps, self.actions_key)
 
     def act(self, obs: Observation) -> np.ndarray:
         check_layout_fits(self.layout, obs)
-        payload = observation_to_openpi(obs, self.camera_map, self.state_key, self.state_layout, self.prompt_key,
-                                        self.instruction, self.mirror_images, self.model_image_size)
-        reply = self.client.infer(payload)
-        if self.actions_key not in reply:
-            raise ActionFormatError(f"the server's reply has no '{self.actions_key}'; it has: "
-                                    f"{', '.join(sorted(map(str, reply)))}")
-        return flat_to_actions(reply[self.actions_key], self.layout, self.n_action_steps, self.actions_key)
+        return self.chunked(lambda: self.actions_of(self.client.infer(self.payload(obs))))
+
+    # ------------------------------------------------------------------ session state (remote_state)
+
+    def fetch_capabilities(self) -> Mapping[str, Any]:
+        if self.client.closed:
+            self.client.reconnect()
+        return self.client.capabilities()
+
+    def state_request(self, op: str, data: Dict[str, Any]) -> Dict[str, Any]:
+        return self.client.state_call(op, data)
+
+    def endpoint_name(self) -> str:
+        return f"the openpi server at {self.client.uri}"
 
     def identity(self) -> Dict[str, Any]:
         server_metadata = self.client.get_server_metadata()
@@ -486,7 +481,19 @@ class OpenpiPolicy(RemotePolicy):
             "actions_key": self.actions_key,
             "n_action_steps": self.n_action_steps,
             "image_size": self.image_size,
+            **({"mode": self.mode} if self.mode != "chunk" else {}),
         }
 
     def close(self) -> None:
         self.client.close()
+
+
+def main(argv=None) -> int:
+    """``python -m robocasa_shift.policies.openpi serve --policy-factory MODULE:FUNCTION`` (see ``openpi_server``)."""
+    from robocasa_shift.policies.openpi_server import main as serve_main
+
+    return serve_main(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -23,11 +23,11 @@ import json
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
-
 import numpy as np
 
-from robocasa_shift.config import SECRET_PLACEHOLDER, is_secret_option
+from robocasa_shift.config import SECRET_PLACEHOLDER, redact_url
+from robocasa_shift.core.policy import Observation, Policy
+from robocasa_shift.embodiments.fake_planar import LAYOUT as FAKE_PLANAR
 from robocasa_shift.embodiments.panda import LAYOUT as PANDA
 from robocasa_shift.embodiments.panda_omron import (
     ACTION_DIM,
@@ -40,7 +40,6 @@ from robocasa_shift.embodiments.panda_omron import (
 )
 from robocasa_shift.embodiments.panda_omron import LAYOUT as PANDA_OMRON
 from robocasa_shift.errors import ActionFormatError, PolicyServerError, UnknownNameError
-from robocasa_shift.policies.base import Observation, Policy
 from robocasa_shift.seeding import rng_state_hash
 
 NOT_RESET = "not-reset"
@@ -130,19 +129,10 @@ def redact_uri(uri: str) -> str:
 
     ``ws://user:pass@host:8000/?token=t`` becomes
     ``ws://user:<redacted>@host:8000/?token=<redacted>``: what error messages
-    and a run's identity may show of an endpoint.
+    and a run's identity may show of an endpoint. The same rule as every URL-valued option
+    written into a run directory (:func:`robocasa_shift.config.redact_url`).
     """
-    parts = urlsplit(uri)
-    netloc = parts.netloc
-    if "@" in netloc:
-        user, _, host = netloc.rpartition("@")
-        name, sep, _password = user.partition(":")
-        netloc = f"{name}{':' + SECRET_PLACEHOLDER if sep else ''}@{host}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, SECRET_PLACEHOLDER if is_secret_option(k) else v) for k, v in pairs], safe="<>")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    return redact_url(uri)
 
 
 # =========================================================================== content hash
@@ -374,11 +364,13 @@ ACTION_LAYOUTS: Dict[str, Tuple[FlatSlot, ...]] = {
     "panda-omron": (FlatSlot("action", tuple(range(ACTION_DIM)), tuple(range(ACTION_DIM))),),
     # LIBERO's fixed Panda (OSC_POSE delta, axis-angle, gripper -1 open / +1 close), as LIBERO checkpoints emit it
     "libero": (FlatSlot("action", tuple(range(7)), tuple(range(7))),),
+    # the testing backend's planar gripper (velocity x, y; gripper command), for served stand-ins in tests
+    "fake-planar": (FlatSlot("action", (0, 1, 2), (0, 1, 2)),),
 }
 
 LayoutLike = Union[str, Sequence[Union[FlatSlot, Mapping[str, Any]]]]
 # The embodiments a layout may fill, by their action's length.
-EMBODIMENT_DIMS = {PANDA_OMRON.name: PANDA_OMRON.dim, PANDA.name: PANDA.dim}
+EMBODIMENT_DIMS = {PANDA_OMRON.name: PANDA_OMRON.dim, PANDA.name: PANDA.dim, FAKE_PLANAR.name: FAKE_PLANAR.dim}
 
 
 def resolve_layout(layout: LayoutLike) -> Tuple[FlatSlot, ...]:
@@ -400,7 +392,8 @@ def resolve_layout(layout: LayoutLike) -> Tuple[FlatSlot, ...]:
     if (len(targets) not in EMBODIMENT_DIMS.values() or targets != list(range(len(targets)))
             or any(len(s.columns) != len(s.targets) for s in slots)):
         raise ValueError(f"an action layout must map one column to each index of the embodiment's action (0-11 "
-                         f"for PandaOmron, 0-6 for LIBERO's Panda) exactly once; got targets {targets}")
+                         f"for PandaOmron, 0-6 for LIBERO's Panda, 0-2 for the testing backend) exactly once; got "
+                         f"targets {targets}")
     return slots
 
 
@@ -425,6 +418,21 @@ def check_layout_fits(slots: Sequence[FlatSlot], obs: Observation) -> None:
 def layout_name(slots: Sequence[FlatSlot]) -> Optional[str]:
     """The name of a known layout with exactly these slots (None for a custom one)."""
     return next((name for name, known in ACTION_LAYOUTS.items() if tuple(slots) == known), None)
+
+
+def actions_to_flat(actions: Any, layout: Sequence[FlatSlot]) -> np.ndarray:
+    """The flat (T, D) model action of an embodiment's (T, A) actions: the inverse of :func:`flat_to_actions`
+    (a binary slot is written 1 for a positive value, else 0, which ``binarize`` reads back). What a model
+    trained on the harness's own demonstrations (``train-lerobot``) learns to emit."""
+    value = np.asarray(actions, dtype=np.float64)
+    value = value[None] if value.ndim == 1 else value
+    if value.ndim != 2 or value.shape[1] != layout_dim(layout):
+        raise ActionFormatError(f"actions of shape {value.shape} do not fit a layout of {layout_dim(layout)}-D actions")
+    flat = np.zeros((len(value), 1 + max(c for s in layout for c in s.columns)))
+    for slot in layout:
+        part = value[:, list(slot.targets)]
+        flat[:, list(slot.columns)] = (part > 0).astype(np.float64) if slot.binary else part
+    return flat
 
 
 def flat_to_actions(chunk: Any, layout: Sequence[FlatSlot], n_action_steps: Optional[int] = None,

@@ -12,8 +12,8 @@ from typing import Dict, Mapping, Optional
 
 import numpy as np
 
-from robocasa_shift.engine.demos import load_demo
-from robocasa_shift.policies.base import Policy
+from robocasa_shift.core.demos import load_demo
+from robocasa_shift.core.policy import Policy
 
 
 class ReplayPolicy(Policy):

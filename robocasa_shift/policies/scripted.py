@@ -1,70 +1,40 @@
-"""Built-in policies without learned parts: ``expert`` (privileged, scripted) and ``random``."""
+"""Built-in policies without learned parts: ``expert`` (privileged, scripted) and ``random``.
+
+The expert's kitchen plans (robocasa backend) are in :mod:`robocasa_shift.policies.kitchen_expert`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional
 
 import numpy as np
 
+from robocasa_shift.core.policy import (
+    NumpySeededPolicy,
+    Observation,
+    Policy,
+    pack_arrays,
+    unpack_arrays,
+)
 from robocasa_shift.embodiments.panda_omron import (
-    ARM_ROT,
     CLOSE,
     LAYOUT,
     OPEN,
 )
 from robocasa_shift.geometry import quat_xyzw_to_mat, wrap
-from robocasa_shift.policies.base import NumpySeededPolicy, Observation, Policy, pack_arrays, unpack_arrays
+from robocasa_shift.policies.kitchen_expert import kitchen_plans
 
-POS_GAIN = 10.0  # action 1.0 asks 5 cm per step; this saturates at 10 cm of error
-YAW_GAIN = 3.0
-
-
-def closing_axis_yaw(eef_quat_xyzw: np.ndarray, frame: Optional[np.ndarray] = None) -> float:
-    """Heading of the fingers' closing axis (the hand's y axis), in the world or in ``frame``."""
-    axis = quat_xyzw_to_mat(eef_quat_xyzw)[:, 1]
-    if frame is not None:
-        axis = frame.T @ axis
-    return float(np.arctan2(axis[1], axis[0]))
-
-
-def yaw_of_wxyz(q: np.ndarray) -> float:
-    w, x, y, z = q
-    return float(np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z)))
-
-
-def arm_action(proprio: Dict[str, np.ndarray], target_world: np.ndarray, grip: float, yaw_rate: float = 0.0,
-               layout=LAYOUT) -> np.ndarray:
-    """An arm action moving the gripper toward a world-frame target, in ``layout``: PandaOmron's controller
-    reads its base frame; a fixed Panda's (LIBERO) reads the world frame. ``grip``: +1 close, -1 open."""
-    rotation = quat_xyzw_to_mat(proprio["robot0_base_quat"]) if "robot0_base_quat" in proprio else np.eye(3)
-    delta = rotation.T @ (np.asarray(target_world) - proprio["robot0_eef_pos"])
-    action = layout.arm_action(np.clip(POS_GAIN * delta, -1.0, 1.0), layout.close if grip == CLOSE else layout.open)
-    action[ARM_ROT.stop - 1] = np.clip(yaw_rate, -1.0, 1.0)  # the hand's yaw: index 5 in both layouts
-    return action
-
-
-@dataclass
-class Phase:
-    """One step of a scripted plan: where to go, the gripper command, when it is done."""
-
-    name: str
-    target: Callable[[Observation, dict], np.ndarray]
-    grip: float
-    done: Callable[[Observation, dict, int], bool]
-    yaw: Optional[Callable[[Observation, dict], float]] = None  # desired yaw rate
-
-
-def reached(tol_xy: float, tol_z: float, max_steps: int = 80):
-    def done(obs: Observation, memo: dict, steps: int) -> bool:
-        err = memo["target"] - obs.proprio["robot0_eef_pos"]
-        return bool(np.linalg.norm(err[:2]) < tol_xy and abs(err[2]) < tol_z) or steps >= max_steps
-
-    return done
-
-
-def after(n_steps: int):
-    return lambda obs, memo, steps: steps >= n_steps
+# The building blocks live in phases.py (the kitchen plans share them); imported here for existing callers.
+from robocasa_shift.policies.phases import (
+    YAW_GAIN,
+    Phase,
+    after,
+    arm_action,
+    base_action,
+    closing_axis_yaw,
+    reached,
+    yaw_of_wxyz,
+)
 
 
 class ExpertPolicy(Policy):
@@ -84,6 +54,7 @@ class ExpertPolicy(Policy):
             "Stack": self._pick("cubeA", lift_to=0.15, avoid="cubeB") + self._place_on_point(self._stack_target, "cubeA"),
             "PickPlaceCan": self._pick("can", lift_to=0.30) + self._place_on_point(self._bin_target, "can", high=0.32),
             "NutAssemblySquare": self._nut_plan(),
+            **kitchen_plans(),  # RoboCasa's kitchens (the robocasa backend's privileged state)
         }
         self._goal_plan = self._pick_and_place_goal()  # LIBERO: the goal's first On/In conjunct
         self.reset(0)
@@ -328,8 +299,11 @@ class ExpertPolicy(Policy):
                 continue
             break
         self._steps_in_phase += 1
+        if phase.drive_base:
+            return base_action(obs.proprio, self._memo["target"], phase.grip)[None]
         yaw_rate = phase.yaw(obs, self._memo) if phase.yaw else 0.0
-        return arm_action(obs.proprio, self._memo["target"], phase.grip, yaw_rate, obs.action_layout or LAYOUT)[None]
+        return arm_action(obs.proprio, self._memo["target"], phase.grip, yaw_rate, obs.action_layout or LAYOUT,
+                          level=phase.level)[None]
 
 
 class RandomPolicy(NumpySeededPolicy):

@@ -31,9 +31,9 @@ from collections import deque
 from multiprocessing.connection import wait as wait_for
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-from robocasa_shift import specs
 from robocasa_shift.config import ExecutionConfig, StudyConfig
-from robocasa_shift.engine.records import Record, RolloutKey
+from robocasa_shift.core import specs
+from robocasa_shift.core.records import Record, RolloutKey
 from robocasa_shift.errors import Error
 from robocasa_shift.registry import Registry
 from robocasa_shift.study.worker import RolloutGroup, Worker, serve

@@ -1,6 +1,6 @@
 """Pairing validity at run time: a perturbed rollout must start where its clean twin started.
 
-PROTOCOL.md section 6: a rollout whose pre-perturbation ``env_fingerprint`` or
+docs/protocol.md section 6: a rollout whose pre-perturbation ``env_fingerprint`` or
 ``policy_rng_fingerprint`` differs from its clean twin's (same phase, task,
 base episode and replicate) is invalid, and so is the pair. The runner calls
 :func:`mark_unpaired` before and after it runs keys, so that the records say so
@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional
 
-from robocasa_shift.engine.records import Record, RolloutKey
-from robocasa_shift.specs import CLEAN
-from robocasa_shift.study.store import RunStore, atomic_write_json, parse_record
+from robocasa_shift.core.records import Record, RolloutKey
+from robocasa_shift.core.specs import CLEAN
+from robocasa_shift.rundir.files import atomic_write_json
+from robocasa_shift.rundir.store import RunStore, parse_record
 
 # Error kinds of a record invalidated here: a first mismatch (re-run by --retry-errors) and one that
 # survived the retry (never re-run: re-running a nondeterministic pair again would only hide it).

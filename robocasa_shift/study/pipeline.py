@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from robocasa_shift.engine.records import RolloutKey
-from robocasa_shift.engine.steplog import log_path
+from robocasa_shift.core.records import RolloutKey
+from robocasa_shift.core.steplog import MAX_LOG_BYTES, log_path
 from robocasa_shift.errors import RunDirError
+from robocasa_shift.rundir.files import MAX_RECORD_BYTES, atomic_write_bytes, atomic_write_json, read_bytes
+from robocasa_shift.rundir.store import IDENTITY_FIELDS, RunStore, parse_record
 from robocasa_shift.study.plan import pending_keys
-from robocasa_shift.study.store import IDENTITY_FIELDS, RunStore, atomic_write_bytes, atomic_write_json, parse_record
 
 
 def formal_suite(run_dir: Path | str) -> Optional[List[str]]:
@@ -73,7 +75,11 @@ def merge(out: Path | str, sources: Sequence[Path | str]) -> Dict[str, Any]:
         for base in ("records", "history"):
             for path in store.record_files(base):
                 name = str(Path(src) / path.relative_to(store.root))
-                raw = path.read_bytes()
+                try:  # a regular file reached without a link below the shard, never blocking
+                    raw = read_bytes(path, store.root, MAX_RECORD_BYTES, "record")
+                except OSError as exc:
+                    unreadable.append((name, f"cannot be read ({exc.strerror})"))
+                    continue
                 rec, problem = parse_record(raw)
                 if rec is None:
                     unreadable.append((name, problem))
@@ -87,18 +93,21 @@ def merge(out: Path | str, sources: Sequence[Path | str]) -> Dict[str, Any]:
                 else:
                     dest = _history_path(target, key, path.name, copies)
                 copies[dest] = raw
-                if rec.get("step_log") and log_path(path).exists():  # the audit checks its hash
-                    copies[log_path(dest)] = log_path(path).read_bytes()
+                if rec.get("step_log") and os.path.lexists(log_path(path)):  # the audit checks its hash
+                    try:
+                        copies[log_path(dest)] = read_bytes(log_path(path), store.root, MAX_LOG_BYTES, "step log")
+                    except OSError as exc:
+                        raise RunDirError(f"{log_path(path)}: step log cannot be read ({exc.strerror})") from None
     with target:
         if any(True for _ in target.record_files()):
             raise RunDirError(f"{out} already holds records; merge into a new directory")
         merged = dict(first)
         merged["stage_spec_hashes"] = {k: v for m in manifests for k, v in (m.get("stage_spec_hashes") or {}).items()}
         merged["merged_from"] = [str(s) for s in sources]
-        atomic_write_json(target.manifest_path, target.redacted(merged))
+        atomic_write_json(target.manifest_path, target.redacted(merged), target.root)
         target.log_command({"merged_from": [str(s) for s in sources]})
         for dest, raw in copies.items():
-            atomic_write_bytes(dest, raw)  # the bytes read and checked above, never a second, later read
+            atomic_write_bytes(dest, raw, target.root)  # the bytes read and checked above, never a second, later read
         for store in stores:
             target.add_to_plan(store.planned_keys())
     return {"records": len(seen), "sources": len(sources), "unreadable": unreadable}

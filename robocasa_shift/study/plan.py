@@ -1,7 +1,7 @@
 """The study plan: which rollout keys a command runs, in what order, in which shard.
 
 Pure functions of their inputs (the run directory's ``plan.json`` belongs to
-:class:`~robocasa_shift.study.store.RunStore`: ``store.add_to_plan(keys)``,
+:class:`~robocasa_shift.rundir.store.RunStore`: ``store.add_to_plan(keys)``,
 ``store.planned_keys()``).
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Iterable, List, Optional, Sequence, Tuple
 
-from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.errors import BadInput, UnknownNameError
+from robocasa_shift.rundir.store import RunStore
 from robocasa_shift.seeding import PHASES
 from robocasa_shift.study.pairing import FINAL_ERROR_KINDS
-from robocasa_shift.study.store import RunStore
 
 # Most rollout keys one command plans without ``force``: a typo such as --episodes 0-999999999 would
 # otherwise build billions of keys (and their plan.json) before anything could say so.

@@ -19,12 +19,12 @@ from typing import Any, Dict, Iterable, Iterator, Optional, Sequence, Tuple
 from tqdm import tqdm
 
 from robocasa_shift.config import ExecutionConfig, StudyConfig, redact_argv
-from robocasa_shift.engine.records import RolloutKey
+from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.errors import PolicyServerError
+from robocasa_shift.rundir.store import RunStore
 from robocasa_shift.study.executors import as_record, group_by_task, make_executor
 from robocasa_shift.study.pairing import mark_unpaired
 from robocasa_shift.study.plan import pending_keys, plan_keys, shard_keys
-from robocasa_shift.study.store import RunStore
 from robocasa_shift.study.worker import StudyCache
 
 SEED_RULE = (
@@ -50,15 +50,21 @@ def package_versions(extra: Dict[str, str]) -> Dict[str, str]:
 def study_manifest(cache: StudyCache, tasks: Sequence[str]) -> Dict[str, Any]:
     """The manifest of a run of ``cache``'s study on ``tasks``: spec hashes, seeds, versions, policy, command."""
     study = cache.config
+    env_config = cache.backend.config()
+    # a generated asset kit (robocasa's stand-in kitchens): named at the top, so no reader can miss it
+    kit = {"asset_kit": env_config["asset_kit"]} if env_config.get("asset_kit") else {}
     return {
+        **kit,
         "spec_hash": cache.protocol.spec_hash,
         "spec_files": dict(cache.protocol.file_hashes),
         "study_seed": cache.protocol.study_seed,
         "backend": study.backend,
-        "env_config": cache.backend.config(),
+        "env_config": env_config,
         "policy": cache.policy.identity(),
         "policy_options": study.policy_kwargs,
         "stage_spec_hashes": {t: cache.stage_spec(t).content_hash for t in tasks},
+        # scene variants and the task each changes, for the report's unpaired comparison (no backend needed there)
+        "task_variants": {t: cache.backend.task(t).variant_of for t in tasks if cache.backend.task(t).variant_of},
         "versions": package_versions(cache.backend.versions()),
         "render_profile": study.render_profile,
         "seed_rule": SEED_RULE,
@@ -72,9 +78,11 @@ class RunSession:
     Constructing a session checks every name (tasks, conditions, policy options,
     the backend's availability) and touches nothing on disk; entering it builds
     the manifest (which builds the policy: a bad option or an unreachable server
-    fails here, before the run directory is touched), then takes the lock and
-    writes or checks the manifest. A run directory this session created is
-    removed again when entering fails.
+    fails here, before the run directory is touched), connects the executor (a
+    Ray cluster it cannot reach or use fails here too, within
+    ``connect_timeout_s``), then takes the lock and writes or checks the
+    manifest. A run directory this session created is removed again when
+    entering fails.
 
     Args:
         run_dir: the run directory.
@@ -98,6 +106,17 @@ class RunSession:
 
     def __enter__(self) -> "RunSession":
         manifest = study_manifest(self.cache, self.tasks)
+        # an executor that reaches out (a Ray cluster) connects now: a cluster it cannot use fails the command
+        # here, within its bounded time, before the run directory is created or touched
+        connect = getattr(self.executor(), "connect", None)
+        if connect is not None:
+            try:
+                connect()
+            except BaseException:
+                self._executor.close()
+                self._executor = None
+                self.cache.close()
+                raise
         created = not self.store.root.exists()
         self.store.lock()
         try:
@@ -152,7 +171,9 @@ class RunSession:
                     self.store.supersede(record.key)
                 self.store.write(record, result.get("step_log"))
                 if not renderer_written and result.get("renderer_info"):
-                    self.store.ensure_manifest({"renderer": result["renderer_info"]})
+                    # what drew the frames and what ran of the simulator's shortcuts, as the first worker saw them
+                    self.store.ensure_manifest({"renderer": result["renderer_info"],
+                                                "simulator": result.get("simulator_info") or {}})
                     renderer_written = True
                 done += 1
                 failures += int(record.valid and not record.success)

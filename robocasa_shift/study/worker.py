@@ -24,16 +24,23 @@ import sys
 import traceback
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from robocasa_shift import seeding, specs
+from robocasa_shift import seeding
 from robocasa_shift.backends import get_backend
-from robocasa_shift.backends.base import check_hooks
 from robocasa_shift.config import StudyConfig, redact_options
-from robocasa_shift.engine.perturbations import required_hooks
-from robocasa_shift.engine.records import Record, RolloutKey
+from robocasa_shift.core import specs
+from robocasa_shift.core.backend import check_hooks
+from robocasa_shift.core.conditions import Condition
+from robocasa_shift.core.factors import required_hooks
+from robocasa_shift.core.records import Record, RolloutKey
 from robocasa_shift.engine.rollout import run_lockstep, run_rollout
 from robocasa_shift.engine.steplog import StepLogger
 from robocasa_shift.errors import Error, PolicyOptionError
-from robocasa_shift.policies import POLICIES, check_policy_options, make_policy, resolve_secret_options
+from robocasa_shift.policies import (
+    POLICIES,
+    check_policy_options,
+    make_policy,
+    resolve_secret_options,
+)
 
 THREAD_VARIABLES = ("LP_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -84,8 +91,9 @@ class StudyCache:
     def __init__(self, study: StudyConfig = StudyConfig()):
         self.config = study
         self.protocol = specs.load_protocol(verify=True)
-        self.backend = get_backend(study.backend)
+        self.backend = get_backend(study.backend, asset_kit=study.asset_kit)
         self.renderer_info: Optional[Dict[str, Any]] = None
+        self.simulator_info: Optional[Dict[str, Any]] = None
         self._renderer: Optional[str] = None
         self._policies: List[Any] = []
         self._envs: Dict[str, List[Any]] = {}
@@ -123,11 +131,12 @@ class StudyCache:
         for task in tasks:
             self.backend.task(task)
         for cond in conditions:
-            specs.parse_condition(cond, self.protocol)
+            self.protocol.condition(cond)
         # a backend whose simulator or assets may be missing says so here, not in every rollout's record
         self.backend.check_available()
         # the matrix's hooks are checked on every environment made; an optional factor's only when asked for
-        optional = sorted({c.split(":")[0] for c in conditions} & set(self.protocol.optional_factors))
+        named = {factor for c in conditions for factor in Condition.parse(c).factors}
+        optional = sorted(named & set(self.protocol.optional_factors))
         if optional and tasks:
             check_hooks(self.env(tasks[0]), required_hooks(self.protocol, optional), self.config.backend)
 
@@ -146,7 +155,8 @@ class StudyCache:
                 env.close()
         live = self._envs.setdefault(task, [])
         while len(live) < n:
-            env = self.backend.make(task, render_profile=self.config.render_profile)
+            env = self.backend.make(task, render_profile=self.config.render_profile,
+                                    stock_simulator=self.config.stock_simulator)
             check_hooks(env, required_hooks(self.protocol), self.config.backend)
             live.append(env)
         return live[:n]
@@ -190,6 +200,7 @@ class StudyCache:
             info = env.renderer_info()
             self._renderer = f"{info.get('MUJOCO_GL')}/{info.get('gl_renderer')}/{info.get('render_profile')}"
             self.renderer_info = info
+            self.simulator_info = env.simulator_info() if hasattr(env, "simulator_info") else {}
         return self._renderer
 
     def close(self) -> None:
@@ -251,7 +262,8 @@ class RolloutGroup:
 
     def run(self, cache: StudyCache) -> List[Dict[str, Any]]:
         """One result per key: the record, its step log's bytes (or None) and the renderer in use."""
-        return [{"record": r.to_json(), "step_log": log, "renderer_info": cache.renderer_info}
+        return [{"record": r.to_json(), "step_log": log, "renderer_info": cache.renderer_info,
+                 "simulator_info": cache.simulator_info}
                 for r, log in cache.run_keys_logged(self.keys)]
 
     def unrun(self, study: StudyConfig, kind: str, message: str,
@@ -336,6 +348,12 @@ def serve(conn, study: StudyConfig, threads: int = 1) -> None:
         worker.close()
 
 
+def asset_kit_of(backend) -> Optional[Dict[str, Any]]:
+    """The generated asset kit a backend's environments load (kind, version, sha256), or None (its own assets)."""
+    record = getattr(backend, "asset_kit_record", None)
+    return record() if record is not None else None
+
+
 def policy_name(study: StudyConfig) -> str:
     """The name a policy writes into its records (its class's ``name``), without building it."""
     return getattr(POLICIES.get(study.policy), "name", None) or study.policy
@@ -350,7 +368,8 @@ def unrun_records(study: StudyConfig, keys: Sequence[RolloutKey], kind: str, mes
     audit and ``--retry-errors`` treat it like any other invalid record.
     """
     protocol = protocol or specs.load_protocol(verify=True)
-    backend = get_backend(study.backend)
+    backend = get_backend(study.backend, asset_kit=study.asset_kit)
+    kit = asset_kit_of(backend)
     name = policy_name(study)
     results = []
     for key in keys:
@@ -363,6 +382,7 @@ def unrun_records(study: StudyConfig, keys: Sequence[RolloutKey], kind: str, mes
             policy_seed=seeding.policy_seed(protocol.study_seed, key.task, key.phase, key.episode, key.replicate),
             horizon=backend.task(key.task).horizon, n_stages=len(spec.subgoals), stage_names=spec.names,
             stage_steps=[None] * len(spec.subgoals),
+            asset_kit=(kit or {}).get("kind"), asset_kit_sha256=(kit or {}).get("sha256"),
         )
         record.fail(kind, message)
         results.append({"record": record.to_json(), "renderer_info": None, "pid": None, "rss_mb": None})

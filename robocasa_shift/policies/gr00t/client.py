@@ -18,8 +18,16 @@ import re
 import uuid
 from typing import Any, Dict, Mapping, Optional, Union
 
-from robocasa_shift.errors import PolicyOptionError, PolicyServerError, PolicyServerTimeout
-from robocasa_shift.policies.gr00t.protocol import DEFAULT_PORT, MAX_MESSAGE_BYTES, Serializer
+from robocasa_shift.errors import (
+    PolicyOptionError,
+    PolicyServerError,
+    PolicyServerTimeout,
+)
+from robocasa_shift.policies.gr00t.protocol import (
+    DEFAULT_PORT,
+    MAX_MESSAGE_BYTES,
+    Serializer,
+)
 from robocasa_shift.policies.remote import as_secret
 
 log = logging.getLogger(__name__)
@@ -192,9 +200,34 @@ class Gr00tClient:
         self._seq += 1
         return self.call("get_action", dict(observation), seq=self._seq)
 
-    def reset(self, seed: int) -> Dict[str, Any]:
-        """Seed this session's generator on a ``Gr00tLauncher``; returns ``{"rng_fingerprint": ...}``."""
-        return self.call("reset", {"seed": int(seed)})
+    def reset(self, seed: int, owner: Optional[str] = None) -> Dict[str, Any]:
+        """Seed this session's generator on a ``Gr00tLauncher``; returns ``{"rng_fingerprint": ...}``.
+
+        ``owner``: the session's owner tag (``session_state.owner_tag``), which state blobs are bound to.
+        """
+        data: Dict[str, Any] = {"seed": int(seed)}
+        if owner is not None:
+            data["owner"] = owner
+        return self.call("reset", data)
+
+    def capabilities(self) -> Dict[str, Any]:
+        """What the server offers beyond GR00T's protocol (``ping``'s ``capabilities``; {} for a plain server)."""
+        reply = self.call("ping", requires_input=False)
+        caps = reply.get("capabilities") if isinstance(reply, dict) else None
+        return dict(caps) if isinstance(caps, dict) else {}
+
+    def get_state(self) -> Dict[str, Any]:
+        """This session's sealed state on a ``Gr00tLauncher``: ``{"blob": bytes, "rng_fingerprint", ...}``."""
+        return self.call("get_state", {})
+
+    def set_state(self, blob: bytes) -> Dict[str, Any]:
+        """Apply a sealed state (from ``get_state``) to this session; returns its new ``rng_fingerprint``."""
+        return self.call("set_state", {"blob": bytes(blob)})
+
+    def sample(self, observation: Mapping[str, Any], n: int, seed: Optional[int]) -> Dict[str, Any]:
+        """``n`` action chunks for one payload, from a generator seeded by ``seed`` (None: a copy of the
+        session's); the session's generator does not advance. Returns ``{"samples": [reply, ...]}``."""
+        return self.call("sample", {"obs": dict(observation), "n": int(n), "seed": None if seed is None else int(seed)})
 
     def kill_server(self) -> None:
         """Ask the server to stop (a ``Gr00tLauncher`` answers only when started with ``allow_kill`` and a token)."""

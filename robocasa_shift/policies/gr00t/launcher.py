@@ -26,10 +26,24 @@ a full table drops only sessions idle for ``session_idle_s``, never an active
 one, and refuses new sessions with a clear error instead. CURVE encryption
 is optional (``curve_secret_key``; clients pass the public key).
 
+Branching and sampling (``session_state``): ``get_state`` returns the session's
+generator state sealed for this launcher, its model and the session's owner
+(HMAC-SHA256 under the launcher's state key; ``--state-key-file`` keeps the key,
+and so the launcher's id, across restarts); ``set_state`` applies such a blob to
+the requesting session after checking its size, its seal, the model and the owner,
+and only then decodes it; ``sample`` draws n chunks for one observation from a
+generator seeded by the request (or a copy of the session's), leaving the
+session's generator as it was. ``ping`` advertises them in ``capabilities``. The
+blob travels as opaque bytes inside the request: it is decoded only after the
+token check. A model keeps no state between calls (N1.5's policy is a function
+of the observation and the noise), so the generator is all a session holds.
+
 Run a seeding server: ``python -m robocasa_shift.policies.gr00t serve
 --model-path ... --embodiment-tag ... --data-config ... --port 5555`` (needs
-NVIDIA's ``gr00t`` package), check one: ``python -m
-robocasa_shift.policies.gr00t ping --host ... --port ...``.
+NVIDIA's ``gr00t`` package), or serve any object with GR00T's model interface
+(``get_action``, ``get_modality_config``) with ``--model-factory MODULE:FUNCTION``
+(``--factory-option KEY=VALUE``); ``--port 0`` binds a free port and the start
+line names it. Check one: ``python -m robocasa_shift.policies.gr00t ping --host ... --port ...``.
 """
 
 from __future__ import annotations
@@ -52,7 +66,14 @@ from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Unio
 
 from robocasa_shift.errors import PolicyServerError
 from robocasa_shift.policies.gr00t.client import Gr00tClient
-from robocasa_shift.policies.gr00t.protocol import DEFAULT_PORT, MAX_MESSAGE_BYTES, SERIALIZERS, packb, unpackb
+from robocasa_shift.policies.gr00t.protocol import (
+    DEFAULT_PORT,
+    MAX_MESSAGE_BYTES,
+    SERIALIZERS,
+    decode_arrays,
+    packb,
+    unpackb,
+)
 from robocasa_shift.policies.remote import (
     NumpySessionRNG,
     Secret,
@@ -62,12 +83,28 @@ from robocasa_shift.policies.remote import (
     content_hash,
     cuda_devices,
 )
+from robocasa_shift.policies.session_state import (
+    MAX_SAMPLES,
+    MAX_STATE_BYTES,
+    SAMPLE,
+    SESSION_STATE,
+    StateSealer,
+    copy_rng,
+    is_owner_tag,
+    load_state_key,
+    owner_tag,
+    restore_rng,
+    rng_arrays,
+)
 
 log = logging.getLogger(__name__)
 # the first line of the module this command line came from, kept as its --help text
 DESCRIPTION = "The ``gr00t`` policy: a client of a GR00T N1.5 inference server, and a seeding launcher for it."
 DEFAULT_HOST = "127.0.0.1"
 UNAUTHORIZED = "Unauthorized: Invalid API token"
+# The longest session id a launcher keeps (clients send <64-char prefix>-<32 hex digits>): without a cap the
+# table could hold max_sessions x the message size.
+MAX_SESSION_ID_CHARS = 128
 NO_PICKLE = ("the launcher never unpickles requests (a pickled request runs its sender's code before any token "
              "check); it serves msgpack, GR00T's format since August 2025: update the client")
 
@@ -90,6 +127,7 @@ class _Session:
     last_used_s: float
     last_request: Optional[Tuple[Any, str]] = None  # (seq, sha256 of the request) answered last
     last_reply: Any = None
+    owner: str = owner_tag(None)  # the owner tag sent with reset: a state blob goes back only to its owner
 
 
 class Gr00tLauncher:
@@ -118,6 +156,8 @@ class Gr00tLauncher:
         max_message_bytes: longer requests are dropped by the socket (ZMQ_MAXMSGSIZE) and refused.
         curve_secret_key: a CURVE secret key (Z85, 40 characters) to encrypt every connection;
             clients then need the matching public key (``curve_public_key``).
+        state_key: the key that seals session states (``get_state``) and gives the launcher's id;
+            random per process when None, so a restarted launcher refuses older states.
 
     Raises:
         ValueError: the torch serializer, a non-loopback host without a token, ``allow_kill``
@@ -138,6 +178,7 @@ class Gr00tLauncher:
         allow_kill: bool = False,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         curve_secret_key: Optional[Union[str, Secret]] = None,
+        state_key: Optional[bytes] = None,
     ):
         if serializer != "msgpack":
             raise ValueError(f"serializer {serializer!r}: {NO_PICKLE}")
@@ -178,13 +219,28 @@ class Gr00tLauncher:
             "get_action": self._get_action,
             "get_modality_config": self._get_modality_config,
         }
+        self.sealer = StateSealer(state_key)
+        self._model_sha256: Optional[str] = None
         if session_seeding:
             self.endpoints["reset"] = self._reset
+            self.endpoints["get_state"] = self._get_state
+            self.endpoints["set_state"] = self._set_state
+            self.endpoints["sample"] = self._sample
 
     # ------------------------------------------------------------------ endpoints
 
     def _ping(self, request, message):
-        return {"status": "ok", "message": "Server is running", "session_seeding": "reset" in self.endpoints}
+        seeding = "reset" in self.endpoints
+        return {"status": "ok", "message": "Server is running", "session_seeding": seeding,
+                "capabilities": {"session_seeding": seeding, SESSION_STATE: seeding, SAMPLE: seeding,
+                                 "max_state_bytes": MAX_STATE_BYTES, "max_samples": MAX_SAMPLES}}
+
+    def model_sha256(self) -> str:
+        """The hash of this launcher's modality config with its model info: what clients record as
+        ``modality_config_sha256``, and what every state blob is sealed for."""
+        if self._model_sha256 is None:
+            self._model_sha256 = content_hash(unpackb(packb(self._get_modality_config({}, b""))))
+        return self._model_sha256
 
     def _kill(self, request, message):
         if not self.allow_kill:
@@ -219,13 +275,70 @@ class Gr00tLauncher:
         data = request.get("data") or {}
         if not session or not isinstance(session, str):
             raise ValueError("reset needs a session id in the request ('session')")
+        if len(session) > MAX_SESSION_ID_CHARS:  # the table holds ids, not payloads: at most sessions x this
+            raise ValueError(f"session id of {len(session)} characters; at most {MAX_SESSION_ID_CHARS}")
         if not isinstance(data, dict) or "seed" not in data:
             raise ValueError("reset needs {'seed': int} as data")
         now = time.monotonic()
         if self.sessions.pop(session, None) is None:
             self._make_room(now)
-        self.sessions[session] = _Session(self._new_rng(int(data["seed"])), now)
-        return {"rng_fingerprint": self.sessions[session].rng.fingerprint(), "session": session}
+        self.sessions[session] = _Session(self._new_rng(int(data["seed"])), now, owner=self._owner(data))
+        return {"rng_fingerprint": self.sessions[session].rng.fingerprint(), "session": session,
+                "server_id": self.sealer.server_id, "model_sha256": self.model_sha256()}
+
+    @staticmethod
+    def _owner(data: Mapping[str, Any]) -> str:
+        """The owner tag a reset names (a client without a secret sends none: the empty secret's tag)."""
+        owner = data.get("owner", owner_tag(None))
+        if not is_owner_tag(owner):
+            raise ValueError("reset's 'owner' must be a 64-character hex owner tag")
+        return owner
+
+    def _session(self, request: Mapping[str, Any]) -> _Session:
+        """The requesting session (it must have been reset on this launcher)."""
+        session_id = request.get("session")
+        session = self.sessions.get(session_id) if isinstance(session_id, str) else None
+        if session is None:
+            raise ValueError(f"session {str(session_id)[:MAX_SESSION_ID_CHARS]!r} was never reset on this server (or "
+                             "was dropped, or the server restarted); call reset(seed) first")
+        self.sessions.move_to_end(session_id)
+        session.last_used_s = time.monotonic()
+        return session
+
+    def _get_state(self, request, message):
+        """The session's generator state, sealed for this launcher, its model and the session's owner."""
+        session = self._session(request)
+        return {"blob": self.sealer.seal(rng_arrays(session.rng), self.model_sha256(), session.owner),
+                "rng_fingerprint": session.rng.fingerprint(), "server_id": self.sealer.server_id,
+                "model_sha256": self.model_sha256()}
+
+    def _set_state(self, request, message):
+        """Apply a sealed state to the requesting session: size, seal, model and owner are checked before it is
+        decoded (``StateSealer.open``); the retry cache is dropped, so the next request draws afresh."""
+        session = self._session(request)
+        data = request.get("data")
+        blob = data.get("blob") if isinstance(data, dict) else None
+        arrays = self.sealer.open(blob, self.model_sha256(), session.owner)
+        rng = copy_rng(session.rng)
+        restore_rng(rng, arrays)
+        session.rng, session.last_request, session.last_reply = rng, None, None
+        return {"rng_fingerprint": rng.fingerprint(), "server_id": self.sealer.server_id}
+
+    def _sample(self, request, message):
+        """``n`` chunks for one observation, from a generator seeded by ``seed`` (or a copy of the session's);
+        the session's generator and retry cache are left as they were."""
+        session = self._session(request)
+        data = request.get("data")
+        if not isinstance(data, dict) or not isinstance(data.get("obs"), dict):
+            raise ValueError("sample needs {'obs': payload, 'n': int, 'seed': int or None} as data")
+        n, seed = data.get("n"), data.get("seed")
+        if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_SAMPLES):
+            raise ValueError(f"sample's n must be an integer in 1..{MAX_SAMPLES}")
+        if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0):
+            raise ValueError("sample's seed must be a non-negative integer or None")
+        rng = copy_rng(session.rng) if seed is None else self._new_rng(seed)
+        obs = data["obs"]
+        return {"samples": [rng.run(lambda: self.model.get_action(obs)) for _ in range(n)]}
 
     def _get_action(self, request, message):
         obs = request.get("data", {})
@@ -234,7 +347,7 @@ class Gr00tLauncher:
             return self.model.get_action(obs)
         session = self.sessions.get(session_id) if isinstance(session_id, str) else None
         if session is None:
-            raise ValueError(f"session {session_id!r} was never reset on this server (or was dropped, "
+            raise ValueError(f"session {str(session_id)[:MAX_SESSION_ID_CHARS]!r} was never reset on this server (or was dropped, "
                              "or the server restarted); call reset(seed) first")
         self.sessions.move_to_end(session_id)
         session.last_used_s = time.monotonic()
@@ -250,6 +363,11 @@ class Gr00tLauncher:
         reply = session.rng.run(lambda: self.model.get_action(obs))
         session.last_request, session.last_reply = key, reply
         return reply
+
+    @property
+    def offers_session_state(self) -> bool:
+        """Whether sessions can be seeded, snapshotted, restored and sampled (``session_seeding``)."""
+        return "reset" in self.endpoints
 
     @property
     def requires_token(self) -> bool:
@@ -275,11 +393,12 @@ class Gr00tLauncher:
     def handle(self, message: bytes) -> bytes:
         """One request's reply bytes; failures become ``{"error": str}``.
 
-        Order matters: the size is checked, then msgpack is decoded (no code runs: arrays through
-        ``np.load(allow_pickle=False)``), then the token is checked, and only then is any endpoint run.
+        Order matters: the size is checked, then msgpack is decoded (plain values: arrays stay bytes), then the
+        token is checked, and only then are the arrays decoded (``np.load(allow_pickle=False)``: no code runs)
+        and an endpoint run. A state blob (``set_state``) stays bytes until the endpoint has checked its seal.
         """
         try:
-            request = unpackb(message, max_bytes=self.max_message_bytes)
+            request = unpackb(message, max_bytes=self.max_message_bytes, arrays=False)
         except Exception as exc:
             log.warning("refused an undecodable request of %d bytes (%s)", len(message), type(exc).__name__)
             return packb({"error": f"could not decode the request as GR00T msgpack ({type(exc).__name__}: {exc}); "
@@ -290,6 +409,7 @@ class Gr00tLauncher:
             log.warning("refused a request without a valid API token")
             return packb({"error": UNAUTHORIZED})
         try:
+            request = decode_arrays(request)
             endpoint = request.get("endpoint", "get_action")
             if endpoint not in self.endpoints:
                 raise ValueError(f"Unknown endpoint: {endpoint}")
@@ -437,7 +557,7 @@ def _build_launcher(args: argparse.Namespace, model: Any, model_info: Mapping[st
     return Gr00tLauncher(model, args.host, args.port, args.serializer, args.api_token or os.environ.get(TOKEN_ENV),
                          model_info, max_sessions=args.max_sessions, session_idle_s=args.session_idle_s,
                          allow_kill=args.allow_kill, max_message_bytes=args.max_message_bytes,
-                         curve_secret_key=curve_secret)
+                         curve_secret_key=curve_secret, state_key=load_state_key(args.state_key_file))
 
 
 def _check_serve_args(args: argparse.Namespace) -> Optional[str]:
@@ -450,6 +570,15 @@ def _check_serve_args(args: argparse.Namespace) -> Optional[str]:
                 f"--api-token), or bind {DEFAULT_HOST} and reach it through an SSH tunnel")
     if args.allow_kill and not token:
         return "--allow-kill needs an API token (set GR00T_API_TOKEN or --api-token)"
+    if getattr(args, "model_path", None) and not getattr(args, "data_config", None):
+        return "--model-path needs --data-config (a GR00T data config name)"
+    if getattr(args, "factory_option", None) and not getattr(args, "model_factory", None):
+        return "--factory-option is for --model-factory"
+    if getattr(args, "state_key_file", None):
+        try:
+            load_state_key(args.state_key_file)
+        except (OSError, ValueError) as exc:
+            return f"--state-key-file: {exc}"
     return None
 
 
@@ -461,9 +590,15 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m robocasa_shift.policies.gr00t", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve a GR00T checkpoint with per-session seeding")
-    serve.add_argument("--model-path", required=True, help="checkpoint directory or Hugging Face id")
+    source = serve.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model-path", help="checkpoint directory or Hugging Face id")
+    source.add_argument("--model-factory", metavar="MODULE:FUNCTION",
+                        help="serve what FUNCTION(**factory options) returns instead: any object with GR00T's model "
+                             "interface, get_action(obs) and get_modality_config() (another GR00T version, a stand-in)")
+    serve.add_argument("--factory-option", action="append", default=[], metavar="KEY=VALUE",
+                       help="keyword argument for --model-factory (YAML value; repeatable)")
     serve.add_argument("--embodiment-tag", default="new_embodiment")
-    serve.add_argument("--data-config", required=True, help="a GR00T data config name")
+    serve.add_argument("--data-config", help="a GR00T data config name (needed with --model-path)")
     serve.add_argument("--denoising-steps", type=int, default=4)
     serve.add_argument("--device", default=None)
     serve.add_argument("--host", default=DEFAULT_HOST,
@@ -481,6 +616,9 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
                        help="longest request accepted (ZMQ_MAXMSGSIZE)")
     serve.add_argument("--curve-secret-key-file", default=None,
                        help="encrypt with CURVE: a file holding the launcher's Z85 secret key (see curve-keygen)")
+    serve.add_argument("--state-key-file", default=None,
+                       help="a file of at least 32 secret bytes that seals session states (branching); without it "
+                            "the key is random per start, and a restarted launcher refuses older states")
     serve.add_argument("--deterministic", action="store_true",
                        help="deterministic torch kernels (needed for bitwise-identical actions on GPU)")
     ping = sub.add_parser("ping", help="check that a server answers")
@@ -530,29 +668,53 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO)
-    model = build_gr00t_model(args.model_path, args.embodiment_tag, args.data_config, args.denoising_steps, args.device)
+    if args.model_factory:
+        from robocasa_shift.policies.openpi_server import factory_options, load_factory
+
+        try:
+            factory = load_factory(args.model_factory, "--model-factory")
+            options = factory_options(args.factory_option)
+        except (ImportError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        model = factory(**options)
+        model_info: Dict[str, Any] = {"model_factory": args.model_factory, "factory_options": canonical(options)}
+    else:
+        model = build_gr00t_model(args.model_path, args.embodiment_tag, args.data_config, args.denoising_steps,
+                                  args.device)
     if args.deterministic:
         import torch
 
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cudnn.benchmark = False
         torch.use_deterministic_algorithms(True, warn_only=True)
-    model_info = {
-        "model_path": args.model_path,
-        "checkpoint_sha256": checkpoint_digest(args.model_path),
-        "embodiment_tag": args.embodiment_tag,
-        "data_config": args.data_config,
-        "denoising_steps": args.denoising_steps,
-        "gr00t_version": _package_version("gr00t"),
-        "deterministic": bool(args.deterministic),
-    }
+    if not args.model_factory:
+        model_info = {
+            "model_path": args.model_path,
+            "checkpoint_sha256": checkpoint_digest(args.model_path),
+            "embodiment_tag": args.embodiment_tag,
+            "data_config": args.data_config,
+            "denoising_steps": args.denoising_steps,
+            "gr00t_version": _package_version("gr00t"),
+            "deterministic": bool(args.deterministic),
+        }
     try:
         launcher = _build_launcher(args, model, model_info)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"GR00T launcher serving {args.model_path} on tcp://{args.host}:{args.port} (msgpack"
-          f"{', CURVE' if launcher.curve_public_key else ''}{', token required' if launcher.requires_token else ''})",
-          flush=True)
-    launcher.serve_forever()
+    try:
+        port = launcher.start()  # --port 0 binds a free port: the line below names it
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"GR00T launcher serving {args.model_path or args.model_factory} on tcp://{args.host}:{port} (msgpack"
+          f"{', CURVE' if launcher.curve_public_key else ''}{', token required' if launcher.requires_token else ''}"
+          f"{', session state and samples' if launcher.offers_session_state else ''})", flush=True)
+    try:
+        while launcher.running:
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    launcher.stop()
     return 0

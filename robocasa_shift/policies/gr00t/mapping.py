@@ -10,15 +10,30 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from robocasa_shift.embodiments.panda_omron import ACTION_DIM, ARM_POS, ARM_ROT, BASE_MOTION, GRIPPER, MODE, indices
+from robocasa_shift.core.policy import Observation
+from robocasa_shift.embodiments.panda_omron import (
+    ACTION_DIM,
+    ARM_POS,
+    ARM_ROT,
+    BASE_MOTION,
+    GRIPPER,
+    MODE,
+    indices,
+)
 from robocasa_shift.errors import ActionFormatError
-from robocasa_shift.policies.base import Observation
-from robocasa_shift.policies.remote import ROBOCASA_CAMERAS, binarize, checked_image, chunk_length, proprio_part
+from robocasa_shift.policies.remote import (
+    ROBOCASA_CAMERAS,
+    binarize,
+    checked_image,
+    chunk_length,
+    proprio_part,
+)
 
 LANGUAGE_KEY = "annotation.human.task_description"
 # Harness camera name -> GR00T video keys. Cameras not listed map to "video.<name>".
@@ -53,6 +68,54 @@ ACTION_LAYOUT: Tuple[ActionSlot, ...] = (
     ActionSlot("action.gripper_close", 1, (GRIPPER,), binary=True),
     ActionSlot("action.control_mode", 1, (MODE,), binary=True),
 )
+
+
+def as_state_map(state_map: Any) -> Dict[str, Tuple[str, int]]:
+    """GR00T state key -> (proprio key, dimension), from a dict, its JSON (a command line) or None (``STATE_MAP``)."""
+    if state_map is None:
+        return dict(STATE_MAP)
+    if isinstance(state_map, str):
+        state_map = json.loads(state_map)
+    if not isinstance(state_map, Mapping):
+        raise ValueError(f"state_map must map GR00T state keys to [proprio key, dimension], got {state_map!r:.80}")
+    return {str(k): (str(v[0]), int(v[1])) for k, v in state_map.items()}
+
+
+def as_action_map(action_map: Any) -> Tuple[ActionSlot, ...]:
+    """Action slots from a list of {key, dim, targets, binary} (or its JSON), or None (``ACTION_LAYOUT``).
+
+    Raises:
+        ValueError: the slots do not fill each index of an action ``0..A-1`` exactly once.
+    """
+    if action_map is None:
+        return ACTION_LAYOUT
+    if isinstance(action_map, str):
+        action_map = json.loads(action_map)
+    slots = tuple(s if isinstance(s, ActionSlot) else ActionSlot(str(s["key"]), int(s["dim"]),
+                                                                 tuple(int(t) for t in s["targets"]),
+                                                                 bool(s.get("binary", False))) for s in action_map)
+    targets = sorted(t for s in slots for t in s.targets)
+    if not slots or targets != list(range(len(targets))) or any(len(s.targets) != s.dim for s in slots):
+        raise ValueError(f"an action_map must give each of its keys one target per column and fill every index of "
+                         f"the action 0..A-1 exactly once; got targets {targets}")
+    return slots
+
+
+def action_map_dim(layout: Sequence[ActionSlot]) -> int:
+    """The length of the action an action map fills."""
+    return sum(len(s.targets) for s in layout)
+
+
+def check_action_map_fits(layout: Sequence[ActionSlot], obs: Observation) -> None:
+    """Refuse an action map whose actions the environment cannot take (12-D actions on a 3-D embodiment).
+
+    Raises:
+        ActionFormatError: naming both lengths.
+    """
+    wanted = obs.action_layout.dim if obs.action_layout is not None else ACTION_DIM
+    if action_map_dim(layout) != wanted:
+        raise ActionFormatError(f"the GR00T action map makes {action_map_dim(layout)}-D actions; this environment "
+                                f"takes {wanted}-D ones: give action_map for its embodiment")
 
 
 def observation_to_gr00t(
@@ -111,7 +174,7 @@ def gr00t_to_actions(
     if len(set(lengths.values())) != 1:
         raise ActionFormatError(f"action keys disagree on the chunk length: {lengths}")
     steps = chunk_length(next(iter(lengths.values())), n_action_steps, " the server sent")
-    actions = np.zeros((steps, ACTION_DIM))
+    actions = np.zeros((steps, action_map_dim(layout)))
     for slot in layout:
         value = arrays[slot.key][:steps]
         actions[:, list(slot.targets)] = binarize(value) if slot.binary else value

@@ -2,30 +2,43 @@
 
 Each ``reset(seed)`` seeds this policy's session on a ``Gr00tLauncher``; a
 plain N1.5 server has no ``reset`` and is recorded as ``"unseeded-server"``
-with one warning (see ``launcher`` for why it cannot be paired).
+with one warning (see ``launcher`` for why it cannot be paired). On a launcher,
+whose ``ping`` advertises ``session_state`` and ``sample``, the policy can be
+branched and sampled (``remote_state``); on a plain server it cannot, and says why.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from dataclasses import asdict
+from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
+from robocasa_shift.core.policy import Observation
 from robocasa_shift.errors import PolicyServerError
-from robocasa_shift.policies.base import Observation
 from robocasa_shift.policies.gr00t.client import Gr00tClient
 from robocasa_shift.policies.gr00t.mapping import (
+    ACTION_LAYOUT,
     DEFAULT_CAMERA_MAP,
     LANGUAGE_KEY,
     STATE_MAP,
+    as_action_map,
+    as_state_map,
+    check_action_map_fits,
     gr00t_to_actions,
     observation_to_gr00t,
 )
 from robocasa_shift.policies.gr00t.protocol import DEFAULT_PORT
-from robocasa_shift.policies.remote import CameraMapLike, RemotePolicy, as_camera_map, canonical, content_hash
+from robocasa_shift.policies.remote import (
+    CameraMapLike,
+    as_camera_map,
+    canonical,
+    content_hash,
+)
+from robocasa_shift.policies.remote_state import StatefulRemotePolicy
 
 
-class Gr00tPolicy(RemotePolicy):
+class Gr00tPolicy(StatefulRemotePolicy):
     """GR00T N1.5 behind a ZeroMQ server; one observation per ``n_action_steps`` control steps.
 
     Args:
@@ -40,12 +53,20 @@ class Gr00tPolicy(RemotePolicy):
         image_size: square render size (RoboCasa's gym wrapper serves 256).
         session: a prefix for the session id; the id is always unique to this policy instance, so
             workers and lockstep slots never share a session (and its seed and retry cache).
+        mode: "chunk" (the first ``n_action_steps`` of each chunk at once) or "step" (one action per call
+            from a client-side buffer of them; every step is a decision point).
+        state_secret: binds this client's session states (branching) to it: a state taken by a client
+            with another secret is refused by the launcher (default: the API token, else none).
+        state_map: GR00T state key -> [proprio key, dimension] (a dict or its JSON); default ``STATE_MAP``.
+        action_map: the reply's action keys -> the embodiment's action: a list of {key, dim, targets,
+            binary} (or its JSON); default ``ACTION_LAYOUT`` (PandaOmron's 12-D).
     """
 
     name = "gr00t"
     camera_roles = ("third_person", "wrist")
     image_size = 256
     deterministic = False
+    state_hint = "serve the model with `python -m robocasa_shift.policies.gr00t serve` to branch it"
 
     def __init__(
         self,
@@ -64,7 +85,14 @@ class Gr00tPolicy(RemotePolicy):
         session: Optional[str] = None,
         allow_pickle: bool = False,
         curve_server_key: Optional[str] = None,
+        mode: str = "chunk",
+        state_secret: Optional[str] = None,
+        state_map: Any = None,
+        action_map: Any = None,
     ):
+        self.init_session_state(mode, state_secret, api_token)
+        self.state_map = as_state_map(state_map)
+        self.action_map = as_action_map(action_map)
         self.client = Gr00tClient(host, port, timeout_s, retries, serializer, api_token, session,
                                   allow_pickle=allow_pickle, curve_server_key=curve_server_key)
         self.camera_map = as_camera_map(camera_map, DEFAULT_CAMERA_MAP)
@@ -79,8 +107,10 @@ class Gr00tPolicy(RemotePolicy):
 
     def reset(self, seed: int) -> None:
         """Seed this client's session on the server (per-session RNG), or warn once that it cannot be seeded."""
+        self.clear_buffer()
+        self.forget_server()
         try:
-            reply = self.client.reset(seed)
+            reply = self.client.reset(seed, self._owner)
         except PolicyServerError as exc:
             if not exc.unknown_endpoint:
                 raise
@@ -92,9 +122,32 @@ class Gr00tPolicy(RemotePolicy):
             return
         self.seeded(reply, self.client.endpoint)
 
+    def payload(self, obs: Observation) -> Dict[str, Any]:
+        return observation_to_gr00t(obs, self.camera_map, self.state_map, self.instruction, self.language_key)
+
+    def actions_of(self, reply: Mapping[str, Any]) -> np.ndarray:
+        return gr00t_to_actions(reply, self.chunk_size, self.n_action_steps, self.action_map)
+
     def act(self, obs: Observation) -> np.ndarray:
-        payload = observation_to_gr00t(obs, self.camera_map, STATE_MAP, self.instruction, self.language_key)
-        return gr00t_to_actions(self.client.get_action(payload), self.chunk_size, self.n_action_steps)
+        check_action_map_fits(self.action_map, obs)
+        return self.chunked(lambda: self.actions_of(self.client.get_action(self.payload(obs))))
+
+    # ------------------------------------------------------------------ session state (remote_state)
+
+    def fetch_capabilities(self) -> Mapping[str, Any]:
+        return self.client.capabilities()
+
+    def state_request(self, op: str, data: Dict[str, Any]) -> Dict[str, Any]:
+        if op == "get_state":
+            return self.client.get_state()
+        if op == "set_state":
+            return self.client.set_state(data["blob"])
+        if op == "sample":
+            return self.client.sample(data["obs"], data["n"], data["seed"])
+        raise ValueError(f"unknown state request {op!r}")
+
+    def endpoint_name(self) -> str:
+        return f"the GR00T server at {self.client.endpoint}"
 
     def server_info(self) -> Dict[str, Any]:
         """The server's modality config hash and its ``model`` field (asked once)."""
@@ -116,6 +169,9 @@ class Gr00tPolicy(RemotePolicy):
             "instruction": self.instruction,
             "language_key": self.language_key,
             "image_size": self.image_size,
+            **({"mode": self.mode} if self.mode != "chunk" else {}),
+            **({"state_map": {k: list(v) for k, v in self.state_map.items()}} if self.state_map != STATE_MAP else {}),
+            **({"action_map": [asdict(s) for s in self.action_map]} if self.action_map != ACTION_LAYOUT else {}),
         }
 
     def close(self) -> None:

@@ -72,11 +72,13 @@ def packb(obj: Any) -> bytes:
     return msgpack.packb(obj, default=_encode)
 
 
-def unpackb(data: bytes, max_bytes: Optional[int] = MAX_MESSAGE_BYTES) -> Any:
+def unpackb(data: bytes, max_bytes: Optional[int] = MAX_MESSAGE_BYTES, arrays: bool = True) -> Any:
     """Inverse of ``packb``; ModalityConfig objects come back as plain dicts. Runs no code from ``data``.
 
     Args:
         max_bytes: longer messages are refused before decoding (None: no bound).
+        arrays: False leaves encoded arrays and modality configs as their tagged dicts (msgpack only;
+            ``decode_arrays`` finishes the job): a server reads the API token before it decodes any array.
 
     Raises:
         ValueError: ``data`` is longer than ``max_bytes``, or an array in it is an object array.
@@ -85,7 +87,17 @@ def unpackb(data: bytes, max_bytes: Optional[int] = MAX_MESSAGE_BYTES) -> Any:
 
     if max_bytes is not None and len(data) > max_bytes:
         raise ValueError(f"message of {len(data):,} bytes exceeds the limit of {max_bytes:,} bytes")
-    return msgpack.unpackb(data, object_hook=_decode)
+    return msgpack.unpackb(data, object_hook=_decode if arrays else None)
+
+
+def decode_arrays(obj: Any) -> Any:
+    """What ``unpackb(..., arrays=False)`` left, with its arrays and modality configs decoded (bottom-up, as
+    msgpack's object hook would have done them)."""
+    if isinstance(obj, dict):
+        return _decode({k: decode_arrays(v) for k, v in obj.items()})
+    if isinstance(obj, list):
+        return [decode_arrays(v) for v in obj]
+    return obj
 
 
 def torch_packb(obj: Any) -> bytes:

@@ -71,6 +71,18 @@ class KeypointNet(nn.Module):
         """
         return self._predict(image, lambda h: h * keep / (1.0 - p))
 
+    @torch.no_grad()
+    def keypoint_features(self, images: torch.Tensor) -> torch.Tensor:
+        """The spatial-softmax keypoint features (N, 3 * n_keypoints) the head reads: expected x, y and peak
+        of every keypoint map (what a hidden-state monitor probes); the same kernels as :meth:`predict`."""
+        mkldnn = torch.backends.mkldnn
+        enabled, mkldnn.enabled = mkldnn.enabled, False
+        try:
+            x = images.permute(0, 3, 1, 2).float() / 255.0 - 0.5
+            return self.keypoints(self.trunk(x))
+        finally:
+            mkldnn.enabled = enabled
+
     def _predict(self, images: torch.Tensor, edit_features=None) -> torch.Tensor:
         mkldnn = torch.backends.mkldnn
         enabled, mkldnn.enabled = mkldnn.enabled, False  # restored: training in this process keeps oneDNN

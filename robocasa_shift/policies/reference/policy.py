@@ -26,10 +26,19 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from robocasa_shift.embodiments.panda_omron import ACTION_DIM, ARM_MODE, ARM_POS, ARM_YAW, CLOSE, GRIPPER, MODE, OPEN
+from robocasa_shift.core.policy import Observation, Policy, pack_arrays, unpack_arrays
+from robocasa_shift.embodiments.panda_omron import (
+    ACTION_DIM,
+    ARM_MODE,
+    ARM_POS,
+    ARM_YAW,
+    CLOSE,
+    GRIPPER,
+    MODE,
+    OPEN,
+)
 from robocasa_shift.errors import WeightsMissing
 from robocasa_shift.geometry import quat_xyzw_to_mat, wrap
-from robocasa_shift.policies.base import Observation, Policy, pack_arrays, unpack_arrays
 from robocasa_shift.policies.reference.perception import PERCEPTION, resize
 from robocasa_shift.policies.reference.weights import MANIFEST, WEIGHTS_DIR
 from robocasa_shift.policies.scripted import YAW_GAIN, closing_axis_yaw
@@ -206,6 +215,27 @@ class ReferencePolicy(Policy):
         finally:
             self.set_state(saved)
         return actions
+
+    def features(self, obs: Observation) -> np.ndarray:
+        """The keypoint features of both networks for ``obs`` (the policy's hidden state, for probes).
+
+        The third-person network's spatial-softmax features (expected x, y and peak of each of its
+        keypoint maps), then the wrist network's, as float32; a task without a network for a camera
+        (PickPlaceCan has no third-person one) gets zeros in that block, so every task gives a vector
+        of one length (``2 * 3 * n_keypoints``). No generator is drawn and no state changes.
+        """
+        task = self._task(obs)
+        perception = PERCEPTION[task]
+        blocks = []
+        for role, camera, points in (("third_person", "third", perception.third_points),
+                                     ("wrist", "wrist", perception.wrist_points)):
+            width = self._net(f"{task}_wrist").head[0].in_features if not points else None
+            if not points:
+                blocks.append(np.zeros(width, dtype=np.float32))
+                continue
+            image = self._torch.from_numpy(resize(self._image(obs, role))[None])
+            blocks.append(self._net(f"{task}_{camera}").keypoint_features(image).numpy()[0].astype(np.float32))
+        return np.concatenate(blocks)
 
     def _image(self, obs: Observation, role: str) -> np.ndarray:
         image = next(obs.images[name] for name, r in obs.camera_roles.items() if r == role)

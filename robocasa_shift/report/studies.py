@@ -1,0 +1,157 @@
+"""The report's sections on the studies made from a run: counterfactual branching, runtime monitors and
+success judges.
+
+Each is read from what its command wrote (``branching/<name>/summary.json``, ``monitors/summary.json``,
+``<judge set>/scores/scores.md`` of a judge set exported into the run directory); nothing is re-run here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, List, Mapping, Tuple
+
+import pandas as pd
+
+from robocasa_shift.analysis.branching import condition_display
+from robocasa_shift.rundir.files import MAX_JSON_BYTES, read_text
+from robocasa_shift.report.html import (
+    esc,
+    html_table,
+    identity_html,
+    markdown_html,
+    num,
+    src,
+)
+
+_BRANCH_FIGURE = re.compile(r"figures/[A-Za-z0-9_.\-]+\.png")
+
+
+def _branch_condition_rows(summary: Mapping[str, Any]) -> Tuple[List[str], List[List[Any]]]:
+    """The per-condition table of a branch summary: recoverable counts, median horizons, the sign test."""
+    frame = condition_display(pd.DataFrame(summary["conditions"]), summary["interventions"])
+    return list(frame.columns), frame.astype(object).values.tolist()
+
+
+def _branch_study_html(study_dir: Path) -> str:
+    """One branch study from its ``summary.json`` (written by ``robocasa-shift branch``; nothing is re-run)."""
+    try:
+        summary = json.loads(read_text(study_dir / "summary.json", None, MAX_JSON_BYTES, "branch summary"))
+        header, rows = _branch_condition_rows(summary)
+        tally = summary["fidelity"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return (f"<h3>{esc(study_dir.name)}</h3><p class='bad'>branching/{esc(study_dir.name)}/summary.json cannot "
+                f"be read ({esc(type(exc).__name__)}: {esc(exc)}); write it again with the branch command.</p>")
+    good = tally["ok"] == tally["checked"] and tally["checked"] > 0
+    parts = [
+        f"<h3>{esc(study_dir.name)}</h3>",
+        "<table class='meta'>" + "".join(f"<tr><th>{esc(k)}</th><td>{identity_html(v)}</td></tr>"
+                                         for k, v in (summary.get("settings") or {}).items()) + "</table>",
+        f"<p class='{'good' if good else 'bad'}'>Replay fidelity: {esc(tally['ok'])}/{esc(tally['checked'])} restored "
+        f"checkpoints reproduced their trunk (largest qpos deviation {num(tally.get('max_qpos_dev'), '.3g')}, largest "
+        f"state deviation {num(tally.get('max_state_dev'), '.3g')}); {esc(tally.get('invalid', 0))} invalid. "
+        f"{esc(tally.get('trunks_reproduced'))} of {esc(tally.get('trunks'))} trunks are valid and re-ran to their "
+        f"stored record.</p>",
+        html_table(header, rows),
+        f"<p class='small'>tau = {num(summary.get('tau'), 'g')}; estimate: lower {num(summary.get('q'), 'g')} quantile "
+        "of the Jeffreys posterior of each checkpoint's branches. Horizon: the latest checkpoint whose estimate reaches "
+        "tau (not assumed monotone); combined: the best intervention at each checkpoint. Median and IQR over the trunks "
+        "with a defined horizon; the sign test over trunks defined under both interventions, zeros dropped. Only "
+        "checkpoints whose replay reproduced the trunk are used.</p>",
+    ]
+    closing = [c["text"] for c in summary.get("closing") or []]
+    if closing:
+        parts.append("<ul>" + "".join(f"<li>{esc(text)}</li>" for text in closing) + "</ul>")
+    parts += _branch_extended_html(summary)
+    for figure in summary.get("figures") or []:
+        name = str(figure.get("file", ""))
+        if _BRANCH_FIGURE.fullmatch(name) and (study_dir / name).is_file():
+            path = f"../branching/{study_dir.name}/{name}"
+            parts.append(f"<figure><img src='{src(path)}' alt='{esc(figure.get('task'))} {esc(figure.get('condition'))}'>"
+                         f"<figcaption>{esc(figure.get('task'))}, {esc(figure.get('condition'))}</figcaption></figure>")
+    return "".join(parts)
+
+
+def _texts(section: Any) -> List[str]:
+    return [str(s.get("text")) for s in ((section or {}).get("summary") or []) if isinstance(s, Mapping)]
+
+
+def _branch_extended_html(summary: Mapping[str, Any]) -> List[str]:
+    """Non-monotone recoverability, the fixed-K agreement, horizons relative to task events and expected costs."""
+    parts = []
+    for title, key, empty in (
+            ("Non-monotone recoverability (recoverable, then not, then again)", "nonmonotone",
+             "no trunk with three usable checkpoints"),
+            ("Adaptive K (4 -> 16) against a fixed-K reference", "fixed_k",
+             "no fixed-K reference in this study (branch ... --k-fixed 32)"),
+            ("Horizons relative to task events (first grasp attempt, first drop, first contact with the target)",
+             "events", "no trunk recorded its events"),
+            ("Expected cost per (checkpoint, intervention), stopping included", "expected_cost",
+             "no priced checkpoint (no run records beside the study)")):
+        texts = _texts(summary.get(key))
+        parts.append(f"<h4>{esc(title)}</h4><ul>" + "".join(f"<li>{esc(t)}</li>" for t in (texts or [empty]))
+                     + "</ul>")
+    definition = (summary.get("expected_cost") or {}).get("definition")
+    if definition:
+        parts.append(f"<p class='small'>{esc(definition)}; the cheapest action at each checkpoint is counted.</p>")
+    return parts
+
+
+def branching_sections(run_dir: Path) -> List[str]:
+    """The "Counterfactual branching" section: one part per ``RUN_DIR/branching/*/summary.json`` (none: nothing)."""
+    studies = sorted(p.parent for p in (Path(run_dir) / "branching").glob("*/summary.json"))
+    if not studies:
+        return []
+    return ["<h2>Counterfactual branching</h2>", *(_branch_study_html(d) for d in studies)]
+
+
+_MONITOR_FIGURE = re.compile(r"figures/(roc|alarms|fcp)__[A-Za-z0-9_.\-]+\.png")
+
+
+def monitor_sections(run_dir: Path) -> List[str]:
+    """The "Runtime monitors" section from ``RUN_DIR/monitors/`` (written by ``robocasa-shift monitors``)."""
+    folder = Path(run_dir) / "monitors"
+    if not os.path.lexists(folder / "summary.json"):
+        return []
+    parts = ["<h2>Runtime monitors as intervention rules</h2>"]
+    try:
+        summary = json.loads(read_text(folder / "summary.json", None, MAX_JSON_BYTES, "monitor summary"))
+        parts.append(markdown_html(read_text(folder / "summary.md", None, MAX_JSON_BYTES, "monitor summary")))
+        figures = summary.get("figures") or []
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return parts + [f"<p class='bad'>monitors/summary.json cannot be read ({esc(type(exc).__name__)}: "
+                        f"{esc(exc)}); write it again with the monitors command.</p>"]
+    parts.append("<p class='small'>A detection metric admits a monitor when its 95% bootstrap interval lies above 0.5; "
+                 "decision value admits it when the interval of its excess cost over never intervening lies below 0. "
+                 "f* is the break-even false-alarm rate (RESCUE Eq. 9): a realised rate f above it costs more than never "
+                 "intervening. Alarm times are compared with when the failures ended.</p>")
+    for figure in figures:
+        name = str(figure.get("file", ""))
+        if _MONITOR_FIGURE.fullmatch(name) and (folder / name).is_file():
+            parts.append(f"<figure><img src='{src('../monitors/' + name)}' alt='{esc(figure.get('monitor'))}'>"
+                         f"<figcaption>{esc(figure.get('monitor'))}: {esc(figure.get('kind'))}</figcaption></figure>")
+    return parts
+
+
+def judge_sections(run_dir: Path) -> List[str]:
+    """The "Success judges" section: the scores of every judge set exported into the run directory
+    (``RUN_DIR/<set>/export.json`` beside ``RUN_DIR/<set>/scores/scores.md``, as ``make judge-demo`` leaves
+    them); none: nothing. A judge set elsewhere keeps its own ``scores.md``."""
+    sets = sorted(p.parent.parent for p in Path(run_dir).glob("*/scores/scores.md")
+                  if os.path.lexists(p.parent.parent / "export.json"))
+    if not sets:
+        return []
+    parts = ["<h2>Success judges</h2>"]
+    for folder in sets:
+        try:
+            text = read_text(folder / "scores" / "scores.md", run_dir, MAX_JSON_BYTES, "judge scores")
+        except (OSError, ValueError) as exc:
+            parts.append(f"<p class='bad'>{esc(folder.name)}/scores/scores.md cannot be read ({esc(type(exc).__name__)}: "
+                         f"{esc(exc)}); write it again with score-judge.</p>")
+            continue
+        first = text.splitlines()[0] if text else ""
+        title = f"{folder.name}: {first[2:]}" if first.startswith("# ") else folder.name  # names the set's hash
+        parts.append(f"<h3>{esc(title)}</h3>" + markdown_html(text))
+    return parts

@@ -1,0 +1,137 @@
+"""Paired videos: chosen pairs re-run with frame capture and written side by side as MP4 files.
+
+Rollouts are deterministic given their key, so a pair is re-run (:mod:`robocasa_shift.engine.replay`)
+instead of recording every rollout; the re-run must reproduce the recorded outcome and subgoal
+completion steps exactly, and the page says so when it does not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+import pandas as pd
+
+from robocasa_shift.core.conditions import Condition
+from robocasa_shift.core.records import RolloutKey
+from robocasa_shift.core.specs import load_stage_spec
+from robocasa_shift.engine.replay import FrameCapture, Replayer
+from robocasa_shift.rundir.files import atomic_write_bytes
+from robocasa_shift.rundir.store import RunStore
+
+VIDEO_SCALE = 2  # frames are upscaled for viewing
+VIDEO_FPS = 20  # the control rate: videos play in real time
+
+
+def _panel(frames: List[np.ndarray], title: str, goals: List[str], done: Dict[str, int], step: int, flash: bool,
+           outcome: Optional[str]) -> np.ndarray:
+    import cv2
+
+    tiles = [cv2.resize(f, None, fx=VIDEO_SCALE, fy=VIDEO_SCALE, interpolation=cv2.INTER_NEAREST) for f in frames]
+    body = np.concatenate(tiles, axis=0)
+    if flash:
+        cv2.rectangle(body, (0, 0), (body.shape[1] - 1, body.shape[0] - 1), (60, 200, 60), 6)
+    w = body.shape[1]
+    head = np.full((28, w, 3), 255, np.uint8)
+    cv2.putText(head, f"{title}  step {step}", (6, 19), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 1, cv2.LINE_AA)
+    foot = np.full((18 * len(goals) + 30, w, 3), 255, np.uint8)
+    for i, g in enumerate(goals):
+        ok = g in done
+        color = (40, 150, 40) if ok else (150, 150, 150)
+        text = f"{'[x]' if ok else '[ ]'} g{i + 1} {g}" + (f" @{done[g]}" if ok else "")
+        cv2.putText(foot, text, (6, 16 + 18 * i), cv2.FONT_HERSHEY_SIMPLEX, 0.42, color, 1, cv2.LINE_AA)
+    if outcome:
+        color = (40, 150, 40) if outcome == "SUCCESS" else (200, 40, 40)
+        cv2.putText(foot, outcome, (6, 18 * len(goals) + 22), cv2.FONT_HERSHEY_SIMPLEX, 0.6, color, 2, cv2.LINE_AA)
+    return np.concatenate([head, body, foot], axis=0)
+
+
+def compose_video(path: Path, left: FrameCapture, right: FrameCapture, titles: Tuple[str, str], goals: List[str],
+                  outcomes: Tuple[bool, bool]) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="robocasa-shift-video-") as scratch:
+        # ffmpeg writes to a private folder; the finished file goes through the one safe writer
+        encoded = Path(scratch) / f"video{Path(path).suffix}"
+        _encode(encoded, left, right, titles, goals, outcomes)
+        atomic_write_bytes(path, encoded.read_bytes())
+
+
+def _encode(path: Path, left: FrameCapture, right: FrameCapture, titles: Tuple[str, str], goals: List[str],
+            outcomes: Tuple[bool, bool]) -> None:
+    import imageio.v2 as imageio
+
+    n = max(len(left.frames), len(right.frames))
+    writer = imageio.get_writer(path, fps=VIDEO_FPS, codec="libx264", quality=7, macro_block_size=1,
+                                ffmpeg_log_level="error", pixelformat="yuv420p")
+    try:
+        for t in range(n):
+            panels = []
+            for cap, title, success in zip((left, right), titles, outcomes):
+                i = min(t, len(cap.frames) - 1)
+                done = {g: s for s, g in cap.latched if s <= i}
+                flash = any(s == i for s, _ in cap.latched)
+                end = i == len(cap.frames) - 1
+                panels.append(_panel(cap.frames[i], title, goals, done, i, flash, ("SUCCESS" if success else "FAILURE") if end else None))
+            frame = np.concatenate([panels[0], np.full((panels[0].shape[0], 8, 3), 255, np.uint8), panels[1]], axis=1)
+            if frame.shape[0] % 2 or frame.shape[1] % 2:  # yuv420p needs even sizes
+                frame = np.pad(frame, ((0, frame.shape[0] % 2), (0, frame.shape[1] % 2), (0, 0)), constant_values=255)
+            writer.append_data(frame)
+    finally:
+        writer.close()
+
+
+def select_pairs(df: pd.DataFrame, per_kind: int = 2) -> List[Tuple[str, Dict[str, Any], Dict[str, Any]]]:
+    """Up to ``per_kind`` S->F and F->S pairs, preferring different conditions and tasks."""
+    df = df[(df["phase"] == "formal") & (df["replicate"] == 0) & df["valid"]]
+    clean = df[df["condition"] == "clean"].set_index(["task", "episode"])
+    chosen = []
+    for kind, (c_ok, p_ok) in (("S->F", (True, False)), ("F->S", (False, True))):
+        used_conditions, used_tasks, picked = set(), set(), []
+        candidates = []
+        for _, row in df[df["condition"] != "clean"].iterrows():
+            key = (row["task"], row["episode"])
+            if key in clean.index and bool(clean.loc[key, "success"]) == c_ok and bool(row["success"]) == p_ok:
+                candidates.append((row["condition"], row["task"], int(row["episode"]), row, clean.loc[key]))
+        # severe conditions first, then spread over conditions and tasks
+        candidates.sort(key=lambda c: (-max(s.level_index for s in Condition.parse(c[0]).shifts), c[0], c[1], c[2]))
+        for cond, task, ep, row, twin in candidates:
+            if len(picked) == per_kind:
+                break
+            if cond in used_conditions and task in used_tasks and len(candidates) > per_kind:
+                continue
+            used_conditions.add(cond)
+            used_tasks.add(task)
+            picked.append((kind, twin.to_dict() | {"task": task, "episode": ep}, row.to_dict()))
+        chosen += picked
+    return chosen
+
+
+def make_videos(run_dir: Path, df: pd.DataFrame, out: Path, per_kind: int = 2,
+                policy_options: Optional[Mapping[str, Any]] = None, trust_run_dir: bool = False) -> List[Dict[str, Any]]:
+    """Re-run the selected pairs with frame capture and write one side-by-side MP4 per pair."""
+    pairs = select_pairs(df, per_kind)
+    if not pairs:
+        return []
+    store = RunStore(run_dir)
+    manifest = store.manifest() or {}
+    if (manifest.get("policy") or {}).get("driver"):  # an external loop (robocasa_shift.gym): nothing to re-run
+        return []
+    stored = {RolloutKey.from_record(r): r for r in store.records()}
+    videos = []
+    with Replayer(manifest, policy_options, trust_run_dir) as replayer:
+        for n, (kind, clean_row, pert_row) in enumerate(pairs, start=1):
+            task, ep = clean_row["task"], int(clean_row["episode"])
+            keys = [RolloutKey("formal", task, ep, cond) for cond in ("clean", pert_row["condition"])]
+            clean, perturbed = replayer.replay_all(keys, stored)
+            goals = load_stage_spec(manifest["backend"], task).names
+            name = f"pair_{n}_{task}_{ep:04d}_{pert_row['condition'].replace(':', '-').replace('+', '_')}.mp4"
+            compose_video(out / name, clean.capture, perturbed.capture, ("clean", pert_row["condition"]), goals,
+                          (bool(clean.record.success), bool(perturbed.record.success)))
+            videos.append({"file": name, "kind": kind, "task": task, "episode": ep, "condition": pert_row["condition"],
+                           "reproduced": clean.reproduced and perturbed.reproduced,
+                           "problems": clean.problems + perturbed.problems,
+                           "clean_stage_steps": clean.record.stage_steps,
+                           "perturbed_stage_steps": perturbed.record.stage_steps, "subgoals": goals})
+    return videos

@@ -1,0 +1,1 @@
+"""Training the built-in models from simulator rollouts (the reference policy's networks)."""

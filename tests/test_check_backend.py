@@ -1,0 +1,84 @@
+"""check-backend: the backend contract, run on the built-in backends and on backends that break it on purpose."""
+
+import numpy as np
+import pytest
+
+from robocasa_shift.backends import BACKENDS
+from robocasa_shift.backends.fake import FakeBackend, FakeEnv
+from robocasa_shift.checks.backend_check import CHECKS, check_backend
+from helpers import cli
+
+
+def break_fake(monkeypatch, env_class):
+    """The fake backend with its environments replaced by ``env_class``, for this test only (its stage specs
+    and predicates stay the fake's)."""
+    backend = type(f"{env_class.__name__}Backend", (FakeBackend,),
+                   {"make": lambda self, task, render_profile="fast", stock_simulator=False:
+                    env_class(self.tasks[task], render_profile)})
+    monkeypatch.setitem(BACKENDS._entries, "fake", backend)
+
+
+def failing(result):
+    return sorted(check for check, r in result["checks"].items() if not r["passed"])
+
+
+def test_the_fake_backend_passes_every_check_of_the_contract():
+    result = check_backend("fake")
+    assert result.passed and sorted(result["checks"]) == sorted(CHECKS)
+    # 12 of the matrix, 30 levels of the optional factors and the 3 predeclared combinations
+    assert result["tasks"]["Reach"]["conditions"] == 45
+
+
+def test_check_backend_command_prints_the_table_and_exits_0_when_it_passes():
+    out = cli("check-backend", "fake", "--task", "Reach")
+    assert "| restore_nominal | ok |" in out.stdout and "PASSED" in out.stdout
+
+
+class StateBlindFingerprint(FakeEnv):
+    def fingerprint(self):
+        return "same for every state"
+
+
+class LeakyLights(FakeEnv):
+    def restore_nominal(self):
+        pass  # an illumination level stays for the next rollout
+
+
+class NoisyRender(FakeEnv):
+    def render(self, camera, size):
+        frame = super().render(camera, size)
+        frame[0, 0, 0] ^= np.uint8(self.steps + np.random.default_rng().integers(1, 255))
+        return frame
+
+
+class ClosingSuccessCheck(FakeEnv):
+    def is_success(self):
+        self.x[9] = 1.0  # reading success closes the gripper
+        return super().is_success()
+
+
+@pytest.mark.parametrize("env_class,broken", [
+    (StateBlindFingerprint, ["fingerprint_stability", "reset_determinism"]),
+    (LeakyLights, ["restore_nominal"]),
+    (NoisyRender, ["render_determinism"]),
+    (ClosingSuccessCheck, ["side_effect_free"]),
+])
+def test_a_backend_that_breaks_the_contract_fails_the_check_that_names_the_breach(monkeypatch, env_class, broken):
+    break_fake(monkeypatch, env_class)
+    result = check_backend("fake", ["Reach"])
+    assert not result.passed and failing(result) == broken, result.markdown
+    assert all(result["checks"][c]["problems"] for c in broken)
+
+
+def test_validate_stages_on_the_fake_backend_records_demos_with_its_own_demonstration_policy(tmp_path):
+    out = cli("validate-stages", "--backend", "fake", "--task", "Reach", "--run-dir", str(tmp_path / "run"))
+    assert "PASSED" in out.stdout
+    assert len(list((tmp_path / "run" / "demos" / "Reach").glob("*.npz"))) >= 5
+
+
+@pytest.mark.sim
+def test_the_robosuite_backend_passes_every_check_of_the_contract():
+    pytest.importorskip("robosuite")
+    result = check_backend("robosuite", episodes=(0,))  # every condition on every task, one base episode
+    assert result.passed, result.markdown
+    assert set(result["tasks"]) == {"Lift", "Stack", "PickPlaceCan", "NutAssemblySquare"}

@@ -1,0 +1,392 @@
+"""Fuzzing every command that reads a shared directory: forged run directories, step logs, snapshots, judge sets.
+
+A seeded generator takes a small corpus (a run directory with step logs and a branch study, a judge
+set exported from it, predictions; ``shared_dirs.make_corpus``), forges one thing in a private copy
+(a file cut short, random bytes, flipped bytes, a JSON value of the wrong type or an absolute or
+``..`` path, an array entry that declares a huge size or has another dtype, a symbolic link to a copy
+outside (same bytes, so hashes match) or to ``/dev/zero``, a FIFO, a folder, a missing file, a folder
+replaced by a link), rehashing what holds a hash half of the time (a forger would), and runs a
+command that reads it, in this process, under a deadline. Every case must end in a clean result or
+a clean error (``robocasa_shift.errors.Error``: a message and an exit status, never a traceback),
+within the deadline, and without a byte written outside the copy.
+"""
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import random
+import shutil
+import signal
+import time
+import traceback
+import warnings
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from shared_dirs import TEST_JUDGE, make_corpus, register_test_judge
+
+SEED = int(os.environ.get("ROBOCASA_SHIFT_FUZZ_SEED", 31))
+CASES = int(os.environ.get("ROBOCASA_SHIFT_FUZZ_CASES", 200))
+CASE_DEADLINE_S = 60.0  # a FIFO read before the fix blocked forever; a clean case takes well under a second
+
+pytestmark = pytest.mark.slow
+
+
+class Hang(BaseException):
+    """A case ran past its deadline."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float):
+    def expire(signum, frame):
+        raise Hang(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@contextlib.contextmanager
+def memory_ceiling(headroom: int = 4 * 2**30):
+    """Address space capped at what the process maps now plus ``headroom`` (Linux): a regression that reads
+    ``/dev/zero`` or decompresses a bomb fails the case with MemoryError instead of waking the OOM killer."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    try:
+        mapped = int(Path("/proc/self/statm").read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        yield
+        return
+    limit = mapped + headroom if hard == resource.RLIM_INFINITY else min(hard, mapped + headroom)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+# --------------------------------------------------------------------------- what is forged, and what reads it
+
+# (command, the files or folders it reads, relative to the corpus copy: "run/..." or "set/...")
+RUN_FILES = ["run/manifest.json", "run/plan.json", "run/commands.jsonl", "run/.lock", "run/records",
+             "run/records/formal/Reach", "run/records/formal/Reach/0001__clean__r0.json",
+             "run/records/formal/Reach/0001__blur-L3__r0.json", "run/records/formal/Reach/0001__clean__r0.steps.npz",
+             "run/records/formal/PickPlace/0002__blur-L3__r0.steps.npz"]
+BRANCH_FILES = ["run/branching", "run/branching/default/manifest.json", "run/branching/default/trunks",
+                "run/branching/default/trunks/formal/PickPlace/0000__blur-L3__r0.json",
+                "run/branching/default/trunks/formal/PickPlace/0000__blur-L3__r0.npz",
+                "run/branching/default/checkpoints/formal/PickPlace/0000__blur-L3__r0/s0008.json",
+                "run/branching/default/checkpoints/formal/PickPlace/0000__blur-L3__r0"]
+OUTPUT_FOLDERS = ["run/report", "run/monitors", "run/analysis", "set/scores", "set/predictions"]
+SET_FILES = ["set/export.json", "set/manifest.jsonl", "set/media", "set/predictions/always-test.csv",
+             "set/predictions/always-test.csv.json"]
+
+
+def _report(run, **kw):
+    from unittest import mock
+
+    from robocasa_shift.report import page
+    from robocasa_shift.rundir.files import atomic_write_bytes
+
+    def figure(summary, *args):  # matplotlib's drawing takes most of a report's time and reads no file
+        atomic_write_bytes(next(a for a in args if isinstance(a, Path)), b"\x89PNG")
+
+    figures = {name: figure for name in ("fig_macro_dsr", "fig_task_dsr", "fig_transitions", "fig_stage_depth")}
+    with mock.patch.multiple(page, **figures):
+        page.build_report(run, videos_per_kind=0, n_boot=100)
+
+
+def _monitors(run, **kw):
+    # what `monitors` reads of a run: every step log, scored by every monitor, and the branch studies
+    # (the statistics after it are pure functions of these tables and take seconds; the writes are
+    # tested in test_security_files)
+    from robocasa_shift.monitoring.monitors import monitor_names
+    from robocasa_shift.monitoring.study import boundary_scores, branch_outcomes
+
+    boundary_scores(run, monitor_names())
+    branch_outcomes(run)
+
+
+# (name, weight, the folder it needs, its command line or the API call the command makes, what it reads).
+# `report` is called through its API with fewer bootstrap resamples than the command line's and without drawing
+# its figures; `monitors` through the functions that read the run (see _monitors).
+COMMANDS = [
+    ("audit", 3, "run", lambda d: ["audit", d["run"]], RUN_FILES + BRANCH_FILES),
+    ("export", 2, "run", lambda d: ["export", d["run"], "--out", f"{d['run']}/records.csv"], RUN_FILES),
+    ("monitors", 1, "run", _monitors, RUN_FILES + ["run/monitors"]),
+    ("report", 2, "run", _report, RUN_FILES + BRANCH_FILES + OUTPUT_FOLDERS[:3]),
+    ("branch", 2, "run", lambda d: ["branch", d["run"], "--max-trunks", "1", "--intervention", "continue", "--k", "1",
+                                    "--k-expanded", "1", "--stride", "4", "--workers", "1", "--no-progress"],
+     RUN_FILES + BRANCH_FILES),
+    ("export-judge", 2, "run", lambda d: ["export-judge", d["run"], "--out", f"{d['root']}/new-set", "--size", "16",
+                                          "--frames", "2", "--max-per-cell", "1", "--workers", "1", "--no-progress"],
+     RUN_FILES),
+    ("merge", 1, "run", lambda d: ["merge", f"{d['root']}/merged", d["run"]], RUN_FILES),
+    ("compare", 1, "run", lambda d: ["compare", d["run"], d["run"], "--out", f"{d['root']}/compare"], RUN_FILES),
+    ("diff-runs", 1, "run", lambda d: ["diff-runs", d["run"], d["run"]], RUN_FILES),
+    ("judge", 3, "set", lambda d: ["judge", d["set"], "--judge", TEST_JUDGE, "--workers", "1", "--no-progress"],
+     SET_FILES + ["set/predictions"]),
+    ("score-judge", 2, "set", lambda d: ["score-judge", d["set"], d["predictions"], "--n-boot", "100"],
+     SET_FILES + ["set/scores"]),
+]
+
+
+def run_command(runner, command, d):
+    """(exit status, uncaught exception or None, output): a command line in-process, or its API call."""
+    from robocasa_shift.cli import main
+    from robocasa_shift.errors import Error
+
+    if callable(command) and command.__name__.startswith("_"):
+        try:
+            command(d["run"])
+        except Error as exc:
+            return exc.exit_code, None, str(exc)
+        except Exception as exc:  # noqa: BLE001  the very thing the test looks for
+            return 1, exc, ""
+        return 0, None, ""
+    result = runner.invoke(main, [str(a) for a in command(d)], catch_exceptions=True)
+    uncaught = result.exception if not isinstance(result.exception, (SystemExit, type(None))) else None
+    return result.exit_code, uncaught, result.output
+
+
+# --------------------------------------------------------------------------- forging
+
+EVIL = [None, -1, 0, 2**63, -2**70, 1e308, float("nan"), "", "abc", "x" * 5000, "/etc/passwd", "../../../outside",
+        "../outside/secret.npz", [], {}, [1, "a", None], {"a": {"b": []}}, True, "env:HOME", "a;touch MARKER;#"]
+
+
+def _leaves(value, path=()):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, path + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value[:50]):
+            yield from _leaves(v, path + (i,))
+    yield path
+
+
+def forge_json(data, rng):
+    leaves = list(_leaves(data))
+    path = leaves[rng.randrange(len(leaves))]
+    if not path:
+        return rng.choice(EVIL)
+    target = data
+    for part in path[:-1]:
+        target = target[part]
+    if isinstance(target, dict) and rng.random() < 0.2:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = rng.choice(EVIL)
+    return data
+
+
+def forge_npz(raw: bytes, rng) -> bytes:
+    """An entry of an ``.npz`` replaced: a huge declared shape, another dtype, random numbers, or nothing."""
+    with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+        entries = {i.filename: archive.read(i) for i in archive.infolist()}
+    name = rng.choice(sorted(entries))
+    kind = rng.choice(["huge", "dtype", "shape", "drop", "meta"])
+    if kind == "huge":
+        header = io.BytesIO()
+        np.lib.format.write_array_header_2_0(header, {"descr": "<f8", "fortran_order": False,
+                                                      "shape": (rng.choice([10**6, 10**9, 2**40]), 64)})
+        entries[name] = header.getvalue() + entries[name][-64:]
+    elif kind == "dtype":
+        buffer = io.BytesIO()
+        np.save(buffer, np.zeros(rng.randrange(1, 50), dtype=rng.choice(["S8", "U3", "V4", "c16", "bool", "<i2"])))
+        entries[name] = buffer.getvalue()
+    elif kind == "shape":
+        buffer = io.BytesIO()
+        np.save(buffer, np.asarray(np.random.default_rng(rng.randrange(10**6)).normal(size=rng.choice(
+            [(0,), (3,), (2, 2), (5, 3, 2), (1, 70)])) * rng.choice([1, 1e300])))
+        entries[name] = buffer.getvalue()
+    elif kind == "drop":
+        entries.pop(name)
+    else:  # the metadata: JSON of the wrong types
+        meta_name = "meta.npy" if "meta.npy" in entries else name
+        try:
+            meta = json.loads(np.load(io.BytesIO(entries[meta_name])).tobytes().decode())
+            text = json.dumps(forge_json(meta, rng)).encode()
+        except Exception:
+            text = bytes(rng.randrange(256) for _ in range(20))
+        buffer = io.BytesIO()
+        np.save(buffer, np.frombuffer(text, np.uint8))
+        entries[meta_name] = buffer.getvalue()
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for entry, data in entries.items():
+            archive.writestr(entry, data)
+    return out.getvalue()
+
+
+def rehash(d, path: Path) -> None:
+    """Make whoever holds ``path``'s hash agree with its new bytes (a step log, a snapshot, a judge set manifest)."""
+    try:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return
+    if path.name.endswith(".steps.npz"):
+        record = path.with_name(path.name[: -len(".steps.npz")] + ".json")
+        data = json.loads(record.read_text())
+        data["step_log"]["sha256"] = digest
+        record.write_text(json.dumps(data))
+    elif path.suffix == ".npz":
+        trunk = path.with_suffix(".json")
+        data = json.loads(trunk.read_text())
+        data["snapshot_sha256"] = digest
+        trunk.write_text(json.dumps(data))
+    elif path.name == "manifest.jsonl":
+        info = json.loads((path.parent / "export.json").read_text())
+        info["export_hash"] = digest
+        (path.parent / "export.json").write_text(json.dumps(info))
+
+
+def forge(d, target: Path, rng) -> str:
+    """Forge ``target`` (a file or folder of the copy) one way; returns what was done, for the failure message."""
+    outside = d["outside"]
+    if target.is_dir() and not target.is_symlink():
+        kind = rng.choice(["link_dir", "fifo", "delete", "file"])
+        if kind == "link_dir":
+            twin = outside / f"dir-{rng.randrange(10**9)}"
+            shutil.copytree(target, twin, symlinks=True)
+            shutil.rmtree(target)
+            target.symlink_to(twin, target_is_directory=True)
+        else:
+            shutil.rmtree(target)
+            if kind == "fifo":
+                os.mkfifo(target)
+            elif kind == "file":
+                target.write_bytes(b"{}")
+        return f"{kind} {target}"
+    if not target.exists():
+        kind = rng.choice(["link_dir", "fifo", "link_file"])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "link_dir":
+            target.symlink_to(outside, target_is_directory=True)
+        elif kind == "fifo":
+            os.mkfifo(target)
+        else:
+            target.symlink_to(outside / "victim.txt")
+        return f"{kind} at missing {target}"
+    raw = target.read_bytes()
+    choices = ["truncate", "garbage", "flip", "link_out", "link_dev", "fifo", "dir", "delete"]
+    if target.suffix in (".json", ".jsonl"):
+        choices += ["json"] * 4
+    if target.suffix == ".npz":
+        choices += ["npz"] * 4
+    kind = rng.choice(choices)
+    if kind == "truncate":
+        target.write_bytes(raw[: rng.randrange(max(1, len(raw)))])
+    elif kind == "garbage":
+        target.write_bytes(bytes(rng.randrange(256) for _ in range(rng.randrange(4096))))
+    elif kind == "flip":
+        data = bytearray(raw)
+        for _ in range(rng.randrange(1, 9)):
+            if data:
+                data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        target.write_bytes(bytes(data))
+    elif kind == "json":
+        try:
+            if target.suffix == ".jsonl":
+                lines = [json.loads(line) for line in raw.decode().splitlines() if line]
+                i = rng.randrange(len(lines))
+                lines[i] = forge_json(lines[i], rng)
+                target.write_text("".join(json.dumps(line) + "\n" for line in lines))
+            else:
+                target.write_text(json.dumps(forge_json(json.loads(raw), rng)))
+        except ValueError:
+            target.write_bytes(raw[:-1])
+    elif kind == "npz":
+        target.write_bytes(forge_npz(raw, rng))
+    elif kind in ("link_out", "link_dev"):
+        twin = outside / f"{rng.randrange(10**9)}-{target.name}"
+        twin.write_bytes(raw)
+        target.unlink()
+        target.symlink_to(twin if kind == "link_out" else Path("/dev/zero"))
+    elif kind == "fifo":
+        target.unlink()
+        os.mkfifo(target)
+    elif kind == "dir":
+        target.unlink()
+        target.mkdir()
+        (target / "x.json").write_text("{}")
+    else:
+        target.unlink()
+    if kind in ("truncate", "garbage", "flip", "json", "npz") and rng.random() < 0.5:
+        rehash(d, target)
+        kind += " (rehashed)"
+    return f"{kind} {target}"
+
+
+def outside_state(folder: Path):
+    """Every entry under ``folder`` (not following links) with the bytes of its regular files."""
+    state = {}
+    for here, dirs, files in os.walk(folder, followlinks=False):
+        for name in dirs + files:
+            path = Path(here) / name
+            state[str(path.relative_to(folder))] = (path.read_bytes() if path.is_file() and not path.is_symlink()
+                                                    else os.readlink(path) if path.is_symlink() else "dir")
+    return state
+
+
+# --------------------------------------------------------------------------- the test
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    register_test_judge()
+    return make_corpus(tmp_path_factory.mktemp("fuzz-corpus"))
+
+
+def test_forged_shared_directories_give_a_clean_result_or_a_clean_error(corpus, tmp_path):
+    rng = random.Random(SEED)
+    runner = CliRunner()
+    problems, outcomes, slowest, spent, count = [], {}, (0.0, ""), {}, {}
+    started = time.monotonic()
+    weights = [c[1] for c in COMMANDS]
+    for case in range(CASES):
+        name, _, needs, command, readable = rng.choices(COMMANDS, weights)[0]
+        root = tmp_path / f"case{case:03d}"
+        d = {"root": root, "outside": root / "outside",
+             needs: Path(shutil.copytree(corpus[needs], root / needs, symlinks=True))}
+        d["predictions"] = root / "set" / corpus["predictions"].relative_to(corpus["set"])
+        d["outside"].mkdir()
+        (d["outside"] / "victim.txt").write_text("precious\n")
+        done = forge(d, root / rng.choice(readable), rng)
+        before = outside_state(d["outside"])
+        where = f"case {case}: {name} after {done}"
+        t0 = time.monotonic()
+        try:
+            with deadline(CASE_DEADLINE_S), memory_ceiling(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                status, uncaught, output = run_command(runner, command, d)
+        except Hang as exc:
+            problems.append(f"{where}: {exc}")
+            continue
+        elapsed = time.monotonic() - t0
+        slowest = max(slowest, (elapsed, where))
+        spent[name] = spent.get(name, 0.0) + elapsed
+        count[name] = count.get(name, 0) + 1
+        if uncaught is not None:
+            tb = "".join(traceback.format_exception(type(uncaught), uncaught, uncaught.__traceback__))[-1500:]
+            problems.append(f"{where}: uncaught {type(uncaught).__name__}\n{tb}")
+        elif status not in (0, 1, 2, 3, 4):
+            problems.append(f"{where}: exit status {status}\n{output[-500:]}")
+        if outside_state(d["outside"]) != before:
+            problems.append(f"{where}: something outside the copy was written")
+        outcomes[status] = outcomes.get(status, 0) + 1
+        shutil.rmtree(root, ignore_errors=True)
+    wall = time.monotonic() - started
+    print(f"{CASES} cases in {wall:.0f} s (slowest {slowest[0]:.1f} s: {slowest[1]}); exit statuses {outcomes}; "
+          f"per command: " + ", ".join(f"{n} {count[n]} x {spent[n] / count[n]:.2f} s" for n in sorted(count)))
+    assert not problems, f"{len(problems)} of {CASES} cases:\n\n" + "\n\n".join(problems[:8])
