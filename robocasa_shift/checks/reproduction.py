@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
 
 from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.rundir.store import RunStore
@@ -32,17 +32,21 @@ def run_digest(source: Path | str) -> Dict[str, Dict[str, Any]]:
     return {key_text(rec): {k: v for k, v in sorted(rec.items()) if k not in VOLATILE} for rec in RunStore(source).records()}
 
 
-def diff_runs(a: Path | str, b: Path | str) -> Dict[str, Any]:
-    """Keys only one side has, and per shared key the fields that differ (with both values)."""
+def diff_runs(a: Path | str, b: Path | str, ignore: Sequence[str] = ()) -> Dict[str, Any]:
+    """Keys only one side has, and per shared key the fields that differ (with both values).
+
+    ``ignore`` names fields left out on purpose, e.g. ``spec_hash`` when a reference run predates a
+    protocol file that its conditions do not use (the perturbations' own parameters are still compared).
+    """
     da, db = run_digest(a), run_digest(b)
     differing: Dict[str, List[Dict[str, Any]]] = {}
     for key in sorted(set(da) & set(db)):
-        fields = sorted(set(da[key]) | set(db[key]))
+        fields = sorted((set(da[key]) | set(db[key])) - set(ignore))
         diffs = [{"field": f, "a": da[key].get(f), "b": db[key].get(f)} for f in fields if da[key].get(f) != db[key].get(f)]
         if diffs:
             differing[key] = diffs
     only_a, only_b = sorted(set(da) - set(db)), sorted(set(db) - set(da))
-    return {"a": str(a), "b": str(b), "shared": len(set(da) & set(db)), "identical": len(set(da) & set(db)) - len(differing),
+    return {"a": str(a), "b": str(b), "ignored": sorted(ignore), "shared": len(set(da) & set(db)), "identical": len(set(da) & set(db)) - len(differing),
             "differing": differing, "only_a": only_a, "only_b": only_b,
             "passed": not differing and not only_a and not only_b}
 

@@ -152,23 +152,27 @@ def audit_command(run_dir: Path, phase: str) -> None:
 @click.argument("run_b", type=click.Path(exists=True, path_type=Path))
 @click.option("--save", "save", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write RUN_A's digest (its records less timings) to this JSON file, to keep as a reference.")
+@click.option("--ignore", "ignore", multiple=True, metavar="FIELD",
+              help="A record field not to compare (repeatable), e.g. spec_hash against a reference recorded "
+                   "before an optional factor was added to the protocol; the ignored fields are printed.")
 @handle_errors
-def diff_runs_command(run_a: Path, run_b: Path, save: Optional[Path]) -> None:
+def diff_runs_command(run_a: Path, run_b: Path, save: Optional[Path], ignore: Tuple[str, ...]) -> None:
     """Check that two runs of the same keys hold the same records; exit 1 where they do not.
 
     \b
     Every field of every record is compared (outcome, subgoal steps, fingerprints, seeds,
     perturbation read-backs and measurements) except timings and the renderer's name.
     RUN_A and RUN_B are run directories or digests written by --save.
-    Example: robocasa-shift diff-runs tests/data/golden-reference.json runs/golden
+    Example: robocasa-shift diff-runs runs/before runs/after
     """
-    result = diff_runs(run_a, run_b)
+    result = diff_runs(run_a, run_b, ignore=ignore)
     if save:
         from robocasa_shift.rundir.files import atomic_write_text
 
         atomic_write_text(save, json.dumps(run_digest(run_a), indent=1, sort_keys=True) + "\n")
     click.echo(f"{result['identical']}/{result['shared']} shared records identical; only in A: "
-               f"{len(result['only_a'])}, only in B: {len(result['only_b'])}")
+               f"{len(result['only_a'])}, only in B: {len(result['only_b'])}"
+               + (f" (not compared: {', '.join(result['ignored'])})" if ignore else ""))
     for key, diffs in list(result["differing"].items())[:20]:
         click.echo(f"  {key}: " + ", ".join(d["field"] for d in diffs))
     if not result["passed"]:
