@@ -535,6 +535,19 @@ def test_kitchen_perturbation_hooks(kitchen, protocol):
     assert kitchen.fingerprint() == clean
 
 
+def test_the_robocasa_backend_passes_every_check_of_the_contract():
+    """``check-backend robocasa`` on one kitchen, as every built-in backend passes it (81 s on 2 cores on the kit):
+    seeded resets, fingerprints, every condition applied, read back and undone, renders, snapshots."""
+    reason = _unavailable_reason()
+    if reason is not None:
+        _skip_unless_required(f"needs a working robocasa backend (kitchen assets included): {reason}")
+    from robocasa_shift.checks.backend_check import check_backend
+
+    result = check_backend("robocasa", ["RinseSinkBasin"], episodes=(0,), asset_kit=_kit_opt_in())
+    assert result.passed, result.markdown
+    assert set(result["tasks"]) == {"RinseSinkBasin"}
+
+
 def test_kitchen_base_offset_through_placement(kitchen):
     """Defect: with a read-back tolerance of 1e-9 every base draw was rejected (RoboCasa's settling steps move the
     base joints by ~1e-9 m and ~1e-6 deg between the clean and the offset placement)."""
