@@ -5,7 +5,9 @@ set exported from it with predictions of a test judge. Everything is small (two 
 episodes, two conditions) and takes a few seconds.
 """
 
+import contextlib
 import shutil
+import signal
 from pathlib import Path
 from typing import Dict
 
@@ -62,3 +64,21 @@ def copy_corpus(corpus: Dict[str, Path], dest: Path) -> Dict[str, Path]:
         out[name] = Path(shutil.copytree(corpus[name], dest / name, symlinks=True))
     out["predictions"] = out["set"] / corpus["predictions"].relative_to(corpus["set"])
     return out
+
+
+class Hang(BaseException):
+    """A command ran past its deadline (what a FIFO or a dripping server would do before the fix)."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float):
+    def expire(signum, frame):
+        raise Hang(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

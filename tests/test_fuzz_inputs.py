@@ -18,7 +18,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import time
 import traceback
 import warnings
@@ -28,31 +27,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from shared_dirs import TEST_JUDGE, make_corpus, register_test_judge
+from shared_dirs import TEST_JUDGE, Hang, deadline, make_corpus, register_test_judge
 
 SEED = int(os.environ.get("ROBOCASA_SHIFT_FUZZ_SEED", 31))
 CASES = int(os.environ.get("ROBOCASA_SHIFT_FUZZ_CASES", 200))
 CASE_DEADLINE_S = 60.0  # a FIFO read before the fix blocked forever; a clean case takes well under a second
 
 pytestmark = pytest.mark.slow
-
-
-class Hang(BaseException):
-    """A case ran past its deadline."""
-
-
-@contextlib.contextmanager
-def deadline(seconds: float):
-    def expire(signum, frame):
-        raise Hang(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @contextlib.contextmanager

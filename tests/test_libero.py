@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from helpers import save_libero_act
 
 from robocasa_shift.backends.libero_stages import stage_spec_content, write_stage_spec
 from robocasa_shift.backends.libero_tasks import (
@@ -363,31 +364,10 @@ HAVE_LEROBOT = importlib.util.find_spec("lerobot") is not None
 @pytest.mark.skipif(not HAVE_LEROBOT, reason="lerobot is not installed in .venv-libero: run `make setup-libero-lerobot`")
 def test_paired_libero_rollouts_through_a_lerobot_checkpoint_with_libero_s_features(tmp_path):
     """A tiny saved ACT checkpoint with LeRobot's LIBERO feature names: image, image2, 8-D state, 7-D actions."""
-    import torch
-    from lerobot.configs.types import FeatureType, PolicyFeature
-    from lerobot.policies.act.configuration_act import ACTConfig
-    from lerobot.policies.factory import get_policy_class, make_pre_post_processors
-
     from robocasa_shift.policies.lerobot import LeRobotPolicy
     from robocasa_shift.policies.remote import LIBERO_STATE, proprio_vector
 
-    size = 64
-    inputs = {f"observation.images.{c}": PolicyFeature(FeatureType.VISUAL, (3, size, size)) for c in ("image", "image2")}
-    inputs["observation.state"] = PolicyFeature(FeatureType.STATE, (8,))
-    config = ACTConfig(input_features=inputs, output_features={"action": PolicyFeature(FeatureType.ACTION, (7,))},
-                       device="cpu", pretrained_backbone_weights=None, chunk_size=10, n_action_steps=5, dim_model=32,
-                       n_heads=2, dim_feedforward=64, n_encoder_layers=1, n_decoder_layers=1, use_vae=False)
-    stats = {"observation.state": {"mean": torch.zeros(8), "std": torch.ones(8)},
-             "action": {"mean": torch.zeros(7), "std": torch.full((7,), 0.3)}}
-    for c in ("image", "image2"):
-        stats[f"observation.images.{c}"] = {"mean": torch.full((3, 1, 1), 0.45), "std": torch.full((3, 1, 1), 0.25)}
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = get_policy_class("act")(config)
-    model.save_pretrained(tmp_path / "act")
-    for processor in make_pre_post_processors(config, dataset_stats=stats):
-        processor.save_pretrained(tmp_path / "act")
-
+    save_libero_act(tmp_path / "act")
     policy = LeRobotPolicy(tmp_path / "act", preset="libero", mode="chunk")
     runs = paired_spatial0_rollouts(policy, horizon=10, batches=True)
     assert runs["clean"][0].policy_calls == 2

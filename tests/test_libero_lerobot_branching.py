@@ -11,7 +11,7 @@ import importlib.util
 import json
 
 import pytest
-from helpers import cli
+from helpers import cli, save_libero_act
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("libero") is None,
@@ -20,31 +20,6 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("lerobot") is None,
                        reason="lerobot is not installed in this venv: run `make setup-libero-lerobot`"),
 ]
-
-
-def save_libero_act(directory):
-    import torch
-    from lerobot.configs.types import FeatureType, PolicyFeature
-    from lerobot.policies.act.configuration_act import ACTConfig
-    from lerobot.policies.factory import get_policy_class, make_pre_post_processors
-
-    size = 64
-    inputs = {f"observation.images.{c}": PolicyFeature(FeatureType.VISUAL, (3, size, size)) for c in ("image", "image2")}
-    inputs["observation.state"] = PolicyFeature(FeatureType.STATE, (8,))
-    config = ACTConfig(input_features=inputs, output_features={"action": PolicyFeature(FeatureType.ACTION, (7,))},
-                       device="cpu", pretrained_backbone_weights=None, chunk_size=10, n_action_steps=5, dim_model=32,
-                       n_heads=2, dim_feedforward=64, n_encoder_layers=1, n_decoder_layers=1, use_vae=False)
-    stats = {"observation.state": {"mean": torch.zeros(8), "std": torch.ones(8)},
-             "action": {"mean": torch.zeros(7), "std": torch.full((7,), 0.3)}}
-    for c in ("image", "image2"):
-        stats[f"observation.images.{c}"] = {"mean": torch.full((3, 1, 1), 0.45), "std": torch.full((3, 1, 1), 0.25)}
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = get_policy_class("act")(config)
-    model.save_pretrained(directory)
-    for processor in make_pre_post_processors(config, dataset_stats=stats):
-        processor.save_pretrained(directory)
-    return directory
 
 
 def test_a_libero_branch_study_of_a_lerobot_checkpoint_reports_exact_replay_fidelity(tmp_path):

@@ -14,7 +14,6 @@ import io
 import json
 import os
 import shutil
-import signal
 import sys
 import threading
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from shared_dirs import QUIET, copy_corpus, make_corpus, register_test_judge
+from shared_dirs import QUIET, copy_corpus, deadline, make_corpus, register_test_judge
 
 from robocasa_shift.config import StudyConfig
 from robocasa_shift.core.records import RolloutKey
@@ -36,24 +35,6 @@ from robocasa_shift.judging.judges import PredictionsError, read_predictions, ru
 from robocasa_shift.rundir.store import RunStore
 
 HOST = "127.0.0.1"
-
-
-class Hang(BaseException):
-    """A command ran past its deadline (what a FIFO or a dripping server would do before the fix)."""
-
-
-@contextlib.contextmanager
-def deadline(seconds: float):
-    def expire(signum, frame):
-        raise Hang(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture(scope="module")

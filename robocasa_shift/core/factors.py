@@ -209,6 +209,16 @@ def _never_rejected(draws_rejected: Any) -> None:
         raise ValueError(f"this kind never rejects a draw, but the record says {draws_rejected!r} were rejected")
 
 
+def moved_third_person_cameras(perturbation: Dict[str, Any], context, verb: str) -> Tuple[Dict[str, Any], List[str]]:
+    """A camera factor's expected values per camera, and a problem unless those cameras are the third-person ones."""
+    expected = perturbation.get("expected") if isinstance(perturbation.get("expected"), dict) else {}
+    cameras, wanted = sorted(expected), context.third_person_cameras
+    if not cameras or (wanted is not None and cameras != sorted(wanted)):
+        return expected, [f"{verb} cameras {cameras} are not the third-person cameras "
+                          f"{wanted if wanted is not None else '(any)'}"]
+    return expected, []
+
+
 def max_abs_difference(applied: Any, expected: Any) -> float:
     """Largest absolute difference between two nested structures of numbers.
 
@@ -270,14 +280,9 @@ class CameraRotation(FactorKind):
         """The rotated cameras are the third-person ones, each by the scaled draw of the seed stream."""
         if draw is None:
             return []
-        expected = perturbation.get("expected") if isinstance(perturbation.get("expected"), dict) else {}
-        cameras, wanted = sorted(expected), context.third_person_cameras
-        problems = []
-        if not cameras or (wanted is not None and cameras != sorted(wanted)):
-            problems.append(f"rotated cameras {cameras} are not the third-person cameras "
-                            f"{wanted if wanted is not None else '(any)'}")
+        expected, problems = moved_third_person_cameras(perturbation, context, "rotated")
         scaled = [spec.level(level)["theta_max_deg"] * u for u in draw]
-        for cam in cameras:
+        for cam in sorted(expected):
             values = expected[cam] if isinstance(expected[cam], dict) else {}
             if not max_abs_difference([values.get("yaw_deg"), values.get("pitch_deg")], scaled) <= READBACK_ATOL:
                 problems.append(f"{cam} offset is not the scaled draw of the seed stream")

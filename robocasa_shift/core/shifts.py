@@ -33,6 +33,7 @@ from robocasa_shift.core.factors import (
     in_place_offsets,
     laplacian_variance,
     max_abs_difference,
+    moved_third_person_cameras,
 )
 from robocasa_shift.core.liberoplus import word_edit_distance
 from robocasa_shift.errors import PerturbationError, SpecError
@@ -283,15 +284,10 @@ class CameraPose(FactorKind):
         """The moved cameras are the third-person ones, each by the level's scaling of the seed stream's draw."""
         if draw is None:
             return []
-        expected = perturbation.get("expected") if isinstance(perturbation.get("expected"), dict) else {}
-        cameras, wanted = sorted(expected), context.third_person_cameras
-        problems = []
-        if not cameras or (wanted is not None and cameras != sorted(wanted)):
-            problems.append(f"moved cameras {cameras} are not the third-person cameras "
-                            f"{wanted if wanted is not None else '(any)'}")
+        expected, problems = moved_third_person_cameras(perturbation, context, "moved")
         move = self.scaled(spec.level(level), draw)
         keys = ("orbit_deg", "elevation_deg", "distance_factor", "yaw_deg", "pitch_deg")
-        for cam in cameras:
+        for cam in sorted(expected):
             values = expected[cam] if isinstance(expected[cam], dict) else {}
             if not max_abs_difference([values.get(k) for k in keys], [move[k] for k in keys]) <= READBACK_ATOL:
                 problems.append(f"{cam} move is not the scaled draw of the seed stream")

@@ -45,29 +45,6 @@ DETECTION_COLUMNS = ("end", "early", "lt100", "auc_pdt", "timely")
 # --------------------------------------------------------------------------- small helpers
 
 
-class FirstAlarms:
-    """Each rollout's first in-window boundary at or above a threshold (binary search on running maxima)."""
-
-    def __init__(self, scores: pd.DataFrame, limits: Mapping[str, Optional[int]]):
-        self.runs: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
-        for rid, part in scores.sort_values(["rollout_id", "step"]).groupby("rollout_id", sort=False):
-            limit = limits.get(part["task"].iloc[0])
-            if limit is not None:
-                part = part[part["step"] <= limit]
-            values = np.maximum.accumulate(part["score"].fillna(-np.inf).to_numpy(dtype=float)) if len(part) \
-                else np.zeros(0)
-            self.runs[rid] = (values, part["step"].to_numpy(dtype=float))
-
-    def alarms(self, ids: Sequence[str], threshold: float) -> np.ndarray:
-        out = np.full(len(ids), np.nan)
-        for i, rid in enumerate(ids):
-            values, steps = self.runs[rid]
-            j = int(np.searchsorted(values, threshold, side="left"))
-            if j < len(values):
-                out[i] = steps[j]
-        return out
-
-
 # Within one :func:`run`, the same (scores, window) is read by many analyses: computed once, kept until it ends.
 _CACHE: Dict[tuple, Tuple[Any, Any]] = {}
 
@@ -87,9 +64,9 @@ def episodes(scores: pd.DataFrame, splits, limits) -> pd.DataFrame:
         detection.episode_scores(detection.check_boundary_scores(scores), limits), splits))
 
 
-def first_alarms(scores: pd.DataFrame, limits) -> "FirstAlarms":
-    """:class:`FirstAlarms` of a table and window (kept for the run)."""
-    return _cached("alarms", scores, None, limits, lambda: FirstAlarms(scores, limits))
+def first_alarms(scores: pd.DataFrame, limits) -> detection.AlarmIndex:
+    """:class:`~robocasa_shift.monitoring.detection.AlarmIndex` of a table and window (kept for the run)."""
+    return _cached("alarms", scores, None, limits, lambda: detection.AlarmIndex(scores, limits))
 
 
 def _plain(value: Any) -> Any:

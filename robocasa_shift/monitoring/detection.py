@@ -1190,3 +1190,29 @@ def timely_rate(alarm_step: np.ndarray, horizon: np.ndarray) -> Tuple[int, int, 
     n = int(eligible.sum())
     k = int((alarm[eligible] <= horizon[eligible]).sum())
     return k, n, (k / n if n else None)
+
+
+class AlarmIndex:
+    """Each rollout's first boundary at or above any threshold, by binary search (bootstraps ask often).
+
+    Per rollout the running maximum of its in-window scores is non-decreasing, so the first
+    boundary that fires at threshold t is the first whose running maximum reaches t.
+    """
+
+    def __init__(self, scores: pd.DataFrame, limits: Mapping[str, Optional[int]]):
+        self._runs: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
+        for rollout_id, part in scores.sort_values(["rollout_id", "step"]).groupby("rollout_id", sort=False):
+            limit = limits.get(part["task"].iloc[0])
+            if limit is not None:
+                part = part[part["step"] <= limit]
+            values = np.maximum.accumulate(part["score"].fillna(-np.inf).to_numpy(dtype=float)) if len(part) \
+                else np.zeros(0)
+            self._runs[rollout_id] = (values, part["step"].to_numpy(dtype=float))
+
+    def alarm_step(self, rollout_id: str, threshold: float) -> float:
+        values, steps = self._runs[rollout_id]
+        i = int(np.searchsorted(values, threshold, side="left"))
+        return float(steps[i]) if i < len(values) else math.nan
+
+    def alarms(self, rollout_ids: Sequence[str], threshold: float) -> np.ndarray:
+        return np.array([self.alarm_step(r, threshold) for r in rollout_ids], dtype=float)

@@ -129,35 +129,6 @@ def branch_outcomes(run_dir: Path | str, intervention: str = RECOVER) -> Dict[Tu
     return out
 
 
-# --------------------------------------------------------------------------- alarms, fast
-
-
-class AlarmIndex:
-    """Each rollout's first boundary at or above any threshold, by binary search (bootstraps ask often).
-
-    Per rollout the running maximum of its in-window scores is non-decreasing, so the first
-    boundary that fires at threshold t is the first whose running maximum reaches t.
-    """
-
-    def __init__(self, scores: pd.DataFrame, limits: Mapping[str, Optional[int]]):
-        self._runs: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
-        for rollout_id, part in scores.sort_values(["rollout_id", "step"]).groupby("rollout_id", sort=False):
-            limit = limits.get(part["task"].iloc[0])
-            if limit is not None:
-                part = part[part["step"] <= limit]
-            values = np.maximum.accumulate(part["score"].fillna(-np.inf).to_numpy(dtype=float)) if len(part) \
-                else np.zeros(0)
-            self._runs[rollout_id] = (values, part["step"].to_numpy(dtype=float))
-
-    def alarm_step(self, rollout_id: str, threshold: float) -> float:
-        values, steps = self._runs[rollout_id]
-        i = int(np.searchsorted(values, threshold, side="left"))
-        return float(steps[i]) if i < len(values) else math.nan
-
-    def alarms(self, rollout_ids: Sequence[str], threshold: float) -> np.ndarray:
-        return np.array([self.alarm_step(r, threshold) for r in rollout_ids], dtype=float)
-
-
 # --------------------------------------------------------------------------- the measures
 
 
@@ -219,7 +190,7 @@ def decision_rows(name: str, scores: pd.DataFrame, splits, limits, conditions: S
     branches there is priced as stop-and-reset and counted (``recover_missing``).
     """
     ep = _episodes(scores, splits, limits)
-    index = AlarmIndex(scores, limits)
+    index = detection.AlarmIndex(scores, limits)
     validation = ep[(ep[detection.SPLIT_COLUMN] == detection.VALIDATION) & (ep["condition"] == detection.CLEAN)]
 
     threshold = clean_threshold(ep, target_fa)
@@ -628,6 +599,6 @@ def summary_markdown(summary: Mapping[str, Any], detection_df: pd.DataFrame, dec
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["AlarmIndex", "DECISION_WINDOW", "OUT", "boundary_scores", "clean_threshold", "decision_rows", "evaluate",
+__all__ = ["DECISION_WINDOW", "OUT", "boundary_scores", "clean_threshold", "decision_rows", "evaluate",
            "roc_curve", "alarms_on_test",
            "summary_markdown", "verdict_rows", "write_figures"]

@@ -97,13 +97,11 @@ from robocasa_shift.policies.remote import (
     redact_uri,
     resolve_layout,
 )
-from robocasa_shift.policies.openpi_wire import (  # noqa: F401  (decoding lives there; names kept here)
-    ARRAY_KINDS,
+from robocasa_shift.policies.openpi_wire import (
     MAX_MESSAGE_BYTES,
     RESET_MESSAGE_KEY,
     SEEDED_RESET_KEY,
     ReplyFormatError,
-    decode_array,
     unpackb,
 )
 from robocasa_shift.policies.remote_state import StatefulRemotePolicy
@@ -197,7 +195,7 @@ def make_client(host: str = "localhost", port: Optional[int] = DEFAULT_PORT, api
         naming the server. After a timeout or a server error the connection
         is closed (a late reply would otherwise answer the next request);
         ``reconnect`` opens a new one and refuses a server whose metadata changed.
-        Every message is decoded by this module's ``unpackb``, never by
+        Every message is decoded by ``openpi_wire.unpackb``, never by
         openpi-client's, and bounded by ``max_message_bytes``.
         """
 
