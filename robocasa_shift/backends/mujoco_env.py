@@ -373,6 +373,14 @@ class MujocoEnv(PerturbableModel):
                 out[key] = min(out.get(key, 0.0), float(c.dist))
         return out
 
+    def _new_collision(self, before: Dict[tuple, float], after: Dict[tuple, float]) -> Optional[str]:
+        """A robot contact that penetrates deeper than the tolerance and than it did before the change, named."""
+        for key, dist in after.items():
+            if dist < -PENETRATION_TOL_M and dist < before.get(key, 0.0) - PENETRATION_TOL_M:
+                g1, g2 = (self.sim.model.geom_id2name(g) or f"geom{g}" for g in key)
+                return f"robot in collision: {g1} / {g2} penetrate {-dist * 1000:.1f} mm"
+        return None
+
     def base_offset_problem(self, offset: Mapping[str, float]) -> Optional[str]:
         """Why ``offset`` gives an invalid initial state (robot in collision), or None; leaves the state (and the
         model, where the offset moves a body) as it was."""
@@ -384,11 +392,7 @@ class MujocoEnv(PerturbableModel):
         finally:
             self.PERTURBABLE.restore(self.model, model)
             self.set_state(saved)
-        for key, dist in after.items():
-            if dist < -PENETRATION_TOL_M and dist < before.get(key, 0.0) - PENETRATION_TOL_M:
-                g1, g2 = (self.sim.model.geom_id2name(g) or f"geom{g}" for g in key)
-                return f"robot in collision: {g1} / {g2} penetrate {-dist * 1000:.1f} mm"
-        return None
+        return self._new_collision(before, after)
 
 
 # Arm joints of the robosuite Pandas (LIBERO's fixed-base Panda, robosuite's PandaOmron): what ``arm_init`` offsets.
@@ -489,8 +493,4 @@ class ArmJointHooks:
             after = self._robot_contacts()
         finally:
             self.set_state(saved)
-        for key, dist in after.items():
-            if dist < -PENETRATION_TOL_M and dist < before.get(key, 0.0) - PENETRATION_TOL_M:
-                g1, g2 = (self.sim.model.geom_id2name(g) or f"geom{g}" for g in key)
-                return f"robot in collision: {g1} / {g2} penetrate {-dist * 1000:.1f} mm"
-        return None
+        return self._new_collision(before, after)
