@@ -335,7 +335,12 @@ class ReplayServer:
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
 
-    def kinds(self):
+    def kinds(self, at_least: int = 0, timeout_s: float = 10.0):
+        """The message types received so far; with ``at_least``, first wait (bounded) until that many have arrived:
+        the server's thread records a message after the client has sent it, so a test can read before it lands."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.received) < at_least and time.monotonic() < deadline:
+            time.sleep(0.01)
         return [m["type"] for m in self.received]
 
 
@@ -370,8 +375,8 @@ def test_a_stock_server_is_recorded_unseeded_and_episode_start_goes_with_the_fir
             policy.reset(8)
         policy.act(libero_obs())
         policy.close()
-        assert server.kinds() == ["hello", "episode_start", "observation", "observation", "episode_end",
-                                  "episode_start", "observation", "episode_end"]
+        assert server.kinds(at_least=8) == ["hello", "episode_start", "observation", "observation", "episode_end",
+                                            "episode_start", "observation", "episode_end"]
         hello, start = server.received[0]["payload"], server.received[1]["payload"]
         assert hello["protocol_version"] == 1 and hello["benchmark"].endswith("LIBEROBenchmark")
         assert start == {"task": FRAMES["libero"]["task"]} and "seed" not in json.dumps(start)  # no seed reaches it
