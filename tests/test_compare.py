@@ -40,3 +40,47 @@ def test_compare_refuses_runs_of_different_suites(two_runs, tmp_path):
     (other / "manifest.json").write_text(json.dumps(manifest))
     proc = cli("compare", str(two_runs / "expert"), str(other), check=False)
     assert proc.returncode == 2 and "runs differ in study_seed" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def decisive_runs(tmp_path_factory):
+    """The fake expert and the fake random policy on 8 base episodes: every pair is decisive one way."""
+    root = tmp_path_factory.mktemp("decisive")
+    for policy in ("expert", "random"):
+        cli("run", "--backend", "fake", "--task", "PickPlace", "--condition", "clean,blur:L3", "--episodes", "0-7",
+            "--policy", f"fake-{policy}", "--workers", "2", "--no-progress", "--run-dir", str(root / policy))
+    return root
+
+
+def test_compare_names_verdicts_from_the_side_of_run_a_against_baseline_b(decisive_runs, tmp_path):
+    worse = tmp_path / "worse"
+    proc = cli("compare", str(decisive_runs / "random"), str(decisive_runs / "expert"), "--out", str(worse))
+    result = json.loads((worse / "compare.json").read_text())
+    assert result["baseline"] == "b" and result["verdict_rule"]["vocabulary"][:2] == ["IMPROVED", "REGRESSED"]
+    for cond in ("clean", "blur:L3"):
+        v = result["conditions"][cond]
+        # A (random) never succeeds where B (expert) fails: A is worse than its baseline
+        assert v["macro_success_diff"] == -1.0 and v["a_only_success"] == 0 and v["b_only_success"] == 8
+        assert v["success_diff_ci95_calibrated"][1] < 0 and v["verdict"] == "REGRESSED"
+    assert "REGRESSED" in proc.stdout and "IMPROVED" not in proc.stdout.split("\n", 1)[1]
+    assert "the baseline" in (worse / "compare.md").read_text()
+
+
+def test_swapping_a_and_b_flips_every_compare_verdict_and_interval(decisive_runs, tmp_path):
+    ab, ba = tmp_path / "ab", tmp_path / "ba"
+    cli("compare", str(decisive_runs / "expert"), str(decisive_runs / "random"), "--out", str(ab))
+    cli("compare", str(decisive_runs / "random"), str(decisive_runs / "expert"), "--out", str(ba))
+    first = json.loads((ab / "compare.json").read_text())["conditions"]
+    second = json.loads((ba / "compare.json").read_text())["conditions"]
+    flipped = {"IMPROVED": "REGRESSED", "REGRESSED": "IMPROVED", "NO CHANGE DETECTED": "NO CHANGE DETECTED",
+               "UNDERPOWERED": "UNDERPOWERED"}
+    assert set(first) == set(second) == {"clean", "blur:L3"}
+    for cond, v in first.items():
+        w = second[cond]
+        assert v["verdict"] == "IMPROVED" and flipped[v["verdict"]] == w["verdict"]
+        assert v["macro_success_diff"] == -w["macro_success_diff"]
+        for key in ("success_diff_ci95_calibrated", "success_diff_ci95"):
+            assert v[key] == pytest.approx([-w[key][1], -w[key][0]], abs=1e-12)
+        assert v["macro_depth_diff"] == pytest.approx(-w["macro_depth_diff"])
+        assert (v["a_only_success"], v["b_only_success"]) == (w["b_only_success"], w["a_only_success"])
+        assert v["signflip"]["p_holm"] == pytest.approx(w["signflip"]["p_holm"])

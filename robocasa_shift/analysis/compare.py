@@ -8,6 +8,11 @@ calibrated interval and the exact stratified sign-flip test of the macro
 success difference (Holm-adjusted across conditions), and an exact McNemar
 test on the discordant pairs as a pooled diagnostic.
 
+B is the baseline, and the verdicts read from the reader's side: IMPROVED when A succeeds more
+than B (the interval of A - B lies above 0), REGRESSED when it succeeds less, NO CHANGE DETECTED,
+UNDERPOWERED. Swapping A and B negates every difference and interval and swaps IMPROVED and
+REGRESSED.
+
 A pair is valid when both rollouts are valid, neither is a perturbed rollout
 whose fingerprints differ from its own clean twin's (docs/protocol.md section 6),
 and both runs started from the same initial state (equal ``env_fingerprint``).
@@ -119,6 +124,14 @@ def compare_runs(run_a: Path | str, run_b: Path | str, phase: str = "formal", n_
         "banner": kits.banner(kit),
         "a": {"run": str(run_a), "policy": ma.get("policy")},
         "b": {"run": str(run_b), "policy": mb.get("policy")},
+        "baseline": "b",
+        "verdict_rule": {
+            "vocabulary": list(stats.COMPARE_VERDICTS),
+            "rule": "B is the baseline; the calibrated interval of the macro success difference A - B, extended to 0 "
+                    "where the Holm-adjusted sign-flip test does not reject: IMPROVED when it lies above 0 (A succeeds "
+                    "more than B), REGRESSED below 0, NO CHANGE DETECTED inside +-min_effect with the Holm-adjusted "
+                    "equivalence test rejecting, else UNDERPOWERED",
+        },
         "spec_hash": ma.get("spec_hash"),
         "stage_spec_hashes": ma.get("stage_spec_hashes"),
         "bootstrap": {"seed": bootstrap_seed, "n_boot": n_boot, "method": "within-task pair bootstrap, macro over tasks",
@@ -151,7 +164,8 @@ def compare_runs(run_a: Path | str, run_b: Path | str, phase: str = "formal", n_
             v["signflip"]["p_holm"] = headline[c]
         v["equivalence"] = {"margin": float(min_effect), "p": equivalence[c], "p_holm": equivalence_holm[c]}
         # interval and verdict as one object: extended to 0 where the Holm-adjusted test does not reject
-        chosen = stats.decision(v["success_diff_ci95_calibrated"], headline[c], equivalence_holm[c], min_effect)
+        chosen = stats.decision(v["success_diff_ci95_calibrated"], headline[c], equivalence_holm[c], min_effect,
+                                directions=stats.SUCCESS_DIFF_DIRECTIONS)
         v["success_diff_ci95_calibrated"] = None if chosen is None else chosen["interval"]
         v["success_diff_ci95_calibrated_extended_to_zero"] = None if chosen is None else chosen["extended_to_zero"]
         v["verdict"] = None if chosen is None or v["macro_success_diff"] is None else chosen["verdict"]
@@ -229,7 +243,8 @@ def _fmt_ci(ci: Optional[List[float]]) -> str:
 def compare_markdown(result: Dict[str, Any]) -> str:
     """The comparison as a Markdown page (compare.md)."""
     lines = ([f"**{result['banner']}**", ""] if result.get("banner") else []) + ["# Paired comparison", "",
-             f"A = `{json.dumps(result['a']['policy'])}` ({result['a']['run']}); B = `{json.dumps(result['b']['policy'])}` ({result['b']['run']}).",
+             f"A = `{json.dumps(result['a']['policy'])}` ({result['a']['run']}); B = `{json.dumps(result['b']['policy'])}` "
+             f"({result['b']['run']}), the baseline: IMPROVED means A succeeds more than B, REGRESSED less.",
              "Differences are A - B over rollouts with the same key; CIs from the within-task pair bootstrap "
              "(the paper's method) and the calibrated interval; p from the exact stratified sign-flip test of the macro "
              "(Holm across conditions); McNemar pooled over tasks is a diagnostic.", "",

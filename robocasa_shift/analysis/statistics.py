@@ -59,6 +59,12 @@ IMPROVED = "IMPROVED"
 NO_CHANGE = "NO CHANGE DETECTED"
 UNDERPOWERED = "UNDERPOWERED"
 VERDICTS = (DEGRADED, IMPROVED, NO_CHANGE, UNDERPOWERED)
+# A comparison of two runs (A - B in success, B the baseline) reads from the reader's side: a difference above 0
+# means A succeeds more than its baseline. Words for (above 0, below 0) of the quantity an interval bounds.
+REGRESSED = "REGRESSED"
+DSR_DIRECTIONS = (DEGRADED, IMPROVED)  # dSR = clean - perturbed success: above 0 is worse
+SUCCESS_DIFF_DIRECTIONS = (IMPROVED, REGRESSED)  # success A - baseline B: above 0 is better
+COMPARE_VERDICTS = (IMPROVED, REGRESSED, NO_CHANGE, UNDERPOWERED)
 
 TASK_METHOD = (
     "Tango's score interval for a paired difference (b - c) / n with a continuity correction of 1/2: the dSR values "
@@ -474,21 +480,22 @@ def signflip_p_values(counts: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- interval and verdict, one object
 
 
-VERDICT_CODES = np.array(VERDICTS, dtype=object)
-
-
 def decide(lower: np.ndarray, upper: np.ndarray, rejects: np.ndarray, equivalent: np.ndarray,
-           min_effect: float = MIN_EFFECT) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+           min_effect: float = MIN_EFFECT,
+           directions: Tuple[str, str] = DSR_DIRECTIONS) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The interval shown and its verdict, from the calibrated interval and the two tests (vectorised).
 
     Args:
         lower, upper: the calibrated interval.
         rejects: whether the verdict's exact test rejects "no change" after Holm.
         equivalent: whether the Holm-adjusted equivalence test rejects "a change of at least the margin".
+        directions: the words for an interval above and below 0; which is which depends on what the
+            interval bounds (:data:`DSR_DIRECTIONS` for a dSR, :data:`SUCCESS_DIFF_DIRECTIONS` for a
+            success difference against a baseline).
 
     Returns:
         (lower, upper, verdict): the interval extended to reach 0 where the test does not reject,
-        and the verdict read off that interval: DEGRADED when it lies above 0, IMPROVED below 0,
+        and the verdict read off that interval: for a dSR DEGRADED when it lies above 0, IMPROVED below 0,
         NO CHANGE DETECTED when it lies inside +-``min_effect`` and the equivalence test rejects,
         UNDERPOWERED otherwise. So an interval that excludes 0 is DEGRADED or IMPROVED, and a
         direction is claimed only where both the exact test and the interval support it.
@@ -499,12 +506,13 @@ def decide(lower: np.ndarray, upper: np.ndarray, rejects: np.ndarray, equivalent
     upper = np.where(rejects, upper, np.maximum(upper, 0.0))
     inside = (lower >= -min_effect - 1e-12) & (upper <= min_effect + 1e-12) & equivalent
     code = np.select([lower > 0, upper < 0, inside], [0, 1, 2], default=3)
-    return lower, upper, VERDICT_CODES[code]
+    words = np.array([directions[0], directions[1], NO_CHANGE, UNDERPOWERED], dtype=object)
+    return lower, upper, words[code]
 
 
 def decision(interval: Optional[Sequence[float]], p_adjusted: Optional[float], p_equivalence: Optional[float] = None,
-             min_effect: float = MIN_EFFECT, alpha: float = ALPHA,
-             equivalence_alpha: float = EQUIVALENCE_ALPHA) -> Optional[Dict[str, Any]]:
+             min_effect: float = MIN_EFFECT, alpha: float = ALPHA, equivalence_alpha: float = EQUIVALENCE_ALPHA,
+             directions: Tuple[str, str] = DSR_DIRECTIONS) -> Optional[Dict[str, Any]]:
     """:func:`decide` for one condition or task: ``{"interval", "verdict", "extended_to_zero"}``, or None.
 
     Args:
@@ -517,7 +525,7 @@ def decision(interval: Optional[Sequence[float]], p_adjusted: Optional[float], p
         return None
     equivalent = True if p_equivalence is None else p_equivalence < equivalence_alpha
     lower, upper, verdicts = decide(np.array([interval[0]]), np.array([interval[1]]),
-                                    np.array([p_adjusted < alpha]), np.array([equivalent]), min_effect)
+                                    np.array([p_adjusted < alpha]), np.array([equivalent]), min_effect, directions)
     shown = [float(lower[0]), float(upper[0])]
     return {"interval": shown, "verdict": str(verdicts[0]),
             "extended_to_zero": bool(shown[0] != interval[0] or shown[1] != interval[1])}

@@ -137,9 +137,10 @@ def report_command(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, pol
                    "equivalence test, Holm-adjusted across conditions, to reject.")
 @handle_errors
 def compare_command(run_a: Path, run_b: Path, out_dir: Optional[Path], bootstrap_seed: int, min_effect: float) -> None:
-    """Two policies (or versions) on the same frozen suite, pair by pair (A - B).
+    """Two policies (or versions) on the same frozen suite, pair by pair (A - B, B the baseline).
 
-    Refused when the runs' spec hashes, study seeds or stage specs differ. Per
+    Verdicts read from A's side: IMPROVED (A succeeds more than B), REGRESSED,
+    NO CHANGE DETECTED, UNDERPOWERED. Refused when the runs' spec hashes, study seeds or stage specs differ. Per
     condition: paired success and stage-depth differences with bootstrap CIs,
     the calibrated interval, the exact stratified sign-flip test (Holm-adjusted)
     and a verdict; McNemar on the discordant pairs as a pooled diagnostic.
@@ -148,6 +149,7 @@ def compare_command(run_a: Path, run_b: Path, out_dir: Optional[Path], bootstrap
     result = write_comparison(run_a, run_b, out_dir, bootstrap_seed=bootstrap_seed, min_effect=min_effect)
     if result.get("banner"):
         click.echo(result["banner"])
+    click.echo(f"A = {run_a}, B = {run_b} (the baseline): IMPROVED / REGRESSED say whether A succeeds more / less than B")
     for cond, v in result["conditions"].items():
         p = (v["signflip"] or {}).get("p_holm")
         signed = {k: "-" if v[k] is None else format(v[k], "+.3f") for k in ("macro_success_diff", "macro_depth_diff")}
