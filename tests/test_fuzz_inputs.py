@@ -17,6 +17,7 @@ import io
 import json
 import os
 import random
+import re
 import shutil
 import time
 import traceback
@@ -371,3 +372,38 @@ def test_forged_shared_directories_give_a_clean_result_or_a_clean_error(corpus, 
     print(f"{CASES} cases in {wall:.0f} s (slowest {slowest[0]:.1f} s: {slowest[1]}); exit statuses {outcomes}; "
           f"per command: " + ", ".join(f"{n} {count[n]} x {spent[n] / count[n]:.2f} s" for n in sorted(count)))
     assert not problems, f"{len(problems)} of {CASES} cases:\n\n" + "\n\n".join(problems[:8])
+
+
+# --------------------------------------------------------------------------- the table of input surfaces
+
+SECURITY_MD = Path(__file__).resolve().parent.parent / "SECURITY.md"
+
+
+def surface_rows():
+    """(surface, [test node ids]) of every row of SECURITY.md's table of input surfaces."""
+    text = SECURITY_MD.read_text().split("## Every input surface", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| surface")]
+    out = []
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split(" | ")]
+        out.append((cells[0], re.findall(r"`(test_[a-z0-9_]+\.py::[A-Za-z0-9_]+(?:\[[^\]`]+\])?)`", cells[-1])))
+    return out
+
+
+def test_every_input_surface_names_tests_that_exist():
+    rows = surface_rows()
+    assert len(rows) >= 10, "the table of input surfaces was not found in SECURITY.md"
+    tests_dir = Path(__file__).resolve().parent
+    missing = []
+    for surface, nodes in rows:
+        if not nodes:
+            missing.append(f"{surface}: names no test")
+        for node in nodes:
+            filename, _, name = node.partition("::")
+            function, _, case = name.partition("[")
+            source = (tests_dir / filename).read_text() if (tests_dir / filename).is_file() else ""
+            if f"def {function}(" not in source:
+                missing.append(f"{surface}: {filename} has no {function}")
+            elif case and f'"{case.rstrip("]")}"' not in source:
+                missing.append(f"{surface}: {filename} has no case {case.rstrip(']')!r}")
+    assert not missing, "\n".join(missing)
