@@ -7,9 +7,9 @@ loop chooses the actions. ``gymnasium.make`` ids are registered on import::
     import gymnasium
     import robocasa_shift.gym  # registers robocasa_shift/PerturbedEnv-v0 and robocasa_shift/<backend>-<task>-v0
 
-    env = gymnasium.make("robocasa_shift/robosuite-Lift-v0", condition="camera:L2", episode=0,
+    env = gymnasium.make("robocasa_shift/robosuite-Lift-v0", condition="camera:L2",
                          run_dir="runs/mine", policy="my-vla")
-    obs, info = env.reset()                       # the base episode, fingerprinted, then perturbed
+    obs, info = env.reset(seed=0)                 # base episode 0, fingerprinted, then perturbed
     my_policy.seed(info["policy_seed"])           # the seed the harness would give your policy
     while True:
         obs, reward, terminated, truncated, info = env.step(my_policy(obs))
@@ -17,26 +17,31 @@ loop chooses the actions. ``gymnasium.make`` ids are registered on import::
             break
     env.close()                                   # then: robocasa-shift audit runs/mine
 
-- ``reset(options={"episode": e, "condition": c})`` restores base episode ``e`` (the key's env seed and base
-  state), takes the pre-perturbation fingerprint, injects condition ``c`` (its frozen parameters, the draw
-  from the factor's seed stream) and returns the observation as the harness delivers it to a policy: the
-  cameras of ``camera_roles`` rendered at ``image_size`` after any observation-side factor (blur), the
-  robot's proprio, and the delivered instruction (the ``language`` factor's paraphrase). Other options:
-  ``replicate``, ``phase`` and ``policy_rng_fingerprint``; the ``seed`` argument is not used (the base
-  episode decides the state).
+- ``reset(seed=e)`` (or ``options={"episode": e}``) restores base episode ``e`` (the key's env seed and base
+  state), takes the pre-perturbation fingerprint, injects the condition (``options={"condition": c}``, its
+  frozen parameters, the draw from the factor's seed stream) and returns the observation as the harness
+  delivers it to a policy: the cameras of ``camera_roles`` rendered at ``image_size`` after any
+  observation-side factor (blur), the robot's proprio, and the delivered instruction (the ``language``
+  factor's paraphrase). Other options: ``replicate``, ``phase`` and ``policy_rng_fingerprint``. Without a
+  seed or an episode, ``reset`` runs the next base episode, from ``episode`` on, that the run directory has
+  not planned under the condition (without ``run_dir``: that this environment has not run), so the
+  sub-environments of ``gymnasium.make_vec`` (sync or async, each autoreset included) run distinct keys.
 - ``step(action)`` applies one action (the embodiment's, ``action_space``), then updates the StageTracker
   and the task's official success check on the post-step state: ``terminated`` on success, ``truncated``
-  at the official horizon, ``reward`` 1.0 on the success step, 0.0 otherwise.
-- ``info``: ``key``, ``step``, ``horizon``, ``policy_seed`` (seed your policy with it: every condition of a
-  base episode shares it, which is what pairs the rollouts on the policy side), ``env_fingerprint``,
-  ``policy_rng_fingerprint``, ``subgoals`` (latched subgoal -> its step, None until it latches, in the spec's
-  order), ``latched``, ``success``, ``perturbation`` (what was applied, read back from the simulator), and
-  ``record`` (the record's path once the episode is written).
-- Every finished episode is written to ``run_dir`` as a record of the run store (manifest, plan, one
-  writer, atomic files), so ``audit``, ``analyze``, ``export``, ``report`` and ``compare`` read it like a
-  study the CLI ran. An episode abandoned by another ``reset`` or by ``close`` is written as an invalid
-  record (it can be run again); a key with a valid record is refused (a key runs once per run directory).
-  Without ``run_dir`` nothing is written.
+  at the official horizon (registered as the id's ``max_episode_steps``), ``reward`` 1.0 on the success
+  step, 0.0 otherwise.
+- ``info``: ``key``, ``base_episode``, ``step``, ``horizon``, ``policy_seed`` (seed your policy with it: every
+  condition of a base episode shares it, which is what pairs the rollouts on the policy side),
+  ``env_fingerprint``, ``policy_rng_fingerprint``, ``subgoals`` (latched subgoal -> its step, None until it
+  latches, in the spec's order), ``latched``, ``success``, ``perturbation`` (what was applied, read back from
+  the simulator), and ``record`` (the record's path once the episode is written). No key that Gymnasium's
+  wrappers reserve (``episode``: ``RecordEpisodeStatistics``).
+- Every finished episode is written to ``run_dir`` as a record of the run store (manifest, plan, atomic
+  files), so ``audit``, ``analyze``, ``export``, ``report`` and ``compare`` read it like a study the CLI ran.
+  An episode the loop ends before success or the horizon (another ``reset``, ``close``, a ``TimeLimit``
+  shorter than the horizon) is written as truncated at the step it reached, which the audit reports as an
+  unexpected truncation; its key may be run again. A key with a complete record is refused (a key runs once
+  per run directory). Without ``run_dir`` nothing is written.
 
 The policy RNG fingerprint is yours to report (``options={"policy_rng_fingerprint": ...}`` or
 :meth:`PerturbedEnv.report_policy_fingerprint`, e.g. a hash of your generator's state after seeding it with
@@ -110,15 +115,16 @@ class ExternalPolicy(Policy):
                 "image_size": self.image_size}
 
 
-# One RunStore per run directory and process, shared by the PerturbedEnvs writing to it (a vector env of
-# several), so that the directory's lock is taken once: the process is the one writer.
+# One RunStore per run directory and process, shared by the PerturbedEnvs writing to it, holding the directory's
+# lock in shared mode: the sub-environments of an async vector env, each in its own process, share it too, and
+# claim keys under the store's plan lock; a command of the CLI (exclusive) cannot run beside them.
 _STORES: Dict[Path, List[Any]] = {}
 
 
 def _acquire_store(run_dir: Union[str, Path]) -> RunStore:
     root = Path(run_dir).resolve()
     if root not in _STORES:
-        _STORES[root] = [RunStore(root).lock(), 0]
+        _STORES[root] = [RunStore(root).lock(shared=True), 0]
     _STORES[root][1] += 1
     return _STORES[root][0]
 
@@ -199,13 +205,15 @@ class PerturbedEnv(gymnasium.Env):
             self.observation_space = self._observation_space()
             if run_dir is not None:
                 self.store = _acquire_store(run_dir)
-                self.store.ensure_manifest(self._manifest())
+                with self.store.plan_lock():
+                    self.store.ensure_manifest(self._manifest())
                 self.store.log_command({"driver": DRIVER, "task": task, "policy": self.policy.name})
         except BaseException:
             self.close()
             raise
         self._rollout: Optional[Rollout] = None
-        self._supersede = False
+        self._ran: set = set()  # the keys this environment ran (the next-episode rule without a run directory)
+        self._supersede = self._claimed = False
         self._renderer: Optional[str] = None
         self._last_obs_time = 0.0
         self._record_path: Optional[str] = None
@@ -272,9 +280,12 @@ class PerturbedEnv(gymnasium.Env):
     def reset(self, *, seed: Optional[int] = None, options: Optional[Dict[str, Any]] = None):
         """Restore a base episode, fingerprint it, inject the condition; the first observation and ``info``.
 
+        ``seed`` (or the option ``episode``) is the base episode; without either, the next one from the default
+        ``episode`` on whose key the run directory has not planned (without one: this environment has not run).
+
         Raises:
             BadInput: an unknown option or a bad value.
-            RunDirError: the key already has a valid record in ``run_dir``.
+            RunDirError: the key already has a complete record in ``run_dir``.
             RolloutError: the episode could not start (its invalid record is written).
         """
         super().reset(seed=seed)
@@ -282,25 +293,25 @@ class PerturbedEnv(gymnasium.Env):
         unknown = sorted(set(options) - set(RESET_OPTIONS))
         if unknown:
             raise BadInput(f"PerturbedEnv.reset takes no option {unknown[0]!r}; its options: {', '.join(RESET_OPTIONS)}")
-        self._abandon("reset")
+        self._end_early()
         episode, condition, replicate, phase = self.defaults
+        chosen = options.get("episode", seed)
         episode, condition, replicate, phase = self._key_fields(
-            options.get("episode", episode), options.get("condition", condition),
+            episode if chosen is None else chosen, options.get("condition", condition),
             options.get("replicate", replicate), options.get("phase", phase))
         self._check_optional_hooks(condition)
-        key = RolloutKey(phase, self.task, episode, condition, replicate)
-        self._supersede = False
+        self._supersede = self._claimed = False
         self._record_path = None
-        if self.store is not None:
-            path = self.store.record_path(key)
-            if path.exists():
-                existing, _ = parse_record(path.read_bytes())
-                if existing is not None and existing.get("valid") is True:
-                    raise RunDirError(f"{key.id} already has a valid record in {self.store.root} (a key runs once per "
-                                      "run directory): reset to another episode, condition or replicate, or use "
-                                      "another run_dir")
-                self._supersede = True
-            self.store.add_to_plan([key])
+        if self.store is None:
+            key = self._next_key(RolloutKey(phase, self.task, episode, condition, replicate), chosen, self._ran)
+        else:
+            with self.store.plan_lock():  # sub-environments in other processes claim keys too
+                planned = set(self.store.planned_keys())
+                key = self._next_key(RolloutKey(phase, self.task, episode, condition, replicate), chosen, planned)
+                self._supersede = self._check_rerun(key)
+                self._claimed = key not in planned
+                self.store.add_to_plan([key])
+        self._ran.add(key)
         fingerprint = options.get("policy_rng_fingerprint", EXTERNAL_FINGERPRINT)
         if not isinstance(fingerprint, str) or not fingerprint:
             raise BadInput(f"policy_rng_fingerprint must be a non-empty string, got {fingerprint!r}")
@@ -365,9 +376,9 @@ class PerturbedEnv(gymnasium.Env):
         return self.env.render(self.cameras[0], self.policy.image_size)
 
     def close(self) -> None:
-        """Write an episode in progress as abandoned (invalid), close the simulator, release the run directory."""
+        """Write an episode in progress as truncated, close the simulator, release the run directory."""
         try:
-            self._abandon("closed the environment")
+            self._end_early()
         finally:
             env, self.env = getattr(self, "env", None), None
             if env is not None:
@@ -378,12 +389,44 @@ class PerturbedEnv(gymnasium.Env):
 
     # ------------------------------------------------------------------ internals
 
-    def _abandon(self, why: str) -> None:
+    @staticmethod
+    def _next_key(key: RolloutKey, chosen: Any, taken: set) -> RolloutKey:
+        """``key`` when its episode was chosen, else the first of its episode on that is not in ``taken``."""
+        while chosen is None and key in taken:
+            key = RolloutKey(key.phase, key.task, key.episode + 1, key.condition, key.replicate)
+        return key
+
+    def _check_rerun(self, key: RolloutKey) -> bool:
+        """Whether ``key``'s current record is to be superseded (it has one that is invalid or truncated).
+
+        Raises:
+            RunDirError: its record is complete (success or the official horizon): a key runs once.
+        """
+        path = self.store.record_path(key)
+        if not path.exists():
+            return False
+        existing, _ = parse_record(path.read_bytes())
+        if existing is not None and existing.get("valid") is True and not existing.get("truncated"):
+            raise RunDirError(f"{key.id} already has a complete record in {self.store.root} (a key runs once per "
+                              "run directory): reset to another episode, condition or replicate, or use another run_dir")
+        return True
+
+    def _end_early(self) -> None:
+        """An episode in progress that the loop ended (``reset``, ``close``: Gymnasium's truncation, e.g. by a
+        ``TimeLimit`` wrapper) is recorded as truncated at the step it reached; one never stepped (a vector env's
+        autoreset before the loop stopped) is not recorded, and its key is unclaimed when this env claimed it."""
         rollout = getattr(self, "_rollout", None)
         if rollout is None:
             return
-        rollout.record.fail("runtime", f"abandoned: the loop {why} after {rollout.step_index} of {rollout.horizon} "
-                                       "steps, before success or the horizon")
+        if rollout.step_index == 0:
+            self._rollout = None
+            self._ran.discard(rollout.record.key)
+            if self.store is not None and self._claimed:
+                with self.store.plan_lock():
+                    self.store.drop_from_plan([rollout.record.key])
+            return
+        if rollout.record.success is None:
+            rollout.record.success = False
         self._finish()
 
     def _finish(self) -> Record:
@@ -392,9 +435,10 @@ class PerturbedEnv(gymnasium.Env):
         record = rollout.finish()
         record.renderer = self._renderer_summary()
         if self.store is not None:
-            if self._supersede:
-                self.store.supersede(record.key)
-            self._record_path = str(self.store.write(record))
+            with self.store.plan_lock():
+                if self._supersede:
+                    self.store.supersede(record.key)
+                self._record_path = str(self.store.write(record))
         return record
 
     def _renderer_summary(self) -> str:
@@ -403,7 +447,8 @@ class PerturbedEnv(gymnasium.Env):
             self._renderer = f"{info.get('MUJOCO_GL')}/{info.get('gl_renderer')}/{info.get('render_profile')}"
             if self.store is not None:  # what drew the frames, as the CLI's runs record it
                 simulator = self.env.simulator_info() if hasattr(self.env, "simulator_info") else {}
-                self.store.ensure_manifest({"renderer": info, "simulator": simulator})
+                with self.store.plan_lock():
+                    self.store.ensure_manifest({"renderer": info, "simulator": simulator})
         return self._renderer
 
     def _observation(self, obs: Observation) -> Dict[str, Any]:
@@ -416,7 +461,7 @@ class PerturbedEnv(gymnasium.Env):
         names = self.stage_spec.names
         return {
             "key": record.key.id,
-            "task": record.task, "phase": record.phase, "episode": record.episode, "condition": record.condition,
+            "task": record.task, "phase": record.phase, "base_episode": record.episode, "condition": record.condition,
             "replicate": record.replicate,
             "step": rollout.step_index,
             "horizon": rollout.horizon,
@@ -436,25 +481,27 @@ class PerturbedEnv(gymnasium.Env):
 # =========================================================================== gymnasium.make ids
 
 
-def _builtin_tasks() -> Dict[str, Tuple[str, ...]]:
-    """The built-in backends' task names (their task tables only: no simulator is imported)."""
+def _builtin_tasks() -> Dict[str, Dict[str, int]]:
+    """The built-in backends' tasks and their official horizons (their task tables only: no simulator is imported)."""
     from robocasa_shift.backends import fake, libero_tasks, robosuite_tasks
 
-    return {"fake": tuple(fake.TASKS), "robosuite": tuple(robosuite_tasks.TASKS),
-            "libero": tuple(libero_tasks.task_names())}
+    return {"fake": {name: task.horizon for name, task in fake.TASKS.items()},
+            "robosuite": {name: task.horizon for name, task in robosuite_tasks.TASKS.items()},
+            "libero": {name: libero_tasks.parse_task(name).horizon for name in libero_tasks.task_names()}}
 
 
 def register_envs() -> List[str]:
     """Register ``robocasa_shift/PerturbedEnv-v0`` (any backend and task as arguments) and
-    ``robocasa_shift/<backend>-<task>-v0`` for the built-in backends' tasks; the ids registered."""
+    ``robocasa_shift/<backend>-<task>-v0`` for the built-in backends' tasks, with the task's official horizon as
+    ``max_episode_steps``; the ids registered."""
     ids = []
-    entries = [("robocasa_shift/PerturbedEnv-v0", {})]
-    entries += [(f"robocasa_shift/{backend}-{task}-v0", {"backend": backend, "task": task})
-                for backend, tasks in _builtin_tasks().items() for task in tasks]
-    for env_id, kwargs in entries:
+    entries = [("robocasa_shift/PerturbedEnv-v0", {}, None)]
+    entries += [(f"robocasa_shift/{backend}-{task}-v0", {"backend": backend, "task": task}, horizon)
+                for backend, tasks in _builtin_tasks().items() for task, horizon in tasks.items()]
+    for env_id, kwargs, horizon in entries:
         if env_id not in gymnasium.registry:
             gymnasium.register(id=env_id, entry_point=f"{__name__}:PerturbedEnv", kwargs=kwargs,
-                               disable_env_checker=False)
+                               max_episode_steps=horizon, disable_env_checker=False)
         ids.append(env_id)
     return ids
 

@@ -108,12 +108,13 @@ def test_reset_pairs_the_conditions_of_a_base_episode_and_returns_the_delivered_
     try:
         infos = {}
         for n, condition in enumerate(("clean", "blur:L3", "language:L1", "clean")):
-            obs, info = env.reset(options={"condition": condition})
+            obs, info = env.reset(options={"condition": condition, "episode": 2})
             assert obs in env.observation_space
             assert list(obs["images"]) == ["agentview", "eye_in_hand"] and obs["images"]["agentview"].shape == (32, 32, 3)
             infos.setdefault(condition, []).append((obs, info))
             env.step(np.zeros(3))
-            env.reset(options={"condition": "camera:L1", "replicate": n + 1})  # abandons the episode above
+            env.reset(options={"condition": "camera:L1", "replicate": n + 1})  # ends the episode above after 1 step
+            env.step(np.zeros(3))
         clean, blur, language = infos["clean"][0], infos["blur:L3"][0], infos["language:L1"][0]
         assert clean[1]["env_fingerprint"] == blur[1]["env_fingerprint"] == language[1]["env_fingerprint"]
         assert clean[1]["policy_seed"] == blur[1]["policy_seed"]
@@ -122,18 +123,18 @@ def test_reset_pairs_the_conditions_of_a_base_episode_and_returns_the_delivered_
         assert language[0]["instruction"] != clean[0]["instruction"]  # the paraphrase is what is delivered
         assert blur[1]["perturbation"]["factor"] == "blur" and clean[1]["perturbation"] is None
         assert set(clean[1]["subgoals"]) == set(env.stage_spec.names) and clean[1]["latched"] == []
-        # the second clean reset of key formal/PickPlace/2/clean/r0 supersedes the abandoned first one
+        # the second clean reset of key formal/PickPlace/2/clean/r0 supersedes the first one, truncated
         assert np.array_equal(infos["clean"][1][0]["images"]["agentview"], clean[0]["images"]["agentview"])
     finally:
         env.close()
     store = RunStore(tmp_path / "run")
     records = store.records()
-    abandoned = [r for r in records if not r["valid"]]
-    errors = {(r["condition"], r["replicate"]): r["error"] for r in abandoned}
-    assert errors[("blur:L3", 0)].startswith("abandoned: the loop reset after 1 of 40 steps")
-    assert errors[("camera:L1", 1)].startswith("abandoned: the loop reset after 0 of 40 steps")
-    assert errors[("camera:L1", 4)].startswith("abandoned: the loop closed the environment after 0 of 40 steps")
+    # an episode the loop ended (reset, close) is a valid record truncated where it stopped, not an error
+    assert all(r["valid"] and r["truncated"] and r["steps"] == 1 and r["success"] is False for r in records)
+    assert {(r["condition"], r["replicate"]) for r in records} == {
+        ("clean", 0), ("blur:L3", 0), ("language:L1", 0), *(("camera:L1", n) for n in range(1, 5))}
     assert len(store.records("history")) == 1  # the first clean episode, superseded
+    assert "FAILED {\"unexpected_truncations\": 7}" in cli_status(tmp_path / "run")
 
 
 def test_misuse_is_refused_and_a_key_runs_once(tmp_path):
@@ -154,15 +155,20 @@ def test_misuse_is_refused_and_a_key_runs_once(tmp_path):
                 break
         with pytest.raises(gymnasium.error.ResetNeeded):
             env.step(np.zeros(3))
-        with pytest.raises(RunDirError, match="formal/Reach/0000/clean/r0 already has a valid record"):
-            env.reset()
+        with pytest.raises(RunDirError, match="formal/Reach/0000/clean/r0 already has a complete record"):
+            env.reset(seed=0)
+        with pytest.raises(RunDirError, match="formal/Reach/0000/clean/r0 already has a complete record"):
+            env.reset(options={"episode": 0})
+        assert env.reset()[1]["key"] == "formal/Reach/0001/clean/r0"  # the next episode not yet planned
         with pytest.raises(BadInput, match="takes no option 'seed_of_policy'"):
             env.reset(options={"seed_of_policy": 1})
         with pytest.raises(UnknownNameError, match="unknown condition|unknown level|unknown factor"):
             env.reset(options={"condition": "camera:L9"})
-        env.reset(options={"episode": 1})
+        env.reset(options={"episode": 3})  # the one above was never stepped: unclaimed, not recorded
+        env.step(np.zeros(3))
     finally:
-        env.close()  # writes the episode in progress as abandoned
+        env.close()  # writes the episode in progress as truncated
+    assert [k.episode for k in RunStore(tmp_path / "run").planned_keys()] == [0, 3]
     assert "audit: PASSED" not in cli_status(tmp_path / "run")
     with pytest.raises(UnknownNameError, match="unknown task"):
         rsgym.PerturbedEnv("fake", "Lift")
@@ -176,15 +182,19 @@ def cli_status(run):
     return proc.stdout
 
 
-def test_two_envs_of_one_process_share_the_run_directory_and_another_process_is_refused(tmp_path):
+def test_envs_share_the_run_directory_with_each_other_and_a_command_is_refused_beside_them(tmp_path):
     run = tmp_path / "run"
     a = rsgym.PerturbedEnv("fake", "Reach", run_dir=run, camera_roles=(), image_size=16)
     b = rsgym.PerturbedEnv("fake", "PickPlace", run_dir=run, camera_roles=(), image_size=16)
     try:
-        code = (f"import robocasa_shift.gym as g\ntry:\n    g.PerturbedEnv('fake', 'Reach', run_dir={str(run)!r})\n"
-                f"except Exception as e:\n    print(type(e).__name__)\n")
+        code = (f"import robocasa_shift.gym as g\ng.PerturbedEnv('fake', 'Reach', run_dir={str(run)!r}, camera_roles=(), image_size=16).close()\n"
+                "print('shared')")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
-        assert out.stdout.strip() == "RunDirLocked", out.stderr
+        assert out.stdout.strip() == "shared", out.stderr  # another process's env (an async sub-env) shares it
+        proc = subprocess.run([sys.executable, "-m", "robocasa_shift", "run", "--backend", "fake", "--policy", "fake",
+                               "--task", "Reach", "--condition", "clean", "--episodes", "5", "--run-dir", str(run)],
+                              capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert proc.returncode == 4 and "in use by another process (Gymnasium environments" in proc.stderr, proc.stderr
         for env in (a, b):
             obs, _ = env.reset()
             assert obs["images"] == {}  # a policy that reads no camera gets no image, as in the harness
@@ -227,6 +237,68 @@ class _no_warnings:
         relevant = [str(w.message) for w in self.caught if ("robocasa_shift" in str(w.filename) or "gymnasium" in
                     str(w.filename)) and "infinity" not in str(w.message)]
         assert relevant == [], relevant
+
+
+def run_to_the_end(env):
+    """Zero actions until the episode ends: the fake gripper stays put, so every episode runs its 40 steps."""
+    steps = 0
+    while True:
+        obs, reward, terminated, truncated, info = env.step(np.zeros(env.action_space.shape))
+        steps += 1
+        if terminated or truncated:
+            return steps, reward, terminated, truncated, info
+
+
+def test_gymnasium_s_standard_wrappers_keep_their_keys_and_a_time_limit_is_recorded_as_truncation(tmp_path):
+    from gymnasium.wrappers import RecordEpisodeStatistics, TimeLimit
+
+    assert gymnasium.spec("robocasa_shift/fake-Reach-v0").max_episode_steps == 40  # the official horizon
+    assert gymnasium.spec("robocasa_shift/robosuite-Lift-v0").max_episode_steps == 400
+    assert gymnasium.spec("robocasa_shift/libero-spatial-0-v0").max_episode_steps == 220
+    kwargs = dict(condition="camera:L1", policy="mine", camera_roles=("third_person",), image_size=16)
+
+    full = tmp_path / "full"
+    env = RecordEpisodeStatistics(TimeLimit(gymnasium.make("robocasa_shift/fake-Reach-v0", run_dir=str(full),
+                                                           **kwargs), max_episode_steps=40))
+    assert env.spec.max_episode_steps == 40
+    keys = []
+    for _ in range(3):
+        obs, info = env.reset()
+        steps, reward, terminated, truncated, info = run_to_the_end(env)
+        assert (steps, terminated, truncated) == (40, False, True)
+        assert info["episode"]["l"] == 40 and info["episode"]["r"] == 0.0  # the wrapper's own statistics
+        keys.append((info["base_episode"], info["key"]))
+    env.close()
+    assert keys == [(e, f"formal/Reach/{e:04d}/camera:L1/r0") for e in range(3)]
+    assert "audit: PASSED" in cli("audit", str(full))
+
+    short = tmp_path / "short"
+    env = TimeLimit(gymnasium.make("robocasa_shift/fake-Reach-v0", run_dir=str(short), **kwargs), max_episode_steps=25)
+    for _ in range(2):
+        env.reset()
+        assert run_to_the_end(env)[0] == 25
+    env.close()
+    records = RunStore(short).records()
+    assert len(records) == 2 and all(r["valid"] and r["truncated"] and r["steps"] == 25 and r["horizon"] == 40
+                                     for r in records)
+    status = cli_status(short)
+    assert "unexpected_truncations\": 2" in status and "runtime_failures" not in status, status
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_make_vec_loop_runs_distinct_keys_in_its_sub_envs_and_audits_clean(tmp_path, mode):
+    run = tmp_path / "run"
+    envs = gymnasium.make_vec("robocasa_shift/fake-Reach-v0", num_envs=2, vectorization_mode=mode, run_dir=str(run),
+                              condition="camera:L1", policy="mine", camera_roles=("third_person",), image_size=16)
+    obs, info = envs.reset()
+    ended = []
+    for _ in range(3 * 41 - 1):  # three episodes of 40 steps in each sub-env, an autoreset step between them
+        obs, reward, terminated, truncated, info = envs.step(np.zeros(envs.action_space.shape))
+        ended += [info["key"][i] for i in range(2) if terminated[i] or truncated[i]]
+    envs.close()
+    assert sorted(ended) == [f"formal/Reach/{e:04d}/camera:L1/r0" for e in range(6)]  # six keys, none twice
+    assert "audit: PASSED" in cli("audit", str(run))
+    assert len(RunStore(run).planned_keys()) == 6
 
 
 @pytest.mark.sim

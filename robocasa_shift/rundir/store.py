@@ -8,13 +8,17 @@ Layout::
     D/records/<phase>/<task>/<episode>__<condition>__r<replicate>.json
     D/records/.../<episode>__<condition>__r<replicate>.steps.npz   its step log, with --log-steps
     D/history/...               records superseded by --retry-errors
-    D/.lock                     held with flock while a process writes to D
+    D/.lock                     held with flock while a process writes to D (shared by Gymnasium envs)
+    D/.plan.lock                held by a Gymnasium env while it claims a key or updates the manifest
 
 Each record is written to a temporary file, fsynced, renamed over its final
 name and the directory fsynced, so a killed process (or a lost power supply)
 leaves either the whole record or none of it; a rerun skips the keys already
 recorded. The lock is held by the kernel (``flock``), so it dies with the
-process that held it.
+process that held it. A command holds it exclusively; the Gymnasium environments of
+``robocasa_shift.gym`` (a vector env's sub-envs run in several processes) share it and
+take ``.plan.lock`` for each change of the plan or the manifest, so a command never
+runs beside them and they never claim one key twice.
 
 Records are read defensively: a file that is not a record (truncated JSON, a
 stray JSON without a key, ``"valid": "false"``) is skipped with a warning
@@ -27,6 +31,7 @@ of ``commands.jsonl``.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import fcntl
 import hashlib
@@ -192,16 +197,19 @@ class RunStore:
 
     # ------------------------------------------------------------------ lock
 
-    def lock(self) -> "RunStore":
+    def lock(self, shared: bool = False) -> "RunStore":
         """Take the run directory's lock or refuse if another process holds it.
 
         The lock file is opened without following a link (a planted ``.lock`` link is refused, never
-        truncated); once held, temporary files left by killed writers are removed.
+        truncated); once held exclusively, temporary files left by killed writers are removed.
+        ``shared``: the lock of a Gymnasium environment, held beside other such environments' (each
+        change of the plan or the manifest then goes through :meth:`plan_lock`); a command's
+        exclusive lock refuses them and they refuse it.
         """
         self.root.mkdir(parents=True, exist_ok=True)
         fd = open_lock(self.root / ".lock", self.root)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.read(fd, 200).decode(errors="replace").strip()
             os.close(fd)
@@ -209,11 +217,25 @@ class RunStore:
                 f"run directory {self.root} is in use by another process ({holder or 'unknown'}); "
                 f"wait for it to finish or use another --run-dir"
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} since {_dt.datetime.now().isoformat(timespec='seconds')}".encode())
+        if shared:  # other holders may be writing: their temporary files are not orphans
+            os.pwrite(fd, f"Gymnasium environments, pid {os.getpid()} among them".ljust(60).encode(), 0)
+        else:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()} since {_dt.datetime.now().isoformat(timespec='seconds')}".encode())
+            clean_orphans(self.root)
         self._lock_fd = fd
-        clean_orphans(self.root)
         return self
+
+    @contextlib.contextmanager
+    def plan_lock(self) -> Iterator[None]:
+        """Hold ``D/.plan.lock`` (blocking, briefly): one holder of a shared lock at a time reads and changes
+        the plan or the manifest."""
+        fd = open_lock(self.root / ".plan.lock", self.root)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def unlock(self) -> None:
         """Release the lock (the kernel releases it too when the process dies)."""
@@ -337,6 +359,11 @@ class RunStore:
         """Add ``keys`` to the plan (a sorted set, rewritten atomically); planning a key twice changes nothing."""
         merged = sorted(set(self.planned_keys()) | set(keys))
         atomic_write_json(self.plan_path, {"keys": [k.id for k in merged]}, self.root)
+
+    def drop_from_plan(self, keys: Iterable[RolloutKey]) -> None:
+        """Take ``keys`` out of the plan (a Gymnasium env's claim on a key it never stepped)."""
+        kept = sorted(set(self.planned_keys()) - set(keys))
+        atomic_write_json(self.plan_path, {"keys": [k.id for k in kept]}, self.root)
 
     # ------------------------------------------------------------------ records
 
