@@ -48,8 +48,16 @@ test-fast: setup
 # The documentation site (mkdocs.yml, docs/): built with --strict (a broken link or a missing page fails
 # it) into build/site; open build/site/index.html. The `docs` extra is installed by `setup`.
 # NO_MKDOCS_2_WARNING quiets mkdocs-material's banner (its end of life, May 2027; not a build warning).
+# First the tour's fake run (about 15 s on 2 cores), its audit and report, and the screenshot of the report's
+# top at 1280 px that the README and the tour show (docs/img/report-fake.png), so it is always this code's page.
+TOUR_RUN ?= build/tour
 docs: setup
 	test -x $(VENV)/bin/mkdocs || $(PY) -m pip install -q -e ".[docs]"
+	rm -rf $(TOUR_RUN)
+	$(CLI) run --backend fake --policy fake --task Reach,PickPlace --condition all --episodes 0-9 --no-progress --run-dir $(TOUR_RUN) > /dev/null
+	$(CLI) audit $(TOUR_RUN) > /dev/null
+	$(CLI) report $(TOUR_RUN) --no-progress
+	$(PY) -m robocasa_shift.report.browser $(TOUR_RUN)/report/index.html docs/img/report-fake.png --width 1280 --height 1000
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 # The main job: a small, real paired study on the embedded default backend, end to end:

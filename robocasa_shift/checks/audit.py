@@ -162,11 +162,12 @@ def audit_run(run_dir: Path | str, phase: str = "formal") -> CheckResult:
 
     Raises:
         UnknownNameError: ``phase`` is not a phase of the protocol.
+        RunDirError: ``run_dir`` has no manifest (not a run directory: nothing is written into it).
     """
     if phase not in seeding.PHASES:
         raise UnknownNameError("phase", phase, list(seeding.PHASES))
     store = RunStore(run_dir)
-    manifest = store.manifest() or {}
+    manifest = store.require_manifest("audit")
     protocol = specs.load_protocol()
     all_entries = store.record_entries()
     entries = [(file, rec) for file, rec in all_entries if rec["phase"] == phase]
@@ -186,8 +187,9 @@ def audit_run(run_dir: Path | str, phase: str = "formal") -> CheckResult:
                               "run_problems": [], "tasks": {},
                               "other_phases": {p: n for p, n in by_phase.items() if p != phase}}
     if not tasks:
-        report["run_problems"].append(f"no {phase} rollouts planned or recorded; audit another phase with --phase "
-                                      f"(records by phase: {by_phase})")
+        elsewhere = ", ".join(f"{p} {n}" for p, n in sorted(by_phase.items()))
+        report["run_problems"].append(f"no {phase} rollouts planned or recorded" + (
+            f"; records of other phases: {elsewhere} (audit one with --phase)" if elsewhere else ", nor any other"))
     if manifest.get("spec_hash") not in (None, protocol.spec_hash):
         report["run_problems"].append(
             f"manifest spec hash {manifest.get('spec_hash')} differs from the frozen specs {protocol.spec_hash}"
@@ -277,7 +279,7 @@ def audit_run(run_dir: Path | str, phase: str = "formal") -> CheckResult:
         }
     # A generated asset kit (robocasa's stand-in kitchens): named on every page; records on another kit fail the run.
     report["asset_kit"] = kits.run_asset_kit(manifest)
-    report["banner"] = kits.banner(report["asset_kit"])
+    report["banner"] = kits.run_banner(manifest)
     report["run_problems"] += kits.kit_problems(manifest, [rec for _, rec in all_entries])
     # Branch studies (counterfactual continuations) of this run: seeds, snapshot hashes, fidelity, estimates.
     report["branching"] = audit_branch_studies(run_dir)

@@ -103,9 +103,11 @@ def _report_policy_options(ctx: click.Context, param: click.Parameter, value: Tu
 @click.option("--min-effect", default=0.10, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True),
               help="Declared margin: NO CHANGE DETECTED needs the calibrated interval inside +-this dSR and the "
                    "equivalence test, Holm-adjusted across conditions, to reject.")
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="A bar with the time left while the pair videos re-run their rollouts.")
 @handle_errors
 def report_command(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, policy_options: Dict[str, Any],
-                   trust_run_dir: bool, min_effect: float) -> None:
+                   trust_run_dir: bool, min_effect: float, progress: bool) -> None:
     """RUN_DIR/report/index.html: tables, figures and side-by-side videos of matched pairs.
 
     Also refreshes RUN_DIR/analysis/ (summary.json, CSV tables) and the audit.
@@ -113,17 +115,26 @@ def report_command(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, pol
     each re-run reproduced the recorded outcome and subgoal steps exactly.
     The re-runs rebuild the run's policy, but where it connects and how it
     decodes replies come from this command line, not from RUN_DIR (which
-    anyone may have written), unless --trust-run-dir is given.
+    anyone may have written), unless --trust-run-dir is given. A run with
+    planned rollouts not yet recorded gets a page that says so, and exit 1.
+    A folder without a manifest is not a run: nothing is written (exit 4).
     """
     page = build_report(run_dir, videos_per_kind=videos_per_kind, bootstrap_seed=bootstrap_seed,
-                        min_effect=min_effect, policy_options=policy_options, trust_run_dir=trust_run_dir)
+                        min_effect=min_effect, policy_options=policy_options, trust_run_dir=trust_run_dir,
+                        progress=progress)
     from robocasa_shift.core import kits
+    from robocasa_shift.errors import CheckFailed
+    from robocasa_shift.report.page import incomplete_notice
     from robocasa_shift.rundir.store import RunStore
 
-    banner = kits.banner(kits.run_asset_kit(RunStore(run_dir).manifest()))
+    store = RunStore(run_dir)
+    banner = kits.run_banner(store.manifest())
     if banner:
         click.echo(banner)
     click.echo(f"report -> {page}")
+    incomplete = incomplete_notice(store)
+    if incomplete:  # the page says so at its top; a script must not take it for the finished study's
+        raise CheckFailed(incomplete)
 
 
 @click.command(name="compare")

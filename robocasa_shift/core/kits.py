@@ -15,6 +15,9 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 STANDIN = "standin"
 STANDIN_BANNER = "STAND-IN KIT - not RoboCasa results"
+# The fake backend (a point gripper in a plane) exists to test the harness: its verdicts describe that toy.
+TESTING_BACKEND = "fake"
+TESTING_BANNER = "FAKE TESTING BACKEND - not robot results"
 
 
 def run_asset_kit(manifest: Optional[Mapping[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -62,6 +65,15 @@ def banner(kit: Optional[Mapping[str, Any]]) -> Optional[str]:
         return None
     return (f"{STANDIN_BANNER} (generated stand-in kit v{kit.get('version')}, sha256 {str(kit.get('sha256'))[:12]}: "
             f"primitive geometry under RoboCasa's names; it tests the harness, not RoboCasa's numbers)")
+
+
+def run_banner(manifest: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """The line every page of a run starts with: the stand-in kit's, or the fake backend's (None otherwise)."""
+    kit_line = banner(run_asset_kit(manifest))
+    if kit_line or (manifest or {}).get("backend") != TESTING_BACKEND:
+        return kit_line
+    return (f"{TESTING_BANNER} (the fake backend: a point gripper in a plane; its numbers test the harness and say "
+            f"nothing about robots)")
 
 
 def same_kit_or_raise(kit_a: Optional[Mapping[str, Any]], kit_b: Optional[Mapping[str, Any]], what_a: str,

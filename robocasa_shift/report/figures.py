@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -27,11 +27,26 @@ def _save(fig, path: Path) -> None:
     _plt().close(fig)
 
 
-def fig_macro_dsr(summary: Dict[str, Any], path: Path, factor_order: Sequence[str]) -> None:
+def factor_groups(conditions, factor_order: Sequence[str]) -> List[Tuple[str, str, List[str]]]:
+    """[(family, factor, [its conditions, level by level])]: families in the order of ``core.shifts.FAMILIES``,
+    factors within a family in ``factor_order``. The one order of the verdict grid and the dSR figure."""
+    from robocasa_shift.core.factors import FACTOR_KINDS
+    from robocasa_shift.core.shifts import FAMILIES
+    from robocasa_shift.core.specs import load_protocol
+
+    protocol = load_protocol()
+    families = {f: FACTOR_KINDS.get(protocol.factor(f).kind).family or "other" for f in protocol.factor_order}
+    order = list(FAMILIES) + ["other"]
+    groups = [(families.get(factor, "other"), factor, levels) for factor, levels in factor_levels(conditions, factor_order)]
+    return sorted(groups, key=lambda g: order.index(g[0]))  # stable: factor_order within a family
+
+
+def fig_macro_dsr(summary: Dict[str, Any], path: Path, factor_order: Sequence[str]) -> List[str]:
     """Macro dSR per condition with both intervals: the calibrated one first (the verdicts' interval, bold), the
-    paper's percentile bootstrap beside it for comparison, each with its measured coverage in the legend."""
+    paper's percentile bootstrap beside it for comparison, each with its measured coverage in the legend.
+    Returns the factors in the order drawn (:func:`factor_groups`)."""
     plt = _plt()
-    groups = dict(factor_levels(summary["conditions"], factor_order))
+    groups = {factor: levels for _, factor, levels in factor_groups(summary["conditions"], factor_order)}
     # wide enough for every factor's label above its levels (LIBERO-Plus's dimensions add ten factors)
     fig, ax = plt.subplots(figsize=(max(7.5, 0.42 * sum(len(c) + 0.7 for c in groups.values())), 3.4))
     x, ticks, labels, factor_x = 0, [], [], {}
@@ -65,6 +80,7 @@ def fig_macro_dsr(summary: Dict[str, Any], path: Path, factor_order: Sequence[st
                  f"percentile pair bootstrap (black: the paper's method, for comparison{percentile})", fontsize=7,
                  pad=16, wrap=True)
     _save(fig, path)
+    return list(groups)
 
 
 def _label_color(rgba) -> str:

@@ -25,7 +25,7 @@ figure{margin:1em 0} img{max-width:100%} video{max-width:100%;border:1px solid #
 .scroll{overflow-x:auto;max-width:100%} details{margin:.8em 0} summary{cursor:pointer;font-weight:600}
 .lead{border:1px solid #ddd;border-radius:6px;padding:.2em 1em 1em;background:#fcfcfc}
 .lead h2{margin-top:.8em;border:none} .badge{padding:1px 6px;border-radius:4px;white-space:nowrap}
-.verdicts td{text-align:left}
+.verdicts td{text-align:left;white-space:normal;vertical-align:top}
 """
 
 

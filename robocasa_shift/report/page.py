@@ -24,10 +24,11 @@ from robocasa_shift.analysis.export import records_frame
 from robocasa_shift.analysis.measures import write_analysis
 from robocasa_shift.checks.audit import LABELS, ZERO_CHECKS, read_audit
 from robocasa_shift.core import kits
-from robocasa_shift.core.conditions import Condition, factor_levels
+from robocasa_shift.core.conditions import Condition
 from robocasa_shift.core.specs import load_protocol
 from robocasa_shift.errors import BadInput, RunDirError, UnknownNameError
 from robocasa_shift.report.figures import (
+    factor_groups,
     fig_interactions,
     fig_macro_dsr,
     fig_stage_depth,
@@ -46,7 +47,7 @@ from robocasa_shift.report.html import (
     src,
 )
 from robocasa_shift.report.studies import branching_sections, judge_sections, monitor_sections
-from robocasa_shift.report.videos import make_videos
+from robocasa_shift.report.videos import make_videos, stage_steps_text
 from robocasa_shift.rundir.files import (
     MAX_JSON_BYTES,
     atomic_write_json,
@@ -277,36 +278,24 @@ def _trend_html(summary: Dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- the lead screen
 
 
-def _families() -> Dict[str, str]:
-    """Factor -> its family (scene, sensing, embodiment, language, deployment), from the frozen protocol's kinds."""
-    from robocasa_shift.core.factors import FACTOR_KINDS
-
-    protocol = load_protocol()
-    return {f: FACTOR_KINDS.get(protocol.factor(f).kind).family or "other" for f in protocol.factor_order}
-
-
 def _verdict_grid(summary: Dict[str, Any], factor_order: Sequence[str]) -> str:
-    """One row per factor, grouped by family, one cell per level: macro dSR, calibrated interval and verdict,
-    coloured by verdict."""
-    from robocasa_shift.core.shifts import FAMILIES
-
-    families = _families()
-    order = list(FAMILIES) + ["other"]
-    groups = sorted(factor_levels(summary["conditions"], factor_order),
-                    key=lambda g: order.index(families.get(g[0], "other")))
+    """One row per factor, grouped by family (the dSR figure's order), one cell per level: macro dSR, calibrated
+    interval and verdict on three lines, coloured by verdict, so every level fits a 1280-pixel window."""
+    groups = factor_groups(summary["conditions"], factor_order)
     if not groups:
         return "<p>No perturbed condition in this run.</p>"
-    width = max(len(levels) for _, levels in groups)
+    width = max(len(levels) for _, _, levels in groups)
     rows = []
-    for factor, levels in groups:
-        cells: List[Any] = [families.get(factor, "other"), factor]
+    for family, factor, levels in groups:
+        cells = [f"<td>{esc(family)}</td><td>{esc(factor)}</td>"]
         for c in levels:
             v = summary["conditions"][c]
             verdict = v.get("verdict") or "no valid pair"
-            text = f"{Condition.parse(c).level}: {num(v['macro_dsr'])} {ci(v.get('dsr_ci95_calibrated'))} {verdict}"
-            cells.append((text, VERDICT_CLASS.get(verdict, "")))
-        rows.append(cells + ["-"] * (width - len(levels)))
-    return html_table(["family", "factor", *[f"level {i + 1}" for i in range(width)]], rows, "verdicts")
+            cells.append(f"<td class='{esc(VERDICT_CLASS.get(verdict, ''))}'><b>{esc(Condition.parse(c).level)}</b> "
+                         f"{esc(num(v['macro_dsr']))}<br>{esc(ci(v.get('dsr_ci95_calibrated')))}<br>{esc(verdict)}</td>")
+        rows.append("<tr>" + "".join(cells) + "<td>-</td>" * (width - len(levels)) + "</tr>")
+    head = "".join(f"<th>{esc(h)}</th>" for h in ["family", "factor", *[f"level {i + 1}" for i in range(width)]])
+    return f"<table class='verdicts'><tr>{head}</tr>{''.join(rows)}</table>"
 
 
 INTERACTION_HEADER = ["combination A+B", "episodes (quadruples)", "dSR(A)", "dSR(B)", "dSR(A) + dSR(B)", "dSR(A+B)",
@@ -415,11 +404,14 @@ def _stage_story(summary: Dict[str, Any], stage_names: Dict[str, List[str]]) -> 
     return text
 
 
-def _lead(summary: Dict[str, Any], manifest: Mapping[str, Any], audit: Optional[Dict[str, Any]],
+def _lead(run_dir: Path, summary: Dict[str, Any], manifest: Mapping[str, Any], audit: Optional[Dict[str, Any]],
           audit_note: Optional[str], stage_names: Dict[str, List[str]], factor_order: Sequence[str],
           formal: pd.DataFrame) -> str:
     policy = (manifest.get("policy") or {}).get("name", "?") if isinstance(manifest.get("policy"), dict) else "?"
     episodes = formal[formal["condition"] == "clean"]["episode"].nunique()
+    planned = len({k.episode for k in RunStore(run_dir).planned_keys() if k.phase == "formal"})
+    episodes_text = f"{episodes} base episode(s) each" if planned <= episodes else \
+        f"{episodes} of {planned} planned base episode(s) recorded"
     clean = summary["conditions"]["clean"]["macro_sr"]
     if audit is None:
         status = ("audit missing: run robocasa-shift audit", "warn")
@@ -428,7 +420,7 @@ def _lead(summary: Dict[str, Any], manifest: Mapping[str, Any], audit: Optional[
     else:
         status = ("audit PASSED", "good") if audit["passed"] else ("audit FAILED", "bad")
     facts = (f"Policy <b>{esc(policy)}</b> on backend <b>{esc(manifest.get('backend', '?'))}</b>: "
-             f"{len(summary['tasks'])} task(s) ({esc(', '.join(summary['tasks']))}), {episodes} base episode(s) each, "
+             f"{len(summary['tasks'])} task(s) ({esc(', '.join(summary['tasks']))}), {episodes_text}, "
              f"{len(summary['conditions'])} conditions. Clean macro success "
              f"{'not computed (a task has no valid clean rollout)' if clean is None else f'{clean:.3f}'}. "
              f"<span class='{status[1]} badge'>{esc(status[0])}</span>")
@@ -511,8 +503,21 @@ def _record_kits(df: pd.DataFrame) -> List[Dict[str, Any]]:
             for a, s in zip(df["asset_kit"].fillna(""), df["asset_kit_sha256"].fillna(""))]
 
 
+def incomplete_notice(store: RunStore) -> Optional[str]:
+    """A sentence when formal rollouts planned on the run are not recorded yet (a run in progress, or stopped)."""
+    planned = [k for k in store.planned_keys() if k.phase == "formal"]
+    recorded = {k for k in store.recorded_keys() if k.phase == "formal"}
+    missing = [k for k in planned if k not in recorded]
+    if not missing:
+        return None
+    episodes = len({(k.task, k.episode) for k in planned})
+    return (f"INCOMPLETE RUN: {len(planned) - len(missing)} of {len(planned)} planned formal rollouts are recorded "
+            f"({episodes} task-episode pairs planned); every number here is from the recorded part. Finish the run "
+            f"(the same command skips what is recorded), then report again.")
+
+
 def _banner_html(text: str) -> str:
-    """The stand-in kit's label, at the top and the bottom of the page."""
+    """The run's label (stand-in kit, fake backend), at the top and the bottom of the page."""
     return (f"<p class='standin-banner' style='background:#a40000;color:#fff;font-weight:bold;padding:0.6em;"
             f"font-size:1.1em'>{esc(text)}</p>")
 
@@ -550,7 +555,8 @@ def _video_section(videos: List[Dict[str, Any]], videos_per_kind: int, external_
             "<b>re-run did NOT reproduce the record</b>: " + esc("; ".join(v["problems"]))
         parts.append(f"<h3>{esc(v['kind'])}: {esc(v['task'])} episode {esc(v['episode'])}, {esc(v['condition'])}</h3>"
                      f"<video controls preload='metadata' src='{src(v['file'])}'></video><p class='small'>{status}. "
-                     f"Clean subgoal steps {esc(v['clean_stage_steps'])}, perturbed {esc(v['perturbed_stage_steps'])}.</p>")
+                     f"Subgoal steps, clean: {esc(stage_steps_text(v['subgoals'], v['clean_stage_steps']))}; "
+                     f"perturbed: {esc(stage_steps_text(v['subgoals'], v['perturbed_stage_steps']))}.</p>")
     return parts
 
 
@@ -574,23 +580,28 @@ def _check_reports(run_dir: Path) -> List[str]:
 
 def build_report(run_dir: Path | str, videos_per_kind: int = 2, bootstrap_seed: int = 0, n_boot: int = 10000,
                  min_effect: float = 0.10, policy_options: Optional[Mapping[str, Any]] = None,
-                 trust_run_dir: bool = False) -> Path:
+                 trust_run_dir: bool = False, progress: bool = False) -> Path:
     """Write ``run_dir/report/index.html`` with its figures and videos; return the page's path.
 
     The pair videos re-run rollouts with the run's policy; where it connects and how it decodes
     replies come from ``policy_options`` (the caller's command line), never from the run
-    directory, unless ``trust_run_dir`` (see ``engine.replay.replay_policy_options``).
+    directory, unless ``trust_run_dir`` (see ``engine.replay.replay_policy_options``). ``progress``: a bar
+    with the time left while the pair videos re-run their rollouts.
+
+    Raises:
+        RunDirError: ``run_dir`` has no manifest (not a run directory: nothing is written into it).
     """
     run_dir = Path(run_dir)
     with confined(run_dir):  # below the run directory nothing is read or written through a symbolic link
         return _build_report(run_dir, videos_per_kind, bootstrap_seed, n_boot, min_effect, policy_options,
-                             trust_run_dir)
+                             trust_run_dir, progress)
 
 
 def _build_report(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, n_boot: int, min_effect: float,
-                  policy_options: Optional[Mapping[str, Any]], trust_run_dir: bool) -> Path:
+                  policy_options: Optional[Mapping[str, Any]], trust_run_dir: bool, progress: bool) -> Path:
     out = run_dir / "report"
-    manifest = RunStore(run_dir).manifest() or {}
+    store = RunStore(run_dir)
+    manifest = store.require_manifest("report")
     df, unknown = _known_conditions(records_frame(run_dir))
     audit, audit_note = read_audit(run_dir)
     factor_order = load_protocol().factor_order
@@ -598,9 +609,12 @@ def _build_report(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, n_bo
     mixed = kits.kit_problems(manifest, _record_kits(df))
     if mixed:
         raise RunDirError(f"{run_dir}: no report of a run that mixes asset kits: {'; '.join(mixed)}")
-    kit_banner = kits.banner(kit)
+    kit_banner = kits.run_banner(manifest)
     parts = [_banner_html(kit_banner)] if kit_banner else []
     parts.append(f"<h1>robocasa-shift report: {esc(run_dir.name)}</h1>")
+    incomplete = incomplete_notice(store)
+    if incomplete:
+        parts.append(f"<p class='bad'><b>{esc(incomplete)}</b></p>")
     if unknown:
         parts.append("<p class='bad'>Left out: records whose condition is not in the frozen spec: "
                      + esc(", ".join(repr(c) for c in unknown)) + ". The audit fails on such a run directory.</p>")
@@ -624,7 +638,7 @@ def _build_report(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, n_bo
         if summary.get("interactions"):
             fig_interactions(summary, out / "interactions.png")
         parts += [
-            _lead(summary, manifest, audit, audit_note, stage_names, factor_order, formal),
+            _lead(run_dir, summary, manifest, audit, audit_note, stage_names, factor_order, formal),
             "<h2>Paired degradation (macro over tasks)</h2>",
             f"<div class='scroll'>{html_table(DSR_HEADER, dsr_rows(summary))}</div>",
             _statistics_notes(summary),
@@ -658,7 +672,7 @@ def _build_report(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, n_bo
         if summary.get("noise_floor") and summary["noise_floor"]["macro_flip_rate"] is not None:
             nf = summary["noise_floor"]
             parts.append(f"<p>Clean-vs-clean flip rate (noise floor, replicate 1): macro {nf['macro_flip_rate']:.3f}</p>")
-        videos = make_videos(run_dir, df, out, videos_per_kind, policy_options, trust_run_dir)
+        videos = make_videos(run_dir, df, out, videos_per_kind, policy_options, trust_run_dir, progress)
         external = bool((manifest.get("policy") or {}).get("driver")) if isinstance(manifest.get("policy"), dict) else False
         parts += _video_section(videos, videos_per_kind, external)
     else:
@@ -676,7 +690,7 @@ def _build_report(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, n_bo
     parts.append(_run_details(run_dir, manifest, len(df)))
     if kit_banner:
         parts.append(_banner_html(kit_banner))
-    title = f"{kits.STANDIN_BANNER}: " if kit_banner else ""
+    title = f"{kits.STANDIN_BANNER if kits.is_standin(kit) else kits.TESTING_BANNER}: " if kit_banner else ""
     page = (f"<!doctype html><html><head><meta charset='utf-8'><meta name='viewport' content='width=device-width'>"
             f"<title>{esc(title)}robocasa-shift report: {esc(run_dir.name)}</title><style>{CSS}</style></head>"
             f"<body>{''.join(parts)}</body></html>")

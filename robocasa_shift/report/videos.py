@@ -21,30 +21,55 @@ from robocasa_shift.rundir.files import atomic_write_bytes
 from robocasa_shift.rundir.store import RunStore
 
 VIDEO_SCALE = 2  # frames are upscaled for viewing
+MIN_PANEL_WIDTH = 320  # small frames (the fake backend's 64 px) are upscaled further, so the overlay text has room
 VIDEO_FPS = 20  # the control rate: videos play in real time
+MARGIN = 6  # pixels of white left of and right of every overlay line
+
+
+def panel_scale(frame_width: int) -> int:
+    """The integer upscaling of a frame: at least :data:`VIDEO_SCALE`, and enough for :data:`MIN_PANEL_WIDTH`."""
+    return max(VIDEO_SCALE, -(-MIN_PANEL_WIDTH // max(int(frame_width), 1)))
+
+
+def put_fitted(image: np.ndarray, text: str, origin: Tuple[int, int], scale: float, color, thickness: int = 1) -> None:
+    """``cv2.putText``, the font shrunk until the line ends :data:`MARGIN` pixels inside the image (never cut)."""
+    import cv2
+
+    font = cv2.FONT_HERSHEY_SIMPLEX
+    room = image.shape[1] - origin[0] - MARGIN
+    while scale > 0.2 and cv2.getTextSize(text, font, scale, thickness)[0][0] > room:
+        scale *= 0.9
+    cv2.putText(image, text, origin, font, scale, color, thickness, cv2.LINE_AA)
 
 
 def _panel(frames: List[np.ndarray], title: str, goals: List[str], done: Dict[str, int], step: int, flash: bool,
            outcome: Optional[str]) -> np.ndarray:
     import cv2
 
-    tiles = [cv2.resize(f, None, fx=VIDEO_SCALE, fy=VIDEO_SCALE, interpolation=cv2.INTER_NEAREST) for f in frames]
+    scale = panel_scale(frames[0].shape[1])
+    tiles = [cv2.resize(f, None, fx=scale, fy=scale, interpolation=cv2.INTER_NEAREST) for f in frames]
     body = np.concatenate(tiles, axis=0)
     if flash:
         cv2.rectangle(body, (0, 0), (body.shape[1] - 1, body.shape[0] - 1), (60, 200, 60), 6)
     w = body.shape[1]
     head = np.full((28, w, 3), 255, np.uint8)
-    cv2.putText(head, f"{title}  step {step}", (6, 19), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 1, cv2.LINE_AA)
+    put_fitted(head, f"{title}  step {step}", (MARGIN, 19), 0.5, (0, 0, 0))
     foot = np.full((18 * len(goals) + 30, w, 3), 255, np.uint8)
     for i, g in enumerate(goals):
         ok = g in done
         color = (40, 150, 40) if ok else (150, 150, 150)
         text = f"{'[x]' if ok else '[ ]'} g{i + 1} {g}" + (f" @{done[g]}" if ok else "")
-        cv2.putText(foot, text, (6, 16 + 18 * i), cv2.FONT_HERSHEY_SIMPLEX, 0.42, color, 1, cv2.LINE_AA)
+        put_fitted(foot, text, (MARGIN, 16 + 18 * i), 0.42, color)
     if outcome:
         color = (40, 150, 40) if outcome == "SUCCESS" else (200, 40, 40)
-        cv2.putText(foot, outcome, (6, 18 * len(goals) + 22), cv2.FONT_HERSHEY_SIMPLEX, 0.6, color, 2, cv2.LINE_AA)
+        put_fitted(foot, outcome, (MARGIN, 18 * len(goals) + 22), 0.6, color, 2)
     return np.concatenate([head, body, foot], axis=0)
+
+
+def stage_steps_text(goals: List[str], steps: List[Optional[int]]) -> str:
+    """Subgoal steps in words: ``g1 grasp_object @7, g2 carry_to_target not reached``."""
+    return ", ".join(f"g{i + 1} {g} " + ("not reached" if s is None else f"@{s}")
+                     for i, (g, s) in enumerate(zip(goals, steps)))
 
 
 def compose_video(path: Path, left: FrameCapture, right: FrameCapture, titles: Tuple[str, str], goals: List[str],
@@ -109,8 +134,14 @@ def select_pairs(df: pd.DataFrame, per_kind: int = 2) -> List[Tuple[str, Dict[st
 
 
 def make_videos(run_dir: Path, df: pd.DataFrame, out: Path, per_kind: int = 2,
-                policy_options: Optional[Mapping[str, Any]] = None, trust_run_dir: bool = False) -> List[Dict[str, Any]]:
-    """Re-run the selected pairs with frame capture and write one side-by-side MP4 per pair."""
+                policy_options: Optional[Mapping[str, Any]] = None, trust_run_dir: bool = False,
+                progress: bool = False) -> List[Dict[str, Any]]:
+    """Re-run the selected pairs with frame capture and write one side-by-side MP4 per pair.
+
+    ``progress``: a bar on stderr with the pairs done and the time left (each pair re-runs two rollouts).
+    """
+    from tqdm import tqdm
+
     pairs = select_pairs(df, per_kind)
     if not pairs:
         return []
@@ -120,7 +151,9 @@ def make_videos(run_dir: Path, df: pd.DataFrame, out: Path, per_kind: int = 2,
         return []
     stored = {RolloutKey.from_record(r): r for r in store.records()}
     videos = []
-    with Replayer(manifest, policy_options, trust_run_dir) as replayer:
+    bar = tqdm(total=len(pairs), desc="pair videos (2 rollouts re-run each)", unit="pair", disable=not progress,
+               dynamic_ncols=True)
+    with Replayer(manifest, policy_options, trust_run_dir) as replayer, bar:
         for n, (kind, clean_row, pert_row) in enumerate(pairs, start=1):
             task, ep = clean_row["task"], int(clean_row["episode"])
             keys = [RolloutKey("formal", task, ep, cond) for cond in ("clean", pert_row["condition"])]
@@ -134,4 +167,5 @@ def make_videos(run_dir: Path, df: pd.DataFrame, out: Path, per_kind: int = 2,
                            "problems": clean.problems + perturbed.problems,
                            "clean_stage_steps": clean.record.stage_steps,
                            "perturbed_stage_steps": perturbed.record.stage_steps, "subgoals": goals})
+            bar.update(1)
     return videos

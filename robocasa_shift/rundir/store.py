@@ -257,6 +257,18 @@ class RunStore:
         """``D/manifest.json``."""
         return self.root / MANIFEST
 
+    def require_manifest(self, command: str) -> Dict[str, Any]:
+        """The run's manifest; a folder without one is not a run directory, and ``command`` writes nothing into it.
+
+        Raises:
+            RunDirError: ``D/manifest.json`` does not exist.
+        """
+        manifest = self.manifest()
+        if manifest is None:
+            raise RunDirError(f"{self.root}: not a run directory (no {MANIFEST}; a command that runs rollouts writes "
+                              f"one); {command} wrote nothing")
+        return manifest
+
     def manifest(self) -> Optional[Dict[str, Any]]:
         """The run's manifest, or None before the first command wrote one."""
         if not os.path.lexists(self.manifest_path):
