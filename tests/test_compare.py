@@ -62,7 +62,7 @@ def test_compare_names_verdicts_from_the_side_of_run_a_against_baseline_b(decisi
         # A (random) never succeeds where B (expert) fails: A is worse than its baseline
         assert v["macro_success_diff"] == -1.0 and v["a_only_success"] == 0 and v["b_only_success"] == 8
         assert v["success_diff_ci95_calibrated"][1] < 0 and v["verdict"] == "REGRESSED"
-    assert "REGRESSED" in proc.stdout and "IMPROVED" not in proc.stdout.split("\n", 1)[1]
+    assert "REGRESSED" in proc.stdout and "IMPROVED" not in proc.stdout.split("than B\n", 1)[1]
     assert "the baseline" in (worse / "compare.md").read_text()
 
 

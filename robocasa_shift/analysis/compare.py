@@ -99,6 +99,14 @@ def compare_runs(run_a: Path | str, run_b: Path | str, phase: str = "formal", n_
         AnalysisError: the runs differ in spec hash, study seed, backend or a shared task's stage
             spec, or share no valid pair.
     """
+    out = _measure_pair(run_a, run_b, phase, n_boot, bootstrap_seed, min_effect)
+    _decide_family([out], min_effect)
+    return out
+
+
+def _measure_pair(run_a: Path | str, run_b: Path | str, phase: str, n_boot: int, bootstrap_seed: int,
+                  min_effect: float) -> Dict[str, Any]:
+    """Every measure of ``compare_runs`` before the Holm adjustments and verdicts (:func:`_decide_family`)."""
     ma, mb = RunStore(run_a).manifest() or {}, RunStore(run_b).manifest() or {}
     for field in ("spec_hash", "study_seed", "backend"):
         if ma.get(field) != mb.get(field):
@@ -121,7 +129,7 @@ def compare_runs(run_a: Path | str, run_b: Path | str, phase: str = "formal", n_
     merged["depth_ok"] = ~(merged.stage_error_a | merged.stage_error_b)
     out: Dict[str, Any] = {
         "asset_kit": kit,
-        "banner": kits.banner(kit),
+        "banner": kits.run_banner(ma),
         "a": {"run": str(run_a), "policy": ma.get("policy")},
         "b": {"run": str(run_b), "policy": mb.get("policy")},
         "baseline": "b",
@@ -153,23 +161,49 @@ def compare_runs(run_a: Path | str, run_b: Path | str, phase: str = "formal", n_
         out["conditions"][cond] = _compare_condition(merged[merged.condition == cond], both[both.condition == cond],
                                                      reasons[(both.condition == cond).to_numpy()], tasks, cond,
                                                      n_boot, bootstrap_seed)
-    adjusted = holm_adjust({c: v["mcnemar_p"] for c, v in out["conditions"].items()})
-    headline = holm_adjust({c: (v["signflip"] or {}).get("p") for c, v in out["conditions"].items()})
-    # NO CHANGE DETECTED is Holm-controlled across the conditions too (the equivalence tests the interval inverts)
-    equivalence = equivalence_p_values({c: v.pop("_task_counts") for c, v in out["conditions"].items()}, min_effect)
+    return out
+
+
+FAMILY_OF_PAIRS = {
+    "signflip": "the stratified sign-flip test of the macro success difference, across every pair of runs and "
+                "every condition",
+    "mcnemar": "the pooled McNemar test (a diagnostic), across every pair of runs and every condition",
+    "equivalence": "the equivalence tests at +-min_effect, across every pair of runs and every condition (NO CHANGE "
+                   "DETECTED needs p_holm < 0.025)",
+}
+
+
+def _decide_family(comparisons: List[Dict[str, Any]], min_effect: float) -> None:
+    """Holm-adjust the tests of every (comparison, condition) as one family, then read each interval's verdict.
+
+    One comparison: the family is its conditions. Several (``compare R1 R2 R3 ...``): every pair of runs and
+    every condition, so a verdict anywhere in the robustness table keeps the family-wise error.
+    """
+    keys = [(i, c) for i, result in enumerate(comparisons) for c in result["conditions"]]
+
+    def cell(key):
+        return comparisons[key[0]]["conditions"][key[1]]
+
+    adjusted = holm_adjust({k: cell(k)["mcnemar_p"] for k in keys})
+    headline = holm_adjust({k: (cell(k)["signflip"] or {}).get("p") for k in keys})
+    # NO CHANGE DETECTED is Holm-controlled across the family too (the equivalence tests the interval inverts)
+    equivalence = equivalence_p_values({k: cell(k).pop("_task_counts") for k in keys}, min_effect)
     equivalence_holm = holm_adjust(equivalence)
-    for c, v in out["conditions"].items():
-        v["mcnemar_p_holm"] = adjusted[c]
+    for k in keys:
+        v = cell(k)
+        v["mcnemar_p_holm"] = adjusted[k]
         if v["signflip"] is not None:
-            v["signflip"]["p_holm"] = headline[c]
-        v["equivalence"] = {"margin": float(min_effect), "p": equivalence[c], "p_holm": equivalence_holm[c]}
+            v["signflip"]["p_holm"] = headline[k]
+        v["equivalence"] = {"margin": float(min_effect), "p": equivalence[k], "p_holm": equivalence_holm[k]}
         # interval and verdict as one object: extended to 0 where the Holm-adjusted test does not reject
-        chosen = stats.decision(v["success_diff_ci95_calibrated"], headline[c], equivalence_holm[c], min_effect,
+        chosen = stats.decision(v["success_diff_ci95_calibrated"], headline[k], equivalence_holm[k], min_effect,
                                 directions=stats.SUCCESS_DIFF_DIRECTIONS)
         v["success_diff_ci95_calibrated"] = None if chosen is None else chosen["interval"]
         v["success_diff_ci95_calibrated_extended_to_zero"] = None if chosen is None else chosen["extended_to_zero"]
         v["verdict"] = None if chosen is None or v["macro_success_diff"] is None else chosen["verdict"]
-    return out
+    if len(comparisons) > 1:
+        for result in comparisons:
+            result["holm_families"] = dict(FAMILY_OF_PAIRS)
 
 
 def _compare_condition(rows: pd.DataFrame, all_rows: pd.DataFrame, reasons: np.ndarray, tasks: List[str], cond: str,
