@@ -35,6 +35,7 @@ _API = {
     "write_analysis": "robocasa_shift.analysis.measures:write_analysis",
     "audit_run": "robocasa_shift.checks.audit:audit_run",
     "compare_runs": "robocasa_shift.analysis.compare:compare_runs",
+    "compare_many": "robocasa_shift.analysis.compare:compare_many",
     "build_report": "robocasa_shift.report.page:build_report",
 }
 

@@ -90,7 +90,7 @@ def test_a_plain_loop_on_the_fake_backend_records_what_the_harness_records_and_a
     cli("analyze", str(tmp_path / "records.csv"), "--out", str(tmp_path / "analysis"))
     summary = json.loads((tmp_path / "analysis" / "summary.json").read_text())
     assert set(summary["conditions"]) == set(CONDITIONS)
-    compared = cli("compare", str(loop), str(harness))
+    compared = cli("compare", str(loop), str(harness), "--out", str(tmp_path / "compare"))
     assert "camera:L3" in compared
     cli("report", str(loop))  # its matched-pair videos are left out: an external loop cannot be re-run
     assert (loop / "report" / "index.html").exists() and not list((loop / "report").glob("*.mp4"))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -295,17 +295,205 @@ def compare_markdown(result: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_comparison(run_a, run_b, out_dir: Path | str, **kw) -> Dict[str, Any]:
-    """Compare two runs and write compare.json, compare.md and compare_per_task.csv into ``out_dir``."""
+# --------------------------------------------------------------------------- the gate: compare --fail-on
+
+# What a gate may fail on, and the verdicts (B the baseline) that fail it. A condition without a verdict (no valid
+# pair in some task) fails an ``underpowered`` gate too: nothing was shown there.
+FAIL_ON = {"regressed": (stats.REGRESSED,), "underpowered": (stats.UNDERPOWERED, None)}
+
+
+def gate(result: Dict[str, Any], fail_on: Sequence[str]) -> Dict[str, Any]:
+    """Which conditions fail a gate on ``fail_on`` (keys of :data:`FAIL_ON`): ``{"fail_on", "failing", "passed"}``.
+
+    ``regressed``: a condition whose verdict is REGRESSED - A's macro success is below the baseline B's, the
+    calibrated interval of A - B below 0 and the exact sign-flip test rejecting after Holm across the
+    conditions. ``underpowered``: a condition where the study could not tell (UNDERPOWERED, or no verdict).
+    """
+    unknown = [f for f in fail_on if f not in FAIL_ON]
+    if unknown:
+        raise AnalysisError(f"--fail-on {unknown[0]!r}: not one of {', '.join(FAIL_ON)}")
+    failing_verdicts = {v for f in fail_on for v in FAIL_ON[f]}
+    failing = {c: v["verdict"] for c, v in result["conditions"].items() if v["verdict"] in failing_verdicts}
+    return {"fail_on": list(fail_on), "failing": failing, "passed": not failing}
+
+
+def _verdict_line(v: Mapping[str, Any]) -> str:
+    p = (v.get("signflip") or {}).get("p_holm")
+    return (f"{v['verdict'] or 'no verdict'}: A - B success {_fmt(v['macro_success_diff'])}, calibrated 95% CI "
+            f"{_fmt_ci(v['success_diff_ci95_calibrated'])}, sign-flip p (Holm) {_fmt(p, '.3g')}, {v['n_pairs']} pairs, "
+            f"A only {v['a_only_success']}, B only {v['b_only_success']}")
+
+
+def junit_xml(result: Dict[str, Any]) -> str:
+    """The gate as JUnit XML: one test case per condition; a failure where the gate fails, skipped where the
+    comparison could not tell (UNDERPOWERED, or no verdict) and the gate does not fail on it, passed otherwise."""
+    import xml.etree.ElementTree as ET
+
+    verdict_gate = result.get("gate") or gate(result, ())
+    name = f"{Path(result['a']['run']).name} vs {Path(result['b']['run']).name} (baseline)"
+    suite = ET.Element("testsuite", name=f"robocasa-shift compare: {name}", tests=str(len(result["conditions"])))
+    if result.get("banner"):  # the schema puts properties before the test cases
+        ET.SubElement(ET.SubElement(suite, "properties"), "property", name="banner", value=result["banner"])
+    failures = skipped = 0
+    for cond, v in result["conditions"].items():
+        case = ET.SubElement(suite, "testcase", classname="robocasa-shift.compare", name=cond, time="0")
+        text = _verdict_line(v)
+        if cond in verdict_gate["failing"]:
+            failures += 1
+            ET.SubElement(case, "failure", message=text, type=str(v["verdict"] or "no verdict")).text = text
+        elif v["verdict"] in (stats.UNDERPOWERED, None):
+            skipped += 1
+            ET.SubElement(case, "skipped", message=text)
+        ET.SubElement(case, "system-out").text = text
+    suite.set("failures", str(failures))
+    suite.set("errors", "0")
+    suite.set("skipped", str(skipped))
+    return ET.tostring(ET.ElementTree(suite).getroot(), encoding="unicode", xml_declaration=True) + "\n"
+
+
+def outside_runs(out_dir: Path | str, runs: Sequence[Path | str]) -> Path:
+    """``out_dir``, refused when it is a compared run or inside one: a compared run is read, never written.
+
+    Raises:
+        BadInput: ``out_dir`` is inside one of ``runs``.
+    """
+    from robocasa_shift.errors import BadInput
+
+    out = Path(out_dir).resolve()
+    for run in runs:
+        root = Path(run).resolve()
+        if out == root or root in out.parents:
+            raise BadInput(f"--out {out_dir} is inside the compared run {run}: a compared run is read, never "
+                           f"written; choose a folder outside it")
+    return Path(out_dir)
+
+
+def default_out(runs: Sequence[Path | str]) -> Path:
+    """``compare-<A>-vs-<B>[-vs-...]`` in the working directory (never inside a compared run)."""
+    return Path(f"compare-{'-vs-'.join(Path(r).resolve().name for r in runs)}")
+
+
+def write_comparison(run_a, run_b, out_dir: Path | str, fail_on: Sequence[str] = (), **kw) -> Dict[str, Any]:
+    """Compare two runs and write compare.json, compare.md, compare_per_task.csv and junit.xml into ``out_dir``
+    (outside both runs); ``result["gate"]`` says whether the gate on ``fail_on`` passed."""
+    outside_runs(out_dir, (run_a, run_b))
     result = compare_runs(run_a, run_b, **kw)
+    result["gate"] = gate(result, fail_on)
     from robocasa_shift.rundir.files import atomic_write_text, write_csv
 
     out = Path(out_dir)
     atomic_write_text(out / "compare.json", json.dumps(result, indent=1) + "\n")
     atomic_write_text(out / "compare.md", compare_markdown(result))
+    atomic_write_text(out / "junit.xml", junit_xml(result))
     rows: List[Dict[str, Any]] = []
     for c, v in result["conditions"].items():
         for task, t in v["per_task"].items():
             rows.append({"condition": c, "task": task, **{k: t[k] for k in ("n_pairs", "success_diff", "depth_diff", "a_only", "b_only", "mcnemar_p")}})
     write_csv(pd.DataFrame(rows), out / "compare_per_task.csv")
+    return result
+
+
+# --------------------------------------------------------------------------- N runs: the robustness table
+
+
+def _labels(runs: Sequence[Path | str]) -> List[str]:
+    """Each run's label: its folder's name, or its path where two folders share a name."""
+    names = [Path(r).name for r in runs]
+    return [n if names.count(n) == 1 else str(r) for n, r in zip(names, runs)]
+
+
+def _robustness(run_dir: Path | str, phase: str, conditions: Sequence[str]) -> Dict[str, Any]:
+    """One run's own macro success rate per condition and its paired macro dSR (clean twin minus perturbed, on
+    the base episodes where both are valid), each macro an equal-weight mean over the run's tasks."""
+    rows = _run_rows(run_dir, phase)
+    rows = rows[rows.valid.astype(bool)]  # a twin-fingerprint mismatch has cleared valid
+    tasks = sorted(set(rows.task))
+    clean = rows[rows.condition == "clean"].set_index(["task", "episode", "replicate"]).success.astype(float)
+    out: Dict[str, Any] = {}
+    for cond in conditions:
+        here = rows[rows.condition == cond]
+        sr = [here[here.task == t].success.astype(float).mean() for t in tasks if (here.task == t).any()]
+        dsr, n_pairs = [], 0
+        if cond != "clean":
+            for t in tasks:
+                mine = here[here.task == t].set_index(["task", "episode", "replicate"]).success.astype(float)
+                shared = mine.index.intersection(clean.index)
+                n_pairs += len(shared)
+                if len(shared):
+                    dsr.append(float((clean.loc[shared] - mine.loc[shared]).mean()))
+        out[cond] = {"macro_sr": float(np.mean(sr)) if len(sr) == len(tasks) and tasks else None,
+                     "macro_dsr": float(np.mean(dsr)) if len(dsr) == len(tasks) and tasks and cond != "clean" else None,
+                     "n_pairs": n_pairs}
+    return out
+
+
+def compare_many(runs: Sequence[Path | str], phase: str = "formal", n_boot: int = 10000, bootstrap_seed: int = 0,
+                 min_effect: float = stats.MIN_EFFECT) -> Dict[str, Any]:
+    """N runs of the same frozen suite: each run's robustness, and every pair of runs compared pair by pair.
+
+    Every pair (R_i, R_j), i < j, is :func:`compare_runs` of R_i against R_j (R_j the pair's baseline, differences
+    R_i - R_j, paired on the keys both ran validly); the sign-flip, equivalence and McNemar tests of every pair
+    and condition are Holm-adjusted as one family before the verdicts are read.
+
+    Raises:
+        AnalysisError: fewer than 3 runs, or two runs that :func:`compare_runs` refuses to pair.
+    """
+    if len(runs) < 3:
+        raise AnalysisError(f"compare_many needs 3 or more runs, got {len(runs)}; two runs: compare_runs")
+    labels = _labels(runs)
+    pairs = [_measure_pair(runs[i], runs[j], phase, n_boot, bootstrap_seed, min_effect)
+             for i in range(len(runs)) for j in range(i + 1, len(runs))]
+    _decide_family(pairs, min_effect)
+    names = iter((labels[i], labels[j]) for i in range(len(runs)) for j in range(i + 1, len(runs)))
+    for pair, (a, b) in zip(pairs, names):
+        pair["a"]["label"], pair["b"]["label"] = a, b
+    conditions = order_conditions({c for p in pairs for c in p["conditions"]}, load_protocol().factor_order)
+    manifests = [RunStore(r).manifest() or {} for r in runs]
+    return {
+        "banner": pairs[0]["banner"],
+        "runs": [{"label": label, "run": str(r), "policy": m.get("policy")} for label, r, m in zip(labels, runs, manifests)],
+        "spec_hash": pairs[0]["spec_hash"],
+        "conditions": conditions,
+        "robustness": {label: _robustness(r, phase, conditions) for label, r in zip(labels, runs)},
+        "robustness_method": "per run: macro success rate (valid rollouts) and paired macro dSR (clean twin minus "
+                             "perturbed, base episodes valid in both), each an equal-weight mean over tasks",
+        "holm_families": dict(FAMILY_OF_PAIRS),
+        "n_family": sum(len(p["conditions"]) for p in pairs),
+        "min_effect": float(min_effect),
+        "pairs": pairs,
+    }
+
+
+def compare_many_markdown(result: Dict[str, Any]) -> str:
+    """The robustness table and the pairwise verdicts as a Markdown page (compare.md)."""
+    conds = result["conditions"]
+    lines = ([f"**{result['banner']}**", ""] if result.get("banner") else []) + [
+        "# Robustness of several runs on one frozen suite", "",
+        "Runs: " + ", ".join(f"`{r['label']}` ({r['run']})" for r in result["runs"]) + ".", "",
+        "## Each run: macro success rate / paired macro dSR per condition", "",
+        "| run | " + " | ".join(conds) + " |", "|---|" + "---|" * len(conds)]
+    for label, per in result["robustness"].items():
+        cells = [_fmt(per[c]["macro_sr"], ".3f") + ("" if c == "clean" else f" / {_fmt(per[c]['macro_dsr'])}")
+                 for c in conds]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += ["", "## Every pair, A - B (B the baseline of the pair): verdict and macro success difference", "",
+              f"Holm across the family of {result['n_family']} (pair, condition) tests: "
+              f"{result['holm_families']['signflip']}.", "",
+              "| A | B | " + " | ".join(conds) + " |", "|---|---|" + "---|" * len(conds)]
+    for pair in result["pairs"]:
+        cells = [(f"{v['verdict'] or '-'} {_fmt(v['macro_success_diff'])} {_fmt_ci(v['success_diff_ci95_calibrated'])}"
+                  if (v := pair["conditions"].get(c)) else "-") for c in conds]
+        lines.append(f"| {pair['a']['label']} | {pair['b']['label']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_many(runs: Sequence[Path | str], out_dir: Path | str, **kw) -> Dict[str, Any]:
+    """:func:`compare_many`, written into ``out_dir`` (outside every run): compare.json, compare.md."""
+    outside_runs(out_dir, runs)
+    result = compare_many(runs, **kw)
+    from robocasa_shift.rundir.files import atomic_write_text
+
+    out = Path(out_dir)
+    atomic_write_text(out / "compare.json", json.dumps(result, indent=1) + "\n")
+    atomic_write_text(out / "compare.md", compare_many_markdown(result))
     return result

@@ -7,7 +7,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import click
 
-from robocasa_shift.analysis.compare import write_comparison
+from robocasa_shift.analysis.compare import FAIL_ON, compare_many_markdown, default_out, write_comparison, write_many
 from robocasa_shift.analysis.export import export_records
 from robocasa_shift.analysis.measures import load_records, write_analysis
 from robocasa_shift.cli.common import handle_errors, parse_policy_options
@@ -138,26 +138,60 @@ def report_command(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, pol
 
 
 @click.command(name="compare")
-@click.argument("run_a", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.argument("run_b", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder for compare.json/.md [default: RUN_A/compare-<name of RUN_B>].")
+              help="Folder for the results, outside every compared run [default: ./compare-A-vs-B].")
+@click.option("--fail-on", "fail_on", multiple=True, type=click.Choice(sorted(FAIL_ON)),
+              help="Exit 1 when a condition's verdict is REGRESSED (A below the baseline B, Holm-adjusted), or "
+                   "UNDERPOWERED / none (the study could not tell); repeatable. Two runs only.")
 @click.option("--seed", "bootstrap_seed", default=0, show_default=True, help="Bootstrap seed (recorded).")
 @click.option("--min-effect", default=0.10, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True),
-              help="Declared margin: NO CHANGE DETECTED needs the calibrated interval inside +-this dSR and the "
-                   "equivalence test, Holm-adjusted across conditions, to reject.")
+              help="Declared margin: NO CHANGE DETECTED needs the calibrated interval inside +-this difference and "
+                   "the equivalence test, Holm-adjusted across conditions, to reject.")
 @handle_errors
-def compare_command(run_a: Path, run_b: Path, out_dir: Optional[Path], bootstrap_seed: int, min_effect: float) -> None:
-    """Two policies (or versions) on the same frozen suite, pair by pair (A - B, B the baseline).
+def compare_command(runs: Tuple[Path, ...], out_dir: Optional[Path], fail_on: Tuple[str, ...], bootstrap_seed: int,
+                    min_effect: float) -> None:
+    """Runs of one frozen suite, pair by pair: A B (B the baseline), or R1 R2 R3 ... (a robustness table).
 
-    Verdicts read from A's side: IMPROVED (A succeeds more than B), REGRESSED,
-    NO CHANGE DETECTED, UNDERPOWERED. Refused when the runs' spec hashes, study seeds or stage specs differ. Per
-    condition: paired success and stage-depth differences with bootstrap CIs,
-    the calibrated interval, the exact stratified sign-flip test (Holm-adjusted)
-    and a verdict; McNemar on the discordant pairs as a pooled diagnostic.
+    \b
+    Two runs: A - B per condition, paired by key (same base episode, initial
+    state and perturbation): success and stage-depth differences, the
+    calibrated interval, the exact stratified sign-flip test (Holm across the
+    conditions) and a verdict from A's side: IMPROVED, REGRESSED, NO CHANGE
+    DETECTED, UNDERPOWERED. Writes compare.json, compare.md,
+    compare_per_task.csv and junit.xml (one test case per condition).
+    --fail-on regressed makes it a gate: exit 1 when any condition REGRESSED.
+    Three or more: each run's success rate and paired dSR per condition, and
+    every pair compared the same way, Holm across every pair and condition;
+    writes compare.json, compare.md and robustness.png (runs x conditions).
+    Refused when the runs' spec hashes, study seeds, backends, stage specs or
+    asset kits differ.
+
+    \b
+    Example (a CI gate, the baseline's run kept from an earlier job):
+      robocasa-shift compare runs/candidate runs/baseline --fail-on regressed --out gate
     """
-    out_dir = out_dir or run_a / f"compare-{run_b.name}"
-    result = write_comparison(run_a, run_b, out_dir, bootstrap_seed=bootstrap_seed, min_effect=min_effect)
+    from robocasa_shift.errors import BadInput, CheckFailed
+
+    if len(runs) < 2:
+        raise BadInput(f"compare needs two runs or more, got {len(runs)}")
+    if fail_on and len(runs) > 2:
+        raise BadInput("--fail-on gates one candidate against one baseline: give two runs (A B)")
+    out_dir = out_dir or default_out(runs)
+    if len(runs) > 2:
+        result = write_many(runs, out_dir, bootstrap_seed=bootstrap_seed, min_effect=min_effect)
+        from robocasa_shift.report.figures import fig_robustness
+
+        fig_robustness(result, out_dir / "robustness.png")
+        if result.get("banner"):
+            click.echo(result["banner"])
+        table = compare_many_markdown(result).split("## Each run: ")[1].split("## Every pair")[0]
+        click.echo(table.strip())
+        click.echo(f"-> {out_dir}/compare.md, {out_dir}/robustness.png")
+        return
+    run_a, run_b = runs
+    result = write_comparison(run_a, run_b, out_dir, fail_on=fail_on, bootstrap_seed=bootstrap_seed,
+                              min_effect=min_effect)
     if result.get("banner"):
         click.echo(result["banner"])
     click.echo(f"A = {run_a}, B = {run_b} (the baseline): IMPROVED / REGRESSED say whether A succeeds more / less than B")
@@ -166,7 +200,13 @@ def compare_command(run_a: Path, run_b: Path, out_dir: Optional[Path], bootstrap
         signed = {k: "-" if v[k] is None else format(v[k], "+.3f") for k in ("macro_success_diff", "macro_depth_diff")}
         click.echo(f"  {cond:<18} success {signed['macro_success_diff']}  depth {signed['macro_depth_diff']}  "
                    f"sign-flip p(Holm) {'-' if p is None else format(p, '.3g')}  {v['verdict'] or '-'}")
-    click.echo(f"-> {out_dir}/compare.md")
+    click.echo(f"-> {out_dir}/compare.md, {out_dir}/junit.xml")
+    verdict_gate = result["gate"]
+    if not verdict_gate["passed"]:
+        raise CheckFailed(f"gate failed (--fail-on {', '.join(fail_on)}): " + ", ".join(
+            f"{c} {v or 'no verdict'}" for c, v in verdict_gate["failing"].items()))
+    if fail_on:
+        click.echo(f"gate passed (--fail-on {', '.join(fail_on)})")
 
 
 COMMANDS = [export_command, analyze_command, report_command, compare_command]

@@ -179,3 +179,38 @@ def fig_interactions(summary: Dict[str, Any], path: Path) -> None:
     ax.set_title("Combined shifts: dSR(A+B) against dSR(A) + dSR(B); interaction = the difference", fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     _save(fig, path)
+
+
+def fig_robustness(result: Dict[str, Any], path: Path) -> List[str]:
+    """``compare R1 R2 R3 ...``: each run's paired macro dSR as a heat map, runs down, conditions across grouped
+    by factor (:func:`factor_groups`), the clean success rate beside each run's name. Returns the columns drawn."""
+    from robocasa_shift.core.specs import load_protocol
+
+    plt = _plt()
+    groups = factor_groups(result["conditions"], load_protocol().factor_order)
+    conds = [c for _, _, levels in groups for c in levels]
+    runs = list(result["robustness"])
+    grid = np.array([[np.nan if result["robustness"][r][c]["macro_dsr"] is None else result["robustness"][r][c]["macro_dsr"]
+                      for c in conds] for r in runs], dtype=float)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(conds) + 2.5), 1.4 + 0.45 * len(runs)))
+    cmap, norm = plt.get_cmap("RdBu_r"), plt.Normalize(vmin=-1, vmax=1)
+    im = ax.imshow(grid, cmap=cmap, norm=norm, aspect="auto")
+    ax.set_xticks(range(len(conds)), [Condition.parse(c).level for c in conds], fontsize=8)
+    clean = [result["robustness"][r].get("clean", {}).get("macro_sr") for r in runs]
+    ax.set_yticks(range(len(runs)), [f"{r} (clean SR {'-' if s is None else f'{s:.2f}'})" for r, s in zip(runs, clean)],
+                  fontsize=8)
+    start = 0
+    for _, factor, levels in groups:
+        ax.text(start + (len(levels) - 1) / 2, -0.7, factor, ha="center", va="bottom", fontsize=8)
+        if start:
+            ax.axvline(start - 0.5, color="white", lw=2)
+        start += len(levels)
+    for i in range(len(runs)):
+        for j in range(len(conds)):
+            if not np.isnan(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                        color=_label_color(cmap(norm(grid[i, j]))))
+    fig.colorbar(im, ax=ax, label="macro dSR (clean - perturbed)")
+    ax.set_title("Robustness: each run's paired degradation per factor and level", fontsize=9, pad=24)
+    _save(fig, path)
+    return conds
