@@ -23,7 +23,7 @@ import json
 import numpy as np
 
 from robocasa_shift.core.policy import Observation
-from robocasa_shift.policies.fake import FakePolicy
+from robocasa_shift.policies.scripted.fake import FakePolicy
 
 CHUNK = 4
 INSTRUCTION_TASKS = {"put the red object on the green target": "PickPlace"}

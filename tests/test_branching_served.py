@@ -28,7 +28,7 @@ from robocasa_shift.branching.snapshot import TrunkTape
 from robocasa_shift.checks.branch_audit import audit_branch_study
 from robocasa_shift.core import specs
 from robocasa_shift.core.records import RolloutKey
-from robocasa_shift.policies.gr00t.launcher import Gr00tLauncher
+from robocasa_shift.policies.gr00t.server import Gr00tLauncher
 from robocasa_shift.policies.gr00t.policy import Gr00tPolicy
 
 pytest.importorskip("openpi_client", reason="openpi-client is not installed: pip install -e '.[openpi]'")

@@ -19,7 +19,7 @@ from robocasa_shift.core.factors import READBACK_ATOL, factor_kind
 from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.engine.rollout import inject, prepare_episode, run_rollout
 from robocasa_shift.policies import make_policy
-from robocasa_shift.policies.fake import FakePolicy
+from robocasa_shift.policies.scripted.fake import FakePolicy
 
 
 @pytest.fixture(scope="module")

@@ -26,21 +26,22 @@ from robocasa_shift.errors import (
     PolicyServerTimeout,
 )
 from robocasa_shift.policies.gr00t.client import Gr00tClient
-from robocasa_shift.policies.gr00t.launcher import Gr00tLauncher
+from robocasa_shift.policies.gr00t.server import Gr00tLauncher
 from robocasa_shift.policies.gr00t.mapping import (
     LANGUAGE_KEY,
     gr00t_to_actions,
     observation_to_gr00t,
 )
 from robocasa_shift.policies.gr00t.policy import Gr00tPolicy
-from robocasa_shift.policies.gr00t.protocol import (
+from robocasa_shift.policies.gr00t.wire import (
     PickleSerializerWarning,
     packb,
     torch_packb,
     torch_unpackb,
     unpackb,
 )
-from robocasa_shift.policies.remote import UNSEEDED, content_hash
+from robocasa_shift.policies.served.connection import content_hash
+from robocasa_shift.policies.served.policy import UNSEEDED
 from robocasa_shift.seeding import rng_state_hash
 
 HOST = "127.0.0.1"

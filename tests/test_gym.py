@@ -21,7 +21,7 @@ from robocasa_shift.config import ExecutionConfig, StudyConfig  # noqa: E402
 from robocasa_shift.core.policy import Observation  # noqa: E402
 from robocasa_shift.core.records import RolloutKey  # noqa: E402
 from robocasa_shift.errors import BadInput, RunDirError, UnknownNameError  # noqa: E402
-from robocasa_shift.policies.fake import FakePolicy  # noqa: E402
+from robocasa_shift.policies.scripted.fake import FakePolicy  # noqa: E402
 from robocasa_shift.rundir.store import RunStore  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

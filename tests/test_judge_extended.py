@@ -105,7 +105,7 @@ def test_two_pipelines_on_the_same_samples_count_fixes_and_breaks_with_exact_mcn
 
 def test_the_simulators_object_projects_where_the_renderer_draws_it():
     from robocasa_shift.embodiments.fake_planar import THIRD_PERSON_CAMERAS
-    from robocasa_shift.policies.fake import find_colour
+    from robocasa_shift.policies.scripted.fake import find_colour
 
     env = get_backend("fake").make("PickPlace")
     env.reset(3)

@@ -250,7 +250,7 @@ def paired_spatial0_rollouts(policy, horizon: int, batches: bool = False):
 def test_paired_libero_rollouts_through_the_openpi_client_with_the_libero_preset():
     from test_openpi import StandInServer
 
-    from robocasa_shift.policies.openpi import OpenpiPolicy
+    from robocasa_shift.policies.openpi.client import OpenpiPolicy
 
     server = StandInServer().start()
     policy = OpenpiPolicy(host="127.0.0.1", port=server.port, preset="libero", timeout_s=10.0)
@@ -365,7 +365,7 @@ HAVE_LEROBOT = importlib.util.find_spec("lerobot") is not None
 def test_paired_libero_rollouts_through_a_lerobot_checkpoint_with_libero_s_features(tmp_path):
     """A tiny saved ACT checkpoint with LeRobot's LIBERO feature names: image, image2, 8-D state, 7-D actions."""
     from robocasa_shift.policies.lerobot import LeRobotPolicy
-    from robocasa_shift.policies.remote import LIBERO_STATE, proprio_vector
+    from robocasa_shift.policies.model_io import LIBERO_STATE, proprio_vector
 
     save_libero_act(tmp_path / "act")
     policy = LeRobotPolicy(tmp_path / "act", preset="libero", mode="chunk")

@@ -31,19 +31,20 @@ from robocasa_shift.errors import (  # noqa: E402
     PolicyServerError,
     PolicyServerTimeout,
 )
-from robocasa_shift.policies.openpi import (  # noqa: E402
+from robocasa_shift.policies.openpi.client import (  # noqa: E402
     PRESETS,
     RESET_MESSAGE_KEY,
     SEEDED_RESET_KEY,
     OpenpiPolicy,
     observation_to_openpi,
 )
-from robocasa_shift.policies.remote import (  # noqa: E402
+from robocasa_shift.policies.model_io import (
+    # noqa: E402,
     ACTION_LAYOUTS,
-    UNSEEDED,
     flat_to_actions,
     resolve_layout,
 )
+from robocasa_shift.policies.served.policy import UNSEEDED
 from robocasa_shift.seeding import rng_state_hash  # noqa: E402
 
 HOST = "127.0.0.1"

@@ -17,7 +17,8 @@ from robocasa_shift.core.policy import Observation
 from robocasa_shift.embodiments import panda_omron
 
 PACKAGE_ROOT = Path(robocasa_shift.__file__).resolve().parent
-REMOTE_ADAPTERS = ("robocasa_shift.policies.gr00t", "robocasa_shift.policies.openpi", "robocasa_shift.policies.lerobot")
+SERVED_PROTOCOLS = ("robocasa_shift.policies.gr00t", "robocasa_shift.policies.openpi", "robocasa_shift.policies.vla_eval")
+REMOTE_ADAPTERS = SERVED_PROTOCOLS + ("robocasa_shift.policies.lerobot",)
 
 
 def source_files(module: str):
@@ -66,13 +67,31 @@ def reaches(names, target: str) -> bool:
 def test_the_remote_adapters_share_one_layer_and_never_import_each_other():
     for adapter in REMOTE_ADAPTERS:
         names = imported_modules(adapter)
-        assert "robocasa_shift.policies.remote" in names, adapter
+        assert "robocasa_shift.policies.model_io" in names, adapter
+        if adapter in SERVED_PROTOCOLS:
+            assert reaches(names, "robocasa_shift.policies.served"), adapter
         for other in REMOTE_ADAPTERS:
             if other != adapter:
                 assert not reaches(names, other), f"{adapter} imports {other}"
     # the ones the issue named, spelled out
     assert not reaches(imported_modules("robocasa_shift.policies.lerobot"), "robocasa_shift.policies.openpi")
     assert not reaches(imported_modules("robocasa_shift.policies.openpi"), "robocasa_shift.policies.gr00t")
+
+
+def test_the_served_base_imports_no_protocol():
+    names = imported_modules("robocasa_shift.policies.served") | imported_modules("robocasa_shift.policies.model_io")
+    for protocol in REMOTE_ADAPTERS:
+        assert not reaches(names, protocol), protocol
+
+
+def test_no_function_in_policies_is_over_120_lines():
+    long = []
+    for file in source_files("robocasa_shift.policies"):
+        for node in ast.walk(ast.parse(file.read_text(), str(file))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 120:
+                long.append(f"{file.relative_to(PACKAGE_ROOT).as_posix()}:{node.lineno} {node.name} "
+                            f"({node.end_lineno - node.lineno + 1} lines)")
+    assert long == []
 
 
 def test_no_policy_module_imports_a_private_name_of_another_policy():
@@ -88,7 +107,7 @@ def test_no_policy_module_imports_a_private_name_of_another_policy():
 
 
 def test_the_import_walker_sees_imports_inside_functions():
-    names = imported_modules("robocasa_shift.policies.gr00t.launcher")
+    names = imported_modules("robocasa_shift.policies.gr00t.server")
     assert "gr00t.model.policy" in names  # imported inside build_gr00t_model
     assert "robocasa_shift.policies.gr00t.client.Gr00tClient" in names
 
@@ -96,7 +115,7 @@ def test_the_import_walker_sees_imports_inside_functions():
 def test_the_panda_omron_action_layout_is_defined_once():
     from robocasa_shift.backends import robocasa_backend
     from robocasa_shift.policies.gr00t.mapping import ACTION_LAYOUT
-    from robocasa_shift.policies.remote import ACTION_LAYOUTS
+    from robocasa_shift.policies.model_io import ACTION_LAYOUTS
 
     assert robocasa_backend.HARNESS_ACTION_LAYOUT is panda_omron.PART_RANGES
     parts = [i for start, end in panda_omron.PART_RANGES.values() for i in range(start, end)]
@@ -139,7 +158,7 @@ def test_an_observation_must_name_its_task():
 
 
 def test_the_expert_follows_the_named_task_and_refuses_an_unknown_one():
-    from robocasa_shift.policies.scripted import ExpertPolicy
+    from robocasa_shift.policies.scripted.expert import ExpertPolicy
 
     proprio = {"robot0_eef_pos": np.array([0.0, 0.0, 1.0]), "robot0_base_quat": np.array([0.0, 0.0, 0.0, 1.0]),
                "robot0_eef_quat": np.array([0.0, 0.0, 0.0, 1.0])}

@@ -19,7 +19,7 @@ from robocasa_shift.core.specs import load_stage_spec
 from robocasa_shift.core.stages import StageTracker
 from robocasa_shift.errors import BadInput, StateUnsupported
 from robocasa_shift.policies import POLICIES, make_policy
-from robocasa_shift.policies.remote import RemotePolicy
+from robocasa_shift.policies.served.policy import RemotePolicy
 
 SEED = 11
 REMOTE_REASON = ("the policy server holds its generators and the protocol has no call to read or restore them, "

@@ -29,11 +29,11 @@ from robocasa_shift.core.backend import cameras_for_roles
 from robocasa_shift.core.policy import Observation, state_support
 from robocasa_shift.errors import PolicyServerError, StateUnsupported
 from robocasa_shift.policies.gr00t.client import Gr00tClient
-from robocasa_shift.policies.gr00t.launcher import Gr00tLauncher
+from robocasa_shift.policies.gr00t.server import Gr00tLauncher
 from robocasa_shift.policies.gr00t.policy import Gr00tPolicy
-from robocasa_shift.policies.gr00t.protocol import packb, unpackb
-from robocasa_shift.policies.remote_state import PolicyStateRefused
-from robocasa_shift.policies.session_state import (
+from robocasa_shift.policies.gr00t.wire import packb, unpackb
+from robocasa_shift.policies.served.policy import PolicyStateRefused
+from robocasa_shift.policies.served.state import (
     MAX_STATE_BYTES,
     StateRefused,
     StateSealer,
@@ -44,8 +44,8 @@ from robocasa_shift.policies.session_state import (
 pytest.importorskip("openpi_client", reason="openpi-client is not installed: pip install -e '.[openpi]'")
 from openpi_client.websocket_client_policy import WebsocketClientPolicy  # noqa: E402
 
-from robocasa_shift.policies.openpi import OpenpiPolicy  # noqa: E402
-from robocasa_shift.policies.openpi_server import OpenpiShim  # noqa: E402
+from robocasa_shift.policies.openpi.client import OpenpiPolicy  # noqa: E402
+from robocasa_shift.policies.openpi.server import OpenpiShim  # noqa: E402
 
 HOST = "127.0.0.1"
 TOKEN = "a-token-for-the-state-tests"
@@ -278,7 +278,8 @@ def test_the_server_refuses_a_blob_of_another_client_another_server_altered_over
     alice.act(obs)
     blob = alice.get_state()["remote.blob"].tobytes()
     claims = describe_blob(blob)
-    assert claims["owner"] == owner_tag("alice") and claims["server"] == server.sealer.server_id
+    assert claims["owner"] == server.sealer.owner_binding(owner_tag("alice"))
+    assert claims["server"] == server.sealer.server_id
 
     def refused(policy, payload, match):
         with pytest.raises(PolicyServerError, match=match):
@@ -300,7 +301,7 @@ def test_the_server_refuses_a_blob_of_another_client_another_server_altered_over
     flipped[0] ^= 1
     altered = msgpack.packb({"header": header, "data": bytes(flipped), "tag": tag}, use_bin_type=True)
     refused(alice_again, altered, "altered")
-    foreign = StateSealer().seal({"torch.cpu": np.zeros(3, np.uint8)}, claims["model"], owner_tag("alice"))
+    foreign = StateSealer().seal({"torch.cpu": np.zeros(3, np.uint8)}, claims["model"], claims["owner"])
     refused(alice_again, foreign, "sealed by another server")
     refused(alice_again, b"\x00" * (MAX_STATE_BYTES + 1), "exceeds the limit")
     import pickle
@@ -308,11 +309,74 @@ def test_the_server_refuses_a_blob_of_another_client_another_server_altered_over
     refused(alice_again, pickle.dumps({"header": header}), "not a state blob")
 
 
+def test_a_blob_s_owner_cannot_be_claimed_by_copying_it_into_a_reset(served, env):
+    """Holding a blob (a shared run directory) confers no right to load it: the owner binding in its header is
+    the server's HMAC of the owner tag, and a reset that names the copied binding as its owner binds another."""
+    name, make, server = served
+    alice = make(state_secret="alice")
+    alice.reset(SEED)
+    blob = alice.get_state()["remote.blob"].tobytes()
+    copied = describe_blob(blob)["owner"]
+    mallory = make(state_secret="mallory")
+    mallory._owner = copied  # the attacker names alice's binding, as read from the blob, at its reset
+    mallory.reset(SEED)
+    with pytest.raises(PolicyServerError, match="belongs to another client"):
+        raw_set_state(mallory, blob)
+    # before the fix the header held the owner tag itself: naming it at reset was enough
+    assert copied != owner_tag("alice")
+
+
+def test_no_fast_hash_of_the_token_reaches_a_run_directory(served, env):
+    """A state blob (what a snapshot keeps) holds nothing a reader can grind to the token: a 6-character token's
+    owner tag is not in it, and the binding it carries depends on the server's key."""
+    name, make, server = served
+    token = "abc123"
+    policy = make(state_secret=token)
+    policy.reset(SEED)
+    blob = policy.get_state()["remote.blob"].tobytes()
+    tag = owner_tag(token)
+    assert tag.encode() not in blob and bytes.fromhex(tag) not in blob
+    assert describe_blob(blob)["owner"] == server.sealer.owner_binding(tag)
+    assert StateSealer(b"another server's key, 32 bytes!!").owner_binding(tag) != server.sealer.owner_binding(tag)
+
+
+@pytest.mark.parametrize("forged", ["nan", "inf", "huge", "wide", "long", "index"])
+def test_a_forged_chunk_buffer_is_refused_as_a_forged_server_reply_is(served, env, forged):
+    """The client-side buffer is outside the seal: restored buffers get the check server chunks get."""
+    name, make, server = served
+    obs = boundary_observations(env, lambda: make(), "Reach", 1)[0]
+    policy = make(mode="step")
+    policy.reset(SEED)
+    policy.act(obs)
+    state = policy.get_state()
+    actions = state["buffer.actions"].copy()
+    assert actions.shape[1] == 3 and len(actions) >= 2
+    index = state["buffer.index"]
+    if forged == "nan":
+        actions[1, 0] = np.nan
+    elif forged == "inf":
+        actions[1, 0] = np.inf
+    elif forged == "huge":
+        actions[1, 0] = 1e300
+    elif forged == "wide":
+        actions = np.zeros((len(actions), 7))
+    elif forged == "long":
+        actions = np.zeros((10**6, 3))
+    else:
+        index = np.array(len(actions) + 1, dtype=np.int64)
+    fresh = make(mode="step")
+    fresh.reset(SEED)
+    with pytest.raises(PolicyStateRefused, match="chunk buffer|buffer index"):
+        fresh.set_state({**state, "buffer.actions": actions, "buffer.index": index})
+    fresh.set_state(state)  # the real one is taken
+    assert np.array_equal(fresh.act(obs), policy.act(obs))
+
+
 def test_the_gr00t_launcher_checks_the_token_before_it_decodes_any_array_or_state_blob(monkeypatch):
     from test_security import raw_request
 
-    import robocasa_shift.policies.gr00t.protocol as protocol
-    import robocasa_shift.policies.session_state as session_state
+    import robocasa_shift.policies.gr00t.wire as protocol
+    import robocasa_shift.policies.served.state as session_state
 
     decoded, opened = [], []
     monkeypatch.setattr(protocol, "_decode", lambda obj, real=protocol._decode: decoded.append(1) or real(obj))
@@ -352,7 +416,8 @@ def test_the_openpi_shim_checks_its_api_key_in_the_handshake_and_never_binds_an_
         assert server.connections == 0  # no frame was read: the handler never ran
         policy = OpenpiPolicy(host=HOST, port=server.port, api_key=TOKEN, timeout_s=5.0, **OPENPI_OPTIONS)
         policy.reset(3)  # the API key is also the owner secret when no state_secret is given
-        assert describe_blob(policy.get_state()["remote.blob"].tobytes())["owner"] == owner_tag(TOKEN)
+        owner = describe_blob(policy.get_state()["remote.blob"].tobytes())["owner"]
+        assert owner == server.sealer.owner_binding(owner_tag(TOKEN)) != owner_tag(TOKEN)
         policy.close()
     finally:
         server.stop()
@@ -407,8 +472,8 @@ def test_states_survive_an_npz_round_trip_unchanged(served, env):
 def test_the_shim_holds_real_jax_keys_as_openpi_s_jax_policy_splits_them():
     """Skipped without jax (not a dependency): run it where jax is installed, e.g. beside openpi."""
     jax = pytest.importorskip("jax", reason="jax is not installed here (openpi's JAX policies need it)")
-    from robocasa_shift.policies.openpi_server import KeySessionRNG
-    from robocasa_shift.policies.session_state import restore_rng, rng_arrays
+    from robocasa_shift.policies.openpi.server import KeySessionRNG
+    from robocasa_shift.policies.served.state import restore_rng, rng_arrays
 
     class JaxPolicy:  # openpi's Policy.infer: self._rng, sample_rng = jax.random.split(self._rng)
         def __init__(self, key):
@@ -450,7 +515,7 @@ def test_sample_without_a_seed_draws_from_a_copy_of_the_sessions_generator_witho
 
 def test_the_launchers_state_key_file_keeps_its_id_and_a_short_one_is_refused_before_the_model_loads(tmp_path,
                                                                                                   monkeypatch):
-    from robocasa_shift.policies.gr00t import launcher as launcher_cli
+    from robocasa_shift.policies.gr00t import server as launcher_cli
 
     key = tmp_path / "state.key"
     key.write_bytes(b"x" * 32)
@@ -470,7 +535,7 @@ def test_the_launchers_state_key_file_keeps_its_id_and_a_short_one_is_refused_be
 
 def test_the_shim_command_refuses_a_bad_factory_an_open_bind_without_a_key_and_a_short_state_key(tmp_path,
                                                                                               monkeypatch, capsys):
-    from robocasa_shift.policies import openpi_server
+    from robocasa_shift.policies.openpi import server as openpi_server
 
     monkeypatch.delenv(openpi_server.KEY_ENV, raising=False)
     factory = ["serve", "--policy-factory", "served_standins:make_openpi_policy", "--port", "0"]
@@ -486,7 +551,7 @@ def test_the_shim_command_refuses_a_bad_factory_an_open_bind_without_a_key_and_a
 
 
 def test_the_launcher_command_serves_a_model_factory_and_refuses_bad_source_arguments(monkeypatch, capsys):
-    from robocasa_shift.policies.gr00t import launcher as launcher_cli
+    from robocasa_shift.policies.gr00t import server as launcher_cli
 
     monkeypatch.delenv(launcher_cli.TOKEN_ENV, raising=False)
     monkeypatch.setattr(launcher_cli, "build_gr00t_model", lambda *a, **k: pytest.fail("no model may load"))

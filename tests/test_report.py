@@ -10,7 +10,7 @@ import pytest
 
 from robocasa_shift.backends.fake import HORIZON
 from robocasa_shift.policies import POLICIES
-from robocasa_shift.policies.fake import FakeExpertPolicy
+from robocasa_shift.policies.scripted.fake import FakeExpertPolicy
 
 
 class FinickyPolicy(FakeExpertPolicy):

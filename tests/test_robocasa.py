@@ -905,7 +905,7 @@ def test_paired_kitchen_rollouts_through_the_gr00t_client_send_robocasas_action_
     pytest.importorskip("zmq")
     from robocasa_shift.core.records import RolloutKey
     from robocasa_shift.engine.rollout import run_rollout
-    from robocasa_shift.policies.gr00t.launcher import Gr00tLauncher
+    from robocasa_shift.policies.gr00t.server import Gr00tLauncher
     from robocasa_shift.policies.gr00t.policy import Gr00tPolicy
 
     launcher = Gr00tLauncher(_KitchenStandInN15(), "127.0.0.1", 0, model_info={"name": "standin-n15-kitchen", "version": 1})

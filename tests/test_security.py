@@ -34,12 +34,12 @@ from robocasa_shift.errors import (
     PolicyServerTimeout,
 )
 from robocasa_shift.policies import POLICIES
-from robocasa_shift.policies.fake import FakeExpertPolicy
-from robocasa_shift.policies.gr00t import launcher as launcher_cli
+from robocasa_shift.policies.scripted.fake import FakeExpertPolicy
+from robocasa_shift.policies.gr00t import server as launcher_cli
 from robocasa_shift.policies.gr00t.client import Gr00tClient
-from robocasa_shift.policies.gr00t.launcher import Gr00tLauncher
+from robocasa_shift.policies.gr00t.server import Gr00tLauncher
 from robocasa_shift.policies.gr00t.policy import Gr00tPolicy
-from robocasa_shift.policies.gr00t.protocol import (
+from robocasa_shift.policies.gr00t.wire import (
     PickleSerializerWarning,
     packb,
     torch_packb,
@@ -368,7 +368,7 @@ def test_an_openpi_reply_with_an_object_array_cannot_crash_the_process():
     code = f"""
 import numpy as np
 from robocasa_shift.errors import PolicyServerError
-from robocasa_shift.policies.openpi import make_client
+from robocasa_shift.policies.openpi.client import make_client
 client = make_client({HOST!r}, {port}, timeout_s=5.0)
 try:
     reply = client.infer({{"prompt": "x"}})
@@ -386,7 +386,7 @@ except PolicyServerError as exc:
 
 def test_openpi_replies_are_decoded_strictly_and_bounded_in_size():
     pytest.importorskip("openpi_client")
-    from robocasa_shift.policies.openpi import make_client
+    from robocasa_shift.policies.openpi.client import make_client
 
     good = np.arange(6, dtype=np.float32).reshape(2, 3)
     cases = {
@@ -582,7 +582,7 @@ def test_the_openpi_client_sends_its_key_but_never_shows_it():
     pytest.importorskip("openpi_client")
     from openpi_client import msgpack_numpy
 
-    from robocasa_shift.policies.openpi import OpenpiPolicy
+    from robocasa_shift.policies.openpi.client import OpenpiPolicy
 
     key = "openpi-key-XYZ"
     reply = msgpack_numpy.packb({"actions": np.zeros((10, 12), np.float32)})

@@ -238,7 +238,7 @@ def test_the_openai_judge_follows_no_redirect_and_refuses_credentials_in_base_ur
 def test_url_credentials_of_any_option_are_redacted_wherever_options_are_written(tmp_path, monkeypatch):
     import robocasa_shift as rs
     from robocasa_shift.policies import POLICIES
-    from robocasa_shift.policies.fake import FakeExpertPolicy
+    from robocasa_shift.policies.scripted.fake import FakeExpertPolicy
 
     class UrlPolicy(FakeExpertPolicy):
         name = "url-test"
@@ -552,7 +552,7 @@ def test_the_launcher_keeps_no_session_id_longer_than_its_cap():
     import zmq
 
     from robocasa_shift.policies.gr00t import launcher as launcher_module
-    from robocasa_shift.policies.gr00t.launcher import Gr00tLauncher
+    from robocasa_shift.policies.gr00t.server import Gr00tLauncher
 
     cap = getattr(launcher_module, "MAX_SESSION_ID_CHARS", 128)
 

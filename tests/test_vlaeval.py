@@ -45,8 +45,8 @@ from robocasa_shift.errors import (  # noqa: E402
     PolicyServerTimeout,
 )
 from robocasa_shift.policies import make_policy  # noqa: E402
-from robocasa_shift.policies.remote import UNSEEDED  # noqa: E402
-from robocasa_shift.policies.vla_eval import (  # noqa: E402
+from robocasa_shift.policies.served.policy import UNSEEDED  # noqa: E402
+from robocasa_shift.policies.vla_eval.client import (  # noqa: E402
     ReplyFormatError,
     VlaEvalPolicy,
     action_from_reply,

@@ -12,19 +12,19 @@ from robocasa_shift.errors import PolicyOptionError
 from robocasa_shift.registry import Registry
 
 POLICIES: Registry[type] = Registry("policy", "robocasa_shift.policies")
-POLICIES.register("expert", "robocasa_shift.policies.scripted:ExpertPolicy")
-POLICIES.register("random", "robocasa_shift.policies.scripted:RandomPolicy")
-POLICIES.register("replay", "robocasa_shift.policies.replay:ReplayPolicy")
+POLICIES.register("expert", "robocasa_shift.policies.scripted.expert:ExpertPolicy")
+POLICIES.register("random", "robocasa_shift.policies.scripted.expert:RandomPolicy")
+POLICIES.register("replay", "robocasa_shift.policies.scripted.replay:ReplayPolicy")
 POLICIES.register("reference", "robocasa_shift.policies.reference:ReferencePolicy")
 POLICIES.register("reference-blind", "robocasa_shift.policies.reference:BlindReferencePolicy")
 POLICIES.register("gr00t", "robocasa_shift.policies.gr00t.policy:Gr00tPolicy")
-POLICIES.register("openpi", "robocasa_shift.policies.openpi:OpenpiPolicy")
+POLICIES.register("openpi", "robocasa_shift.policies.openpi.client:OpenpiPolicy")
 POLICIES.register("lerobot", "robocasa_shift.policies.lerobot:LeRobotPolicy")
-POLICIES.register("vla-eval", "robocasa_shift.policies.vla_eval:VlaEvalPolicy")
-# policies of the testing backend (policies/fake.py): image-driven, privileged, negative control
-POLICIES.register("fake", "robocasa_shift.policies.fake:FakePolicy")
-POLICIES.register("fake-expert", "robocasa_shift.policies.fake:FakeExpertPolicy")
-POLICIES.register("fake-random", "robocasa_shift.policies.fake:FakeRandomPolicy")
+POLICIES.register("vla-eval", "robocasa_shift.policies.vla_eval.client:VlaEvalPolicy")
+# policies of the testing backend (policies/scripted/fake.py): image-driven, privileged, negative control
+POLICIES.register("fake", "robocasa_shift.policies.scripted.fake:FakePolicy")
+POLICIES.register("fake-expert", "robocasa_shift.policies.scripted.fake:FakeExpertPolicy")
+POLICIES.register("fake-random", "robocasa_shift.policies.scripted.fake:FakeRandomPolicy")
 
 
 def make_policy(name: str, **options: Any) -> Policy:

@@ -35,7 +35,7 @@ checkpoint trained here sees at evaluation exactly the inputs it was trained on.
 
 Actions: 12-D in LeRobot's RoboCasa order (base motion 4, control mode 1, end
 effector position 3, rotation 3, gripper 1) -> the PandaOmron action
-(``remote.ACTION_LAYOUTS``). ``mode="step"`` calls ``select_action`` at every
+(``model_io.ACTION_LAYOUTS``). ``mode="step"`` calls ``select_action`` at every
 control step, as LeRobot's evaluation loop does (the policy keeps its own
 action queue and observation history); ``mode="chunk"`` calls
 ``predict_action_chunk`` once per ``n_action_steps`` (one render per chunk;
@@ -44,7 +44,7 @@ policies that read an observation history, such as diffusion, refuse it).
 Seeding. LeRobot's samplers (diffusion's DDPM noise, flow matching in pi0 and
 SmolVLA) draw from torch's GLOBAL generator, and ``torch.manual_seed`` would
 leak into everything else in the process. Instead ``reset(seed)`` makes a
-private generator state (``remote.TorchSessionRNG``: CPU and the model's
+private generator state (``model_io.TorchSessionRNG``: CPU and the model's
 CUDA device); every call into the model runs with that state installed as
 the global one, and the state the call left behind is stored back. The actions are a function of
 the seed and the observations only, the caller's global RNG is never touched,
@@ -85,7 +85,7 @@ import numpy as np
 
 from robocasa_shift.core.policy import Observation, Policy
 from robocasa_shift.errors import StateUnsupported, UnknownNameError
-from robocasa_shift.policies.remote import (
+from robocasa_shift.policies.model_io import (
     LIBERO_STATE,
     NOT_RESET,
     ROBOCASA_CAMERAS,
@@ -181,7 +181,7 @@ class LeRobotPolicy(Policy):
         n_action_steps: in chunk mode, steps of each chunk run (default: the config's ``n_action_steps``).
         camera_map: harness camera -> LeRobot camera name(s); a dict or its JSON.
         state_layout: (proprio key, dimension) list for ``observation.state`` (default: RoboCasa's 16-D).
-        action_layout: a name in ``remote.ACTION_LAYOUTS`` or a list of slots.
+        action_layout: a name in ``model_io.ACTION_LAYOUTS`` or a list of slots.
         instruction: replaces the task's instruction (sent as ``task``).
         image_size: render size (default: the size of the checkpoint's image features).
         preset: ``robocasa`` (LeRobot's RoboCasa features), ``libero`` (LeRobot's LIBERO features:

@@ -51,7 +51,11 @@ from robocasa_shift.policies.lerobot import (
     directory_digest,
     raw_observation,
 )
-from robocasa_shift.policies.remote import actions_to_flat, as_camera_map, resolve_layout
+from robocasa_shift.policies.model_io import (
+    actions_to_flat,
+    as_camera_map,
+    resolve_layout,
+)
 from robocasa_shift.seeding import derive_seed
 
 MANIFEST = "train_manifest.json"

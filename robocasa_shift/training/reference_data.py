@@ -21,7 +21,7 @@ from robocasa_shift.embodiments.panda_omron import OPEN
 from robocasa_shift.geometry import quat_xyzw_to_mat
 from robocasa_shift.policies.reference.perception import PERCEPTION, Perception, resize
 from robocasa_shift.policies.reference.policy import ReferencePolicy
-from robocasa_shift.policies.scripted import ExpertPolicy, arm_action
+from robocasa_shift.policies.scripted.expert import ExpertPolicy, arm_action
 from robocasa_shift.seeding import derive_seed
 
 # Seed of all training data; a stream of its own, unrelated to any study seed.

@@ -2,6 +2,6 @@
 
 import sys
 
-from robocasa_shift.policies.gr00t.launcher import main
+from robocasa_shift.policies.gr00t.server import main
 
 sys.exit(main())

@@ -6,7 +6,7 @@ a retried request from its cache; plain servers ignore both. The session id
 is random per client (a user-given ``session`` is only its prefix): two
 clients sharing one id would re-seed and answer each other.
 
-The API token is held as a ``remote.Secret`` and sent inside the request, as
+The API token is held as a ``served.connection.Secret`` and sent inside the request, as
 GR00T's wire format wants it; it never appears in an error, a log line or
 the policy's identity.
 """
@@ -23,12 +23,12 @@ from robocasa_shift.errors import (
     PolicyServerError,
     PolicyServerTimeout,
 )
-from robocasa_shift.policies.gr00t.protocol import (
+from robocasa_shift.policies.gr00t.wire import (
     DEFAULT_PORT,
     MAX_MESSAGE_BYTES,
     Serializer,
 )
-from robocasa_shift.policies.remote import as_secret
+from robocasa_shift.policies.served.connection import as_secret
 
 log = logging.getLogger(__name__)
 _SESSION_PREFIX = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -203,7 +203,7 @@ class Gr00tClient:
     def reset(self, seed: int, owner: Optional[str] = None) -> Dict[str, Any]:
         """Seed this session's generator on a ``Gr00tLauncher``; returns ``{"rng_fingerprint": ...}``.
 
-        ``owner``: the session's owner tag (``session_state.owner_tag``), which state blobs are bound to.
+        ``owner``: the session's owner tag (``served.state.owner_tag``), which state blobs are bound to.
         """
         data: Dict[str, Any] = {"seed": int(seed)}
         if owner is not None:

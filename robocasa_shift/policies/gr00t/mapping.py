@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -27,8 +26,10 @@ from robocasa_shift.embodiments.panda_omron import (
     indices,
 )
 from robocasa_shift.errors import ActionFormatError
-from robocasa_shift.policies.remote import (
+from robocasa_shift.policies.model_io import (
     ROBOCASA_CAMERAS,
+    ActionSlot,
+    checked_chunk,
     binarize,
     checked_image,
     chunk_length,
@@ -51,22 +52,12 @@ STATE_MAP: Dict[str, Tuple[str, int]] = {
 }
 
 
-@dataclass(frozen=True)
-class ActionSlot:
-    """Where the columns of one GR00T action key go in the 12-D PandaOmron action."""
-
-    key: str
-    dim: int
-    targets: Tuple[int, ...]  # action index of each column
-    binary: bool = False  # read through ``remote.binarize``
-
-
 ACTION_LAYOUT: Tuple[ActionSlot, ...] = (
-    ActionSlot("action.end_effector_position", 3, indices(ARM_POS)),
-    ActionSlot("action.end_effector_rotation", 3, indices(ARM_ROT)),
-    ActionSlot("action.base_motion", 4, BASE_MOTION),
-    ActionSlot("action.gripper_close", 1, (GRIPPER,), binary=True),
-    ActionSlot("action.control_mode", 1, (MODE,), binary=True),
+    ActionSlot("action.end_effector_position", (0, 1, 2), indices(ARM_POS)),
+    ActionSlot("action.end_effector_rotation", (0, 1, 2), indices(ARM_ROT)),
+    ActionSlot("action.base_motion", (0, 1, 2, 3), BASE_MOTION),
+    ActionSlot("action.gripper_close", (0,), (GRIPPER,), binary=True),
+    ActionSlot("action.control_mode", (0,), (MODE,), binary=True),
 )
 
 
@@ -91,11 +82,11 @@ def as_action_map(action_map: Any) -> Tuple[ActionSlot, ...]:
         return ACTION_LAYOUT
     if isinstance(action_map, str):
         action_map = json.loads(action_map)
-    slots = tuple(s if isinstance(s, ActionSlot) else ActionSlot(str(s["key"]), int(s["dim"]),
+    slots = tuple(s if isinstance(s, ActionSlot) else ActionSlot(str(s["key"]), tuple(range(int(s["dim"]))),
                                                                  tuple(int(t) for t in s["targets"]),
                                                                  bool(s.get("binary", False))) for s in action_map)
     targets = sorted(t for s in slots for t in s.targets)
-    if not slots or targets != list(range(len(targets))) or any(len(s.targets) != s.dim for s in slots):
+    if not slots or targets != list(range(len(targets))) or any(len(s.targets) != len(s.columns) for s in slots):
         raise ValueError(f"an action_map must give each of its keys one target per column and fill every index of "
                          f"the action 0..A-1 exactly once; got targets {targets}")
     return slots
@@ -157,25 +148,20 @@ def gr00t_to_actions(
         raise ActionFormatError(f"expected a dict of action arrays from get_action, got {type(reply).__name__}")
     arrays: Dict[str, np.ndarray] = {}
     for slot in layout:
-        if slot.key not in reply:
-            raise ActionFormatError(f"the server's reply has no '{slot.key}'; it has: {', '.join(sorted(map(str, reply)))}")
-        value = np.asarray(reply[slot.key], dtype=np.float64)
-        if value.ndim == 1 and slot.dim == 1:
-            value = value[:, None]
-        expected = f"({chunk_size if chunk_size is not None else 'T'}, {slot.dim})"
-        if value.ndim != 2 or value.shape[1] != slot.dim or len(value) == 0:
-            raise ActionFormatError(f"'{slot.key}' has shape {tuple(np.shape(reply[slot.key]))}, expected {expected}")
-        if chunk_size is not None and len(value) != chunk_size:
-            raise ActionFormatError(f"'{slot.key}' has {len(value)} steps, expected {expected}")
-        if not np.all(np.isfinite(value)):
-            raise ActionFormatError(f"'{slot.key}' has non-finite values")
-        arrays[slot.key] = value
+        if slot.name not in reply:
+            raise ActionFormatError(f"the server's reply has no '{slot.name}'; it has: {', '.join(sorted(map(str, reply)))}")
+        dim = len(slot.columns)
+        value = reply[slot.name]
+        if np.ndim(value) == 1 and dim == 1:
+            value = np.asarray(value)[:, None]  # a (T, 1) key may arrive as (T,)
+        value = checked_chunk(value, dim, slot.name, chunk_size)
+        arrays[slot.name] = value
     lengths = {k: len(v) for k, v in arrays.items()}
     if len(set(lengths.values())) != 1:
         raise ActionFormatError(f"action keys disagree on the chunk length: {lengths}")
     steps = chunk_length(next(iter(lengths.values())), n_action_steps, " the server sent")
     actions = np.zeros((steps, action_map_dim(layout)))
     for slot in layout:
-        value = arrays[slot.key][:steps]
+        value = arrays[slot.name][:steps, list(slot.columns)]
         actions[:, list(slot.targets)] = binarize(value) if slot.binary else value
     return actions

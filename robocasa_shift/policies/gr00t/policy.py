@@ -4,7 +4,7 @@ Each ``reset(seed)`` seeds this policy's session on a ``Gr00tLauncher``; a
 plain N1.5 server has no ``reset`` and is recorded as ``"unseeded-server"``
 with one warning (see ``launcher`` for why it cannot be paired). On a launcher,
 whose ``ping`` advertises ``session_state`` and ``sample``, the policy can be
-branched and sampled (``remote_state``); on a plain server it cannot, and says why.
+branched and sampled (``served.policy``); on a plain server it cannot, and says why.
 """
 
 from __future__ import annotations
@@ -22,20 +22,17 @@ from robocasa_shift.policies.gr00t.mapping import (
     DEFAULT_CAMERA_MAP,
     LANGUAGE_KEY,
     STATE_MAP,
+    action_map_dim,
     as_action_map,
     as_state_map,
     check_action_map_fits,
     gr00t_to_actions,
     observation_to_gr00t,
 )
-from robocasa_shift.policies.gr00t.protocol import DEFAULT_PORT
-from robocasa_shift.policies.remote import (
-    CameraMapLike,
-    as_camera_map,
-    canonical,
-    content_hash,
-)
-from robocasa_shift.policies.remote_state import StatefulRemotePolicy
+from robocasa_shift.policies.gr00t.wire import DEFAULT_PORT
+from robocasa_shift.policies.model_io import CameraMapLike, as_camera_map
+from robocasa_shift.policies.served.connection import canonical, content_hash
+from robocasa_shift.policies.served.policy import StatefulRemotePolicy
 
 
 class Gr00tPolicy(StatefulRemotePolicy):
@@ -132,7 +129,7 @@ class Gr00tPolicy(StatefulRemotePolicy):
         check_action_map_fits(self.action_map, obs)
         return self.chunked(lambda: self.actions_of(self.client.get_action(self.payload(obs))))
 
-    # ------------------------------------------------------------------ session state (remote_state)
+    # ------------------------------------------------------------------ session state (served.policy)
 
     def fetch_capabilities(self) -> Mapping[str, Any]:
         return self.client.capabilities()
@@ -145,6 +142,9 @@ class Gr00tPolicy(StatefulRemotePolicy):
         if op == "sample":
             return self.client.sample(data["obs"], data["n"], data["seed"])
         raise ValueError(f"unknown state request {op!r}")
+
+    def action_dim(self) -> int:
+        return action_map_dim(self.action_map)
 
     def endpoint_name(self) -> str:
         return f"the GR00T server at {self.client.endpoint}"

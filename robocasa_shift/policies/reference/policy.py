@@ -41,7 +41,7 @@ from robocasa_shift.errors import WeightsMissing
 from robocasa_shift.geometry import quat_xyzw_to_mat, wrap
 from robocasa_shift.policies.reference.perception import PERCEPTION, resize
 from robocasa_shift.policies.reference.weights import MANIFEST, WEIGHTS_DIR
-from robocasa_shift.policies.scripted import YAW_GAIN, closing_axis_yaw
+from robocasa_shift.policies.scripted.expert import YAW_GAIN, closing_axis_yaw
 from robocasa_shift.seeding import rng_state_hash
 
 # Monitor samples (sample_actions): each keypoint feature is dropped with this probability.

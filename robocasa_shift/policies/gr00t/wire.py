@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Union
@@ -29,6 +30,8 @@ from typing import Any, Callable, Dict, Optional, Union
 import numpy as np
 
 from robocasa_shift.errors import PolicyOptionError, UnknownNameError
+from robocasa_shift.policies.served import codec
+from robocasa_shift.policies.served.codec import ReplyFormatError, check_depth
 
 DEFAULT_PORT = 5555
 # Bound on one request or reply, on the socket (ZMQ_MAXMSGSIZE) and before decoding: a GR00T
@@ -55,14 +58,43 @@ def _encode(obj: Any) -> Any:
 
 def _decode(obj: Dict[Any, Any]) -> Any:
     if NDARRAY_TAG in obj:
-        if not isinstance(obj.get("as_npy"), bytes):
-            raise ValueError("an encoded array needs its np.save bytes in 'as_npy'")
-        # allow_pickle=False: an object array (whose .npy payload is a pickle) raises instead of unpickling
-        return np.load(io.BytesIO(obj["as_npy"]), allow_pickle=False)
+        return _load_npy(obj.get("as_npy"))
     if MODALITY_CONFIG_TAG in obj:
         # a plain dict: the client need not import gr00t to read a modality config
-        return json.loads(obj["as_json"]) if "as_json" in obj else dict(obj["as_dict"])
+        if "as_json" not in obj:
+            return dict(obj["as_dict"])
+        if not isinstance(obj["as_json"], (str, bytes)):
+            raise ReplyFormatError("a modality config's 'as_json' must be text")
+        try:
+            config = json.loads(obj["as_json"])
+        except (ValueError, RecursionError) as exc:
+            raise ReplyFormatError(f"a modality config that is not JSON ({type(exc).__name__})") from None
+        return check_depth(config, what="a modality config")
     return obj
+
+
+def _load_npy(data: Any) -> np.ndarray:
+    """An ``np.save`` array from a peer: its header read first, the data's length checked against the shape it
+    declares (numpy would allocate the declared size before reading), never unpickled (an object array raises)."""
+    if not isinstance(data, bytes):
+        raise ReplyFormatError("an encoded array needs its np.save bytes in 'as_npy'")
+    buf = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(buf)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                       (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if read_header is None:
+            raise ValueError(f".npy format version {version}")
+        shape, _, dtype = read_header(buf)
+    except (ValueError, SyntaxError, TypeError) as exc:
+        raise ReplyFormatError(f"an encoded array without a valid .npy header ({exc})") from None
+    if dtype.hasobject:
+        raise ReplyFormatError("an object array refused: its .npy payload is a pickle")
+    if math.prod(shape) * dtype.itemsize != len(data) - buf.tell():
+        raise ReplyFormatError(f"an encoded array of shape {shape} and dtype {dtype.str} whose data has "
+                               f"{len(data) - buf.tell():,} bytes")
+    buf.seek(0)
+    return np.load(buf, allow_pickle=False)
 
 
 def packb(obj: Any) -> bytes:
@@ -81,13 +113,10 @@ def unpackb(data: bytes, max_bytes: Optional[int] = MAX_MESSAGE_BYTES, arrays: b
             ``decode_arrays`` finishes the job): a server reads the API token before it decodes any array.
 
     Raises:
-        ValueError: ``data`` is longer than ``max_bytes``, or an array in it is an object array.
+        ReplyFormatError: ``data`` is longer than ``max_bytes``, over ``codec``'s value or depth bounds, not
+            msgpack, or holds an array that is not a plain numeric ``.npy`` of the size its header declares.
     """
-    import msgpack
-
-    if max_bytes is not None and len(data) > max_bytes:
-        raise ValueError(f"message of {len(data):,} bytes exceeds the limit of {max_bytes:,} bytes")
-    return msgpack.unpackb(data, object_hook=_decode if arrays else None)
+    return codec.unpackb(data, max_bytes, object_hook=_decode if arrays else None)
 
 
 def decode_arrays(obj: Any) -> Any:

@@ -27,7 +27,7 @@ import numpy as np
 from robocasa_shift.core.policy import Observation
 from robocasa_shift.embodiments.panda_omron import CLOSE, OPEN
 from robocasa_shift.geometry import quat_xyzw_to_mat, wrap
-from robocasa_shift.policies.phases import (
+from robocasa_shift.policies.scripted.phases import (
     YAW_GAIN,
     Phase,
     after,

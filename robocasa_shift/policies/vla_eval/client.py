@@ -85,14 +85,11 @@ A failed request raises :class:`PolicyServerError` (records of kind
 
 from __future__ import annotations
 
-import inspect
-import io
 import json
 import math
 import time
 import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
-from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -104,31 +101,37 @@ from robocasa_shift.errors import (
     PolicyServerTimeout,
     UnknownNameError,
 )
-from robocasa_shift.policies.openpi_wire import ReplyFormatError, checked_array  # msgpack-numpy, as openpi's
-from robocasa_shift.policies.remote import (
+from robocasa_shift.policies.served.transport import health_url, http_ready, open_websocket
+from robocasa_shift.policies.vla_eval.wire import (
+    IMAGE_FORMATS,
+    MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+    ReplyFormatError,
+    pack_message,
+    unpack_message,
+)
+from robocasa_shift.policies.model_io import (
     ROBOCASA_CAMERAS,
+    CameraMapLike,
+    as_camera_map,
     LayoutLike,
-    RemotePolicy,
-    as_secret,
-    canonical,
     check_layout_fits,
     checked_image,
-    content_hash,
     flat_to_actions,
     layout_name,
     proprio_part,
-    redact_uri,
     resolve_layout,
 )
+from robocasa_shift.policies.served.connection import (
+    as_secret,
+    canonical,
+    content_hash,
+    redact_uri,
+)
+from robocasa_shift.policies.served.policy import RemotePolicy
 
-PROTOCOL_VERSION = 1
-MESSAGE_TYPES = ("hello", "observation", "action", "episode_start", "episode_end", "error")
 DEFAULT_PORT = 8000
 SEEDED_RESET = "seeded_reset"  # in the hello's capabilities: the seeded-session extension
-# One server message: an action is a few hundred bytes, a hello a few kB; this only stops a server from making
-# the client allocate without limit.
-MAX_MESSAGE_BYTES = 16 * 2**20
-IMAGE_FORMATS = ("png", "jpeg", "raw")
 # The libero backend settles every episode with 10 no-op steps before the first observation, as vla-eval's
 # LIBEROBenchmark does with ``num_steps_wait=10`` (both: open gripper, no motion).
 LIBERO_SETTLE_STEPS = 10
@@ -200,100 +203,6 @@ HONOURED = {
     },
 }
 
-CameraMapLike = Union[None, str, Mapping[str, Union[str, Sequence[str]]]]
-
-
-# =========================================================================== wire format
-
-
-def _encode(obj: Any, image_format: str) -> Any:
-    """vla-eval's msgpack ``default`` hook (``numpy_codec.encode_ndarray``), for ``image_format``."""
-    if isinstance(obj, np.ndarray):
-        if image_format != "raw" and obj.ndim == 3 and obj.dtype == np.uint8 and obj.shape[2] in (1, 3, 4):
-            return encode_image(obj, image_format)
-        return {"__ndarray__": True, "data": obj.tobytes(), "dtype": obj.dtype.str, "shape": list(obj.shape)}
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.floating):
-        return float(obj)
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    return obj
-
-
-def encode_image(image: np.ndarray, image_format: str) -> Dict[str, Any]:
-    """An HWC uint8 image as vla-eval's ``image_codec.encode_image`` writes it (PNG, or JPEG at quality 95)."""
-    from PIL import Image
-
-    buf = io.BytesIO()
-    picture = Image.fromarray(np.ascontiguousarray(image))
-    if image_format == "jpeg":
-        if picture.mode != "RGB":
-            raise ValueError(f"JPEG needs RGB images, got mode {picture.mode!r}: use image_format=png or raw")
-        picture.save(buf, format="JPEG", quality=95)
-    elif image_format == "png":
-        picture.save(buf, format="PNG")
-    else:
-        raise ValueError(f"unknown image format {image_format!r}; known: {', '.join(IMAGE_FORMATS)}")
-    return {"__image__": True, "format": image_format, "data": buf.getvalue(), "shape": list(image.shape)}
-
-
-def pack_message(msg_type: str, payload: Dict[str, Any], seq: int, timestamp: Optional[float] = None,
-                 image_format: str = "png") -> bytes:
-    """One message as vla-eval's ``pack_message`` writes it (byte for byte, for the same timestamp)."""
-    import msgpack
-
-    if msg_type not in MESSAGE_TYPES:
-        raise ValueError(f"unknown message type {msg_type!r}")
-    raw = {"type": msg_type, "payload": payload, "seq": int(seq),
-           "timestamp": time.time() if timestamp is None else float(timestamp)}
-    return msgpack.packb(raw, default=lambda o: _encode(o, image_format), use_bin_type=True)
-
-
-def _decode(obj: Dict[str, Any]) -> Any:
-    """msgpack ``object_hook``: vla-eval's arrays, checked and copied; an image in a server message is refused."""
-    if "__image__" in obj:
-        raise ReplyFormatError("a server message holds an encoded image; vla-eval servers send none, and this "
-                               "client decodes no compressed data from a server")
-    if "__ndarray__" not in obj:
-        return obj
-    return checked_array(obj.get("dtype"), obj.get("shape"), obj.get("data"), "the message")
-
-
-def unpack_message(data: Any, max_bytes: Optional[int] = MAX_MESSAGE_BYTES) -> Tuple[str, Dict[str, Any], int, float]:
-    """``(type, payload, seq, timestamp)`` of one server message, decoded strictly (nothing in it runs).
-
-    Raises:
-        ReplyFormatError: not bytes, longer than ``max_bytes``, not msgpack, not a message of the
-            protocol (fields, types), or an array or image :func:`_decode` refuses.
-    """
-    import msgpack
-
-    if not isinstance(data, (bytes, bytearray)):
-        raise ReplyFormatError(f"a text frame ({str(data)[:200]!r}); vla-eval messages are binary msgpack")
-    if max_bytes is not None and len(data) > max_bytes:
-        raise ReplyFormatError(f"a message of {len(data):,} bytes exceeds the limit of {max_bytes:,}")
-    try:
-        raw = msgpack.unpackb(bytes(data), raw=False, object_hook=_decode, strict_map_key=True)
-    except ReplyFormatError:
-        raise
-    except Exception as exc:  # truncated, extra data, invalid UTF-8, too deep
-        raise ReplyFormatError(f"not a msgpack message ({type(exc).__name__}: {exc})") from None
-    if not isinstance(raw, dict):
-        raise ReplyFormatError(f"expected a message (a map), got {type(raw).__name__}")
-    missing = [k for k in ("type", "payload", "seq", "timestamp") if k not in raw]
-    if missing:
-        raise ReplyFormatError(f"a message without {', '.join(missing)} (it has: {', '.join(map(str, raw))})")
-    kind, payload, seq, stamp = raw["type"], raw["payload"], raw["seq"], raw["timestamp"]
-    if kind not in MESSAGE_TYPES:
-        raise ReplyFormatError(f"unknown message type {str(kind)[:40]!r}; the protocol's: {', '.join(MESSAGE_TYPES)}")
-    if not isinstance(payload, dict):
-        raise ReplyFormatError(f"a {kind} message's payload must be a map, got {type(payload).__name__}")
-    if not isinstance(seq, int) or isinstance(seq, bool):
-        raise ReplyFormatError(f"a message's seq must be an integer, got {type(seq).__name__}")
-    if not isinstance(stamp, (int, float)) or isinstance(stamp, bool):
-        raise ReplyFormatError(f"a message's timestamp must be a number, got {type(stamp).__name__}")
-    return kind, payload, seq, float(stamp)
 
 
 # =========================================================================== observation conventions
@@ -326,15 +235,6 @@ def libero_state(obs: Observation, no_antipodal: bool = False) -> np.ndarray:
     quat = proprio_part(obs, "robot0_eef_quat", 4, "states")
     return np.concatenate([proprio_part(obs, "robot0_eef_pos", 3, "states"), to_aa(quat),
                            proprio_part(obs, "robot0_gripper_qpos", 2, "states")])
-
-
-def as_camera_map(camera_map: CameraMapLike, default: Mapping[str, Tuple[str, ...]]) -> Dict[str, Tuple[str, ...]]:
-    """Harness camera -> wire image key(s), from a dict, its JSON (a command line) or None (``default``)."""
-    if camera_map is None:
-        return {k: tuple(v) for k, v in default.items()}
-    if isinstance(camera_map, str):
-        camera_map = json.loads(camera_map)
-    return {str(k): ((v,) if isinstance(v, str) else tuple(v)) for k, v in camera_map.items()}
 
 
 def libero_task_info(task: str, instruction: str) -> Dict[str, Any]:
@@ -520,41 +420,21 @@ class VlaEvalClient:
         return isinstance(capabilities, dict) and capabilities.get(SEEDED_RESET) is True
 
     def wait_ready(self, timeout_s: float) -> None:
-        """Poll ``GET /health`` until it answers 200 (the model is loaded) or ``timeout_s`` passes."""
-        import urllib.error
-        import urllib.request
+        """Poll ``GET /health`` until it answers 200 (the model is loaded); ``timeout_s`` in all.
 
-        parts = urlsplit(self._uri)
-        scheme = "https" if parts.scheme == "wss" else "http"
-        url = f"{scheme}://{parts.hostname}{':' + str(parts.port) if parts.port else ''}/health"
-        deadline, last = time.monotonic() + timeout_s, "no answer"
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(url, timeout=min(5.0, timeout_s)) as reply:
-                    if reply.status == 200:
-                        return
-                    last = f"HTTP {reply.status}"
-            except (urllib.error.URLError, OSError) as exc:
-                last = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
-            time.sleep(0.2)
-        raise PolicyServerTimeout(f"the vla-eval server at {self.uri} did not report ready on /health within "
-                                  f"{timeout_s:g} s ({last}); {_CHECK}", "connect")
+        Raises:
+            PolicyServerTimeout: no 200 in time, however slowly the server answers.
+        """
+        http_ready(health_url(self._uri, "/health"), self.uri, timeout_s, "the vla-eval server", _CHECK)
 
     def connect(self) -> None:
         """Open the websocket and exchange hellos; a reconnect must meet the same server (same hello)."""
         from websockets.exceptions import ConnectionClosed
-        from websockets.sync.client import connect
 
         headers = {"Authorization": f"Bearer {self._secret.reveal()}"} if self._secret else None
-        legacy = {"legacy": True} if "legacy" in inspect.signature(connect).parameters else {}
-        try:
-            # no keepalive pings, as vla-eval's own client: a server warming up a model may hold its GIL for long
-            conn = connect(self._uri, compression=None, max_size=self.max_message_bytes, additional_headers=headers,
-                           open_timeout=self.connect_timeout_s, ping_interval=None, **legacy)
-        except Exception as exc:  # refused, unreachable, DNS, handshake timeout, HTTP error status
-            text = str(exc).replace(self._uri, self.uri)
-            raise PolicyServerError(f"cannot connect to the vla-eval server at {self.uri} "
-                                    f"({type(exc).__name__}: {text}); {_CHECK}", "connect") from None
+        # no keepalive pings, as vla-eval's own client: a server warming up a model may hold its GIL for long
+        conn = open_websocket(self._uri, self.uri, "the vla-eval server", _CHECK, self.connect_timeout_s,
+                              self.max_message_bytes, headers, ping_interval=None)
         self._ws, self._seq = conn, 0
         try:
             seq = self._send("hello", self.hello)
@@ -694,7 +574,7 @@ class VlaEvalPolicy(RemotePolicy):
         timeout_s: for each reply; connect_timeout_s: for the handshake and the hello.
         ready_timeout_s: wait this long for ``GET /health`` to answer 200 before connecting (0: do not).
         camera_map: harness camera -> wire image key(s) (a dict or its JSON); the preset's by default.
-        action_layout: a name in ``remote.ACTION_LAYOUTS`` or slots; the preset's by default.
+        action_layout: a name in ``model_io.ACTION_LAYOUTS`` or slots; the preset's by default.
         instruction: replaces the task's instruction in ``task_description``.
         image_format: how images travel: ``png`` (vla-eval's default), ``jpeg`` (quality 95) or ``raw``.
         image_size: square render size (the preset's 256; a server's ``camera_size`` overrides it on robocasa365).

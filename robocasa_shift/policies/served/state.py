@@ -1,7 +1,7 @@
 """Session state on a policy server, sealed so that a blob only goes back where it may.
 
 What the serving side of branching and sampling shares (the GR00T launcher
-and the openpi serving shim; the client side is ``remote_state``):
+and the openpi serving shim; the client side is ``served.policy``):
 
 - The state of a session is a handful of plain arrays (the generator's state:
   torch's CPU and CUDA byte states, numpy's MT19937 words, or a JAX key's
@@ -14,12 +14,17 @@ and the openpi serving shim; the client side is ``remote_state``):
   another server (another process, or a restarted one without a persistent key),
   altered, made for another model, or owned by another client; only then are its
   arrays decoded.
-- The owner tag: a client sends ``owner_tag(secret)`` when it seeds a session
+- The owner: a client sends ``owner_tag(secret)`` when it seeds a session
   (``secret``: the client's ``state_secret`` option, else its API token, else
-  none). A blob carries the tag of the session it came from and is applied only
-  to a session with the same tag, so one client's state cannot be loaded into a
-  session of another client holding another secret. Clients without any secret
-  share the empty tag: on a launcher without tokens they are one principal.
+  none), and only to the server. The server keeps the session's owner binding,
+  ``StateSealer.owner_binding(tag)``: an HMAC under the server's own key. A blob
+  carries the binding of the session it came from and is applied only to a session
+  with the same binding. The binding is not a bearer value (a reset names the tag,
+  and the server derives the binding from it: copying a blob's binding into a reset
+  binds nothing) and cannot be ground offline from a shared run directory (it
+  needs the server's key), so a short token does not leak through a snapshot.
+  Clients without any secret share the empty tag: on a launcher without tokens
+  they are one principal.
 - The blob is deterministic (no time, no session id in it): the same state of
   the same server and model gives the same bytes, so trunk snapshots hash alike.
 
@@ -41,7 +46,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
-from robocasa_shift.policies.remote import NumpySessionRNG, TorchSessionRNG
+from robocasa_shift.policies.model_io import NumpySessionRNG, TorchSessionRNG
 
 FORMAT = "robocasa-shift session state"
 VERSION = 1
@@ -59,6 +64,7 @@ ARRAY_KINDS = frozenset("biuf")
 _OWNER_CONTEXT = b"robocasa-shift session-state owner\0"
 _ID_CONTEXT = b"robocasa-shift session-state server id\0"
 _TAG_CONTEXT = b"robocasa-shift session-state v1\0"
+_BINDING_CONTEXT = b"robocasa-shift session-state owner binding\0"
 
 
 class StateRefused(ValueError):
@@ -158,11 +164,16 @@ class StateSealer:
         self._key = bytes(key) if key else os.urandom(32)
         self.server_id = hashlib.sha256(_ID_CONTEXT + self._key).hexdigest()[:32]
 
+    def owner_binding(self, tag: str) -> str:
+        """The owner binding of a session seeded with owner ``tag``: keyed by this server, so it can neither be
+        ground back to the client's secret nor presented in place of the tag."""
+        return hmac.new(self._key, _BINDING_CONTEXT + tag.encode("ascii"), hashlib.sha256).hexdigest()
+
     def _tag(self, header: bytes, data: bytes) -> bytes:
         return hmac.new(self._key, _TAG_CONTEXT + len(header).to_bytes(8, "big") + header + data, hashlib.sha256).digest()
 
     def seal(self, arrays: Mapping[str, Any], model: str, owner: str) -> bytes:
-        """The sealed blob of ``arrays`` for ``model`` and the session owner ``owner``."""
+        """The sealed blob of ``arrays`` for ``model`` and the session's owner binding ``owner``."""
         import msgpack
 
         index, data = pack_state(arrays)
@@ -174,7 +185,7 @@ class StateSealer:
         return blob
 
     def open(self, blob: Any, model: str, owner: str) -> Dict[str, np.ndarray]:
-        """The arrays of a blob this server sealed for ``model`` and ``owner``; anything else is refused.
+        """The arrays of a blob this server sealed for ``model`` and owner binding ``owner``; anything else is refused.
 
         Order: the size, the msgpack frame (plain types only), the header's claims (for a precise
         message), the HMAC tag (constant time), the model and the owner; only then the arrays.

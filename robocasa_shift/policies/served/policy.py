@@ -33,14 +33,16 @@ of the state.
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Any, Callable, Dict, Mapping, Optional
 
 import numpy as np
 
-from robocasa_shift.core.policy import ChunkCursor, Observation
-from robocasa_shift.errors import PolicyServerError, StateUnsupported
-from robocasa_shift.policies.remote import RemotePolicy, as_secret
-from robocasa_shift.policies.session_state import (
+from robocasa_shift.core.policy import ChunkCursor, Observation, Policy
+from robocasa_shift.errors import ActionFormatError, PolicyServerError, StateUnsupported
+from robocasa_shift.policies.model_io import NOT_RESET, checked_chunk
+from robocasa_shift.policies.served.connection import as_secret
+from robocasa_shift.policies.served.state import (
     MAX_SAMPLES,
     MAX_STATE_BYTES,
     SAMPLE,
@@ -48,8 +50,43 @@ from robocasa_shift.policies.session_state import (
     owner_tag,
 )
 
+UNSEEDED = "unseeded-server"
 MODES = ("chunk", "step")
 STATE_KEYS = frozenset({"remote.blob", "remote.server", "buffer.actions", "buffer.index"})
+
+
+class RemotePolicy(Policy):
+    """A policy whose model runs in another process: its RNG lives there, seeded per session when it can be.
+
+    Subclasses call :meth:`seeded` with the server's reply to a seeded reset, or
+    :meth:`unseeded` when the server cannot be seeded (paired rollouts are then not
+    guaranteed on the policy side, and the fingerprint says so).
+    """
+
+    deterministic = False
+    # get_state / set_state refuse with this reason (see policies.base.state_support)
+    state_refusal = ("the policy server holds its generators and the protocol has no call to read or restore them, "
+                     "so remote policies cannot be branched")
+    _fingerprint = NOT_RESET
+    _warned_unseeded = False
+
+    def seeded(self, reply: Any, endpoint: str) -> None:
+        """Take the policy RNG fingerprint from the server's reply to a seeded reset."""
+        fingerprint = reply.get("rng_fingerprint") if isinstance(reply, dict) else None
+        if not isinstance(fingerprint, str):
+            raise PolicyServerError(f"'reset' of {endpoint} returned no rng_fingerprint: {reply!r}", "reset")
+        self._fingerprint = fingerprint
+
+    def unseeded(self, why: str) -> None:
+        """Mark this rollout's policy RNG as unseeded; warn once per instance with ``why``."""
+        if not self._warned_unseeded:
+            warnings.warn(why, RuntimeWarning, stacklevel=3)
+            self._warned_unseeded = True
+        self._fingerprint = UNSEEDED
+
+    def rng_fingerprint(self) -> str:
+        """The server's fingerprint of the session RNG after the last reset (or NOT_RESET / UNSEEDED)."""
+        return self._fingerprint
 
 
 class PolicyStateRefused(PolicyServerError):
@@ -196,11 +233,8 @@ class StatefulRemotePolicy(RemotePolicy):
                 f"the fingerprint of {self.endpoint_name()} changed between trunk and branch: the state was taken "
                 f"on server {recorded.get('server_id')}, this one is {self._server['server_id']} (another server, or "
                 "one restarted without --state-key-file); its generator states cannot be vouched for", "set_state")
-        actions = np.asarray(state["buffer.actions"])
+        actions = self._checked_buffer(state["buffer.actions"], state["buffer.index"])
         index = np.asarray(state["buffer.index"])
-        if (actions.dtype != np.float64 or actions.ndim != 2 or index.dtype != np.int64 or index.shape != ()
-                or not 0 <= int(index) <= len(actions)):
-            raise PolicyStateRefused("the state's chunk buffer is malformed", "set_state")
         reply = self.state_request("set_state", {"blob": blob_array.tobytes()})
         fingerprint = reply.get("rng_fingerprint") if isinstance(reply, dict) else None
         if not isinstance(fingerprint, str):
@@ -210,6 +244,28 @@ class StatefulRemotePolicy(RemotePolicy):
         if len(actions):
             self._buffer.load(actions.copy())
             self._buffer.index = int(index)
+
+    def _checked_buffer(self, actions: Any, index: Any) -> np.ndarray:
+        """The restored client-side chunk buffer, checked exactly as a server's chunk is (``checked_chunk``):
+        the buffer is outside the seal, so a forged one must not reach the simulator either."""
+        actions, index = np.asarray(actions), np.asarray(index)
+        if actions.dtype != np.float64 or actions.ndim != 2 or index.dtype != np.int64 or index.shape != ():
+            raise PolicyStateRefused("the state's chunk buffer is malformed (float64 (T, A) actions and an int64 "
+                                     "index expected)", "set_state")
+        if actions.size == 0 and int(index) == 0:
+            return np.zeros((0, 0))
+        try:
+            actions = checked_chunk(actions, self.action_dim(), "buffer.actions")
+        except ActionFormatError as exc:
+            raise PolicyStateRefused(f"the state's chunk buffer is refused: {exc}", "set_state") from None
+        if not 0 <= int(index) <= len(actions):
+            raise PolicyStateRefused(f"the state's buffer index {int(index)} is outside its {len(actions)} actions",
+                                     "set_state")
+        return actions
+
+    def action_dim(self) -> int:
+        """The length of the actions ``act`` returns (the buffer's width)."""
+        raise NotImplementedError
 
     def sample_actions(self, obs: Observation, n: int, rng: np.random.Generator) -> Optional[np.ndarray]:
         """``n`` draws of the first action of a chunk planned now, by the server from seeds drawn from ``rng``;

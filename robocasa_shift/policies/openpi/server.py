@@ -37,7 +37,7 @@ sent ``__reset__`` draws from the policy's own generator, as under openpi's serv
 Security: binds 127.0.0.1 unless told otherwise; any other address needs an API
 key (``--api-key`` or ``OPENPI_API_KEY``), checked in the HTTP handshake
 (``Authorization: Api-Key ...``, constant time) before any frame is read. Frames
-are decoded with ``openpi_wire.unpackb`` (numeric arrays only, sizes checked; never
+are decoded with ``wire.unpackb`` (numeric arrays only, sizes checked; never
 pickle) and bounded by ``--max-message-bytes``. One request is served at a time.
 """
 
@@ -48,8 +48,6 @@ import asyncio
 import hashlib
 import hmac
 import http
-import importlib
-import ipaddress
 import logging
 import os
 import sys
@@ -60,15 +58,17 @@ from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Union
 
 import numpy as np
 
-from robocasa_shift.policies.remote import (
+from robocasa_shift.policies.model_io import (
     NumpySessionRNG,
-    Secret,
     TorchSessionRNG,
-    as_secret,
-    content_hash,
     cuda_devices,
 )
-from robocasa_shift.policies.session_state import (
+from robocasa_shift.policies.served.connection import (
+    Secret,
+    as_secret,
+    content_hash,
+)
+from robocasa_shift.policies.served.state import (
     MAX_SAMPLES,
     SAMPLE,
     SESSION_STATE,
@@ -80,26 +80,22 @@ from robocasa_shift.policies.session_state import (
     restore_rng,
     rng_arrays,
 )
+from robocasa_shift.policies.served.serving import (
+    DEFAULT_HOST,
+    check_bind,
+    factory_options,
+    is_loopback,
+    load_factory,
+)
 from robocasa_shift.seeding import rng_state_hash
 
 log = logging.getLogger(__name__)
-DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 KEY_ENV = "OPENPI_API_KEY"
 MAX_REQUEST_BYTES = 16 * 2**20  # two 224 x 224 images are 0.3 MB
 RESET, GET_STATE, SET_STATE, SAMPLE_KEY = "__reset__", "__get_state__", "__set_state__", "__sample__"
 CONTROL = (RESET, GET_STATE, SET_STATE, SAMPLE_KEY)
 RNG_KINDS = ("auto", "key", "torch", "numpy")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding ``host`` reaches this machine only (127.0.0.0/8, ::1, localhost)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # "0.0.0.0", "*", a host name: may face a network
-        return False
 
 
 # =========================================================================== generators
@@ -213,7 +209,7 @@ class _Connection:
 
     def __init__(self):
         self.rng: Any = None
-        self.owner = owner_tag(None)
+        self.owner = ""  # the owner binding, set by a seeded reset
 
 
 class OpenpiShim:
@@ -239,12 +235,10 @@ class OpenpiShim:
                  rng: str = "auto", state_key: Optional[bytes] = None, max_message_bytes: int = MAX_REQUEST_BYTES):
         from openpi_client import msgpack_numpy
 
-        from robocasa_shift.policies.openpi_wire import SEEDED_RESET_KEY, unpackb
+        from robocasa_shift.policies.openpi.wire import SEEDED_RESET_KEY, unpackb
 
         self._api_key = as_secret(api_key)
-        if not is_loopback(str(host)) and self._api_key is None:
-            raise ValueError(f"binding {host!r} lets other machines reach the shim: give it an API key "
-                             f"(--api-key, or the {KEY_ENV} environment variable), or bind {DEFAULT_HOST}")
+        check_bind(host, self._api_key, f"an API key (--api-key, or the {KEY_ENV} environment variable)")
         if not callable(getattr(policy, "infer", None)):
             raise ValueError(f"{type(policy).__name__} has no infer(obs) method: the factory must return an "
                              "openpi-style policy")
@@ -291,7 +285,7 @@ class OpenpiShim:
             owner = data.get("owner", owner_tag(None))
             if not is_owner_tag(owner):
                 raise ValueError("__reset__'s 'owner' must be a 64-character hex owner tag")
-            conn.rng, conn.owner = self._new_rng(seed), owner
+            conn.rng, conn.owner = self._new_rng(seed), self.sealer.owner_binding(owner)
             return {"rng_fingerprint": conn.rng.fingerprint(), "server_id": self.sealer.server_id,
                     "model_sha256": self.model_sha256}
         if conn.rng is None:
@@ -397,36 +391,6 @@ class OpenpiShim:
 
 
 # =========================================================================== command line
-
-
-def load_factory(spec: str, flag: str = "--policy-factory") -> Callable[..., Any]:
-    """``MODULE:FUNCTION`` -> the function (``flag``: the option that gave it, for messages; the GR00T
-    launcher's ``--model-factory`` uses this too).
-
-    Raises:
-        ValueError: not of that form, or the module has no such callable.
-    """
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"{flag} {spec!r}: expected MODULE:FUNCTION, e.g. my_policies:make_pi05")
-    module = importlib.import_module(module_name)
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ValueError(f"{flag} {spec!r}: {module_name} has no callable {attr!r}")
-    return factory
-
-
-def factory_options(pairs: Iterable[str]) -> Dict[str, Any]:
-    """``--factory-option KEY=VALUE`` pairs as keyword arguments (values read as YAML, safely)."""
-    import yaml
-
-    options: Dict[str, Any] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise ValueError(f"--factory-option {pair!r}: expected KEY=VALUE")
-        options[name] = yaml.safe_load(value)
-    return options
 
 
 def main(argv: Optional[Iterable[str]] = None) -> int:

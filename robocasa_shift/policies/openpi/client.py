@@ -24,7 +24,7 @@ Observation mapping (LIBERO-style keys, as openpi's examples; all configurable):
 - ``prompt``: the task instruction.
 
 Actions: ``"actions"`` (T, D) -> the 12-D PandaOmron action through a flat
-layout (``remote.ACTION_LAYOUTS``, shared with ``lerobot``). The default,
+layout (``model_io.ACTION_LAYOUTS``, shared with ``lerobot``). The default,
 ``robocasa-lerobot``, is the order of RoboCasa's LeRobot datasets and
 LeRobot's RoboCasa env: base motion (4: x, y, yaw, torso), control mode (1),
 end effector position (3), rotation (3), gripper (1); gripper and mode are
@@ -45,17 +45,17 @@ sent this message.
 Branching and sampling. A server whose metadata also says ``"session_state":
 true`` and ``"sample": true`` (this harness's serving shim, ``python -m
 robocasa_shift.policies.openpi serve --policy-factory MODULE:FUNCTION``, module
-``openpi_server``) answers ``{"__get_state__": {}}``, ``{"__set_state__":
+``openpi.server``) answers ``{"__get_state__": {}}``, ``{"__set_state__":
 {"blob": bytes}}`` and ``{"__sample__": {"obs": ..., "n": n, "seed": s}}``; the
 policy then implements ``get_state`` / ``set_state`` / ``sample_actions``
-(``remote_state``). Against a stock openpi server it refuses to be branched,
+(``served.policy``). Against a stock openpi server it refuses to be branched,
 with the reason, and offers no samples.
 
 Decoding replies. openpi-client's ``msgpack_numpy.unpackb`` builds an array
 straight from the dtype, shape and bytes the server sent: an object dtype
 turns 8 bytes into a raw pointer (reading it crashes the process), a short
 buffer or a structured dtype fail in numpy. Replies and metadata are decoded
-here instead (``unpackb``, in ``openpi_wire``, shared with the serving shim): plain numeric and bool dtypes only, the byte
+here instead (``unpackb``, in ``openpi.wire``, shared with the serving shim): plain numeric and bool dtypes only, the byte
 count checked against the shape, the array copied out of the message; a
 websocket message longer than ``max_message_bytes`` closes the connection.
 The API key goes in a header and never into an error, a log or the identity;
@@ -64,7 +64,6 @@ an endpoint is recorded without any password or secret query parameter.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import asdict
 from importlib.metadata import version
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
@@ -78,34 +77,38 @@ from robocasa_shift.errors import (
     PolicyServerTimeout,
     UnknownNameError,
 )
-from robocasa_shift.policies.remote import (
+from robocasa_shift.policies.model_io import (
     LIBERO_STATE,
     ROBOCASA_STATE,
     CameraMapLike,
     LayoutLike,
     StateLayoutLike,
     as_camera_map,
-    as_secret,
     as_state_layout,
-    canonical,
     check_layout_fits,
     checked_image,
-    content_hash,
     flat_to_actions,
+    layout_dim,
     layout_name,
     proprio_vector,
-    redact_uri,
     resolve_layout,
 )
-from robocasa_shift.policies.openpi_wire import (
+from robocasa_shift.policies.served.connection import (
+    as_secret,
+    canonical,
+    content_hash,
+    redact_uri,
+)
+from robocasa_shift.policies.openpi.wire import (
     MAX_MESSAGE_BYTES,
     RESET_MESSAGE_KEY,
     SEEDED_RESET_KEY,
     ReplyFormatError,
     unpackb,
 )
-from robocasa_shift.policies.remote_state import StatefulRemotePolicy
-from robocasa_shift.policies.session_state import SAMPLE, SESSION_STATE
+from robocasa_shift.policies.served.policy import StatefulRemotePolicy
+from robocasa_shift.policies.served.transport import open_websocket
+from robocasa_shift.policies.served.state import SAMPLE, SESSION_STATE
 
 DEFAULT_PORT = 8000
 # the shim's state and sample messages: {"__get_state__": {}}, {"__set_state__": {"blob": bytes}},
@@ -166,14 +169,13 @@ def observation_to_openpi(
 # =========================================================================== client
 
 
-def _client_base():
+def _msgpack_numpy():
     try:
         from openpi_client import msgpack_numpy
-        from openpi_client.websocket_client_policy import WebsocketClientPolicy
     except ImportError as exc:
         raise ImportError(f"the openpi client needs openpi-client ({exc}): pip install -e '.[openpi]' "
                           "(openpi-client==0.1.2, websockets>=13)") from None
-    return WebsocketClientPolicy, msgpack_numpy
+    return msgpack_numpy
 
 
 _CHECK = ("check that an openpi server is running there (openpi: `uv run scripts/serve_policy.py --port PORT "
@@ -181,162 +183,163 @@ _CHECK = ("check that an openpi server is running there (openpi: `uv run scripts
           "from this machine (firewall, SSH tunnel), and that the URI is ws:// (wss:// behind TLS)")
 
 
-def make_client(host: str = "localhost", port: Optional[int] = DEFAULT_PORT, api_key: Optional[str] = None,
-                timeout_s: float = 30.0, connect_timeout_s: float = 10.0, max_message_bytes: int = MAX_MESSAGE_BYTES):
-    """An ``OpenpiClient``: openpi-client's ``WebsocketClientPolicy`` with timeouts, checked decoding and clear errors."""
-    WebsocketClientPolicy, _ = _client_base()
-    secret = as_secret(api_key)
+class OpenpiClient:
+    """openpi's client, with timeouts on connect and on every reply, clear errors and reconnects.
 
-    class OpenpiClient(WebsocketClientPolicy):
-        """openpi's client, with timeouts on connect and on every reply, clear errors and reconnects.
+    openpi-client 0.1.2 waits forever for a reply and turns every failure
+    into a bare exception; a study needs a bounded wait and a message
+    naming the server. After a timeout or a server error the connection
+    is closed (a late reply would otherwise answer the next request);
+    ``reconnect`` opens a new one and refuses a server whose metadata changed.
+    Every message is decoded by ``wire.unpackb``, never by
+    openpi-client's, and bounded by ``max_message_bytes``.
+    """
 
-        openpi-client 0.1.2 waits forever for a reply and turns every failure
-        into a bare exception; a study needs a bounded wait and a message
-        naming the server. After a timeout or a server error the connection
-        is closed (a late reply would otherwise answer the next request);
-        ``reconnect`` opens a new one and refuses a server whose metadata changed.
-        Every message is decoded by ``openpi_wire.unpackb``, never by
-        openpi-client's, and bounded by ``max_message_bytes``.
+    def __init__(self, host: str = "localhost", port: Optional[int] = DEFAULT_PORT, api_key: Any = None,
+                 timeout_s: float = 30.0, connect_timeout_s: float = 10.0,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES):
+        self.timeout_s, self.connect_timeout_s = float(timeout_s), float(connect_timeout_s)
+        self.max_message_bytes = int(max_message_bytes)
+        # the key stays in a Secret, read only by _wait_for_server when it builds the header
+        self._secret = as_secret(api_key)
+        # openpi-client's address rule: a ws:// or wss:// host is a URI, else ws://host; then :port if given
+        self._uri = str(host) if str(host).startswith("ws") else f"ws://{host}"
+        if port is not None:
+            self._uri += f":{int(port)}"
+        self._packer = _msgpack_numpy().Packer()
+        self._metadata_sha256: Optional[str] = None
+        self._ws, self._server_metadata = self._wait_for_server()
+        self._metadata_sha256 = content_hash(self._server_metadata)
+
+    def get_server_metadata(self) -> Dict[str, Any]:
+        """The metadata the server sent on connect."""
+        return self._server_metadata
+
+    @property
+    def uri(self) -> str:
+        """The server's address as errors and the identity show it (no password or secret parameter)."""
+        return redact_uri(self._uri)
+
+    @property
+    def closed(self) -> bool:
+        return self._ws is None
+
+    @property
+    def seeded(self) -> bool:
+        return bool(isinstance(self._server_metadata, dict) and self._server_metadata.get(SEEDED_RESET_KEY))
+
+    def _wait_for_server(self):
+        from websockets.exceptions import ConnectionClosed
+
+        headers = {"Authorization": f"Api-Key {self._secret.reveal()}"} if self._secret else None
+        conn = open_websocket(self._uri, self.uri, "the openpi server", _CHECK, self.connect_timeout_s,
+                              self.max_message_bytes, headers)
+        try:
+            first = conn.recv(timeout=self.connect_timeout_s)
+        except (TimeoutError, ConnectionClosed) as exc:
+            conn.close()
+            raise PolicyServerTimeout(
+                f"{self.uri} accepted a websocket connection but sent no metadata within "
+                f"{self.connect_timeout_s:g} s ({type(exc).__name__}); an openpi policy server sends its "
+                f"metadata first: {_CHECK}", "connect") from None
+        try:
+            metadata = unpackb(first, self.max_message_bytes) if isinstance(first, bytes) else first
+        except ReplyFormatError as exc:
+            conn.close()
+            raise ReplyFormatError(f"{self.uri} sent metadata this client refuses: {exc}", "connect") from None
+        if not isinstance(metadata, dict):
+            conn.close()
+            raise PolicyServerError(f"{self.uri} sent {type(metadata).__name__} instead of openpi's metadata "
+                                    f"dict on connect: {str(metadata)[:200]!r}", "connect")
+        return conn, metadata
+
+    def reconnect(self) -> None:
+        self._drop()
+        self._ws, metadata = self._wait_for_server()
+        if self._metadata_sha256 is not None and content_hash(metadata) != self._metadata_sha256:
+            self._drop()
+            raise PolicyServerError(f"the openpi server at {self.uri} now sends different metadata than at the "
+                                    "first connection (another checkpoint?); the run's manifest would be wrong",
+                                    "connect")
+        self._server_metadata = metadata
+
+    def _drop(self) -> None:
+        if self._ws is not None:
+            try:
+                self._ws.close()
+            finally:
+                self._ws = None
+
+    def _exchange(self, message: Dict[str, Any], what: str) -> Dict[str, Any]:
+        from websockets.exceptions import ConnectionClosed
+
+        if self._ws is None:
+            raise PolicyServerError(f"the connection to the openpi server at {self.uri} was closed after an "
+                                    "earlier error or timeout; the next reset reconnects", what)
+        try:
+            self._ws.send(self._packer.pack(message))
+            reply = self._ws.recv(timeout=self.timeout_s)
+        except TimeoutError:
+            self._drop()
+            raise PolicyServerTimeout(f"the openpi server at {self.uri} did not answer {what} within "
+                                      f"{self.timeout_s:g} s (the first inference of a JAX server compiles "
+                                      "the model: raise timeout_s); the connection was closed", what) from None
+        except ConnectionClosed as exc:
+            self._drop()
+            too_big = getattr(getattr(exc, "rcvd", None), "code", None) == 1009 or \
+                getattr(getattr(exc, "sent", None), "code", None) == 1009
+            hint = (f"its reply exceeded max_message_bytes={self.max_message_bytes:,}" if too_big else _CHECK)
+            raise PolicyServerError(f"the openpi server at {self.uri} closed the connection during {what} "
+                                    f"({exc}); {hint}", what) from None
+        if isinstance(reply, str):  # openpi sends the traceback as text, then closes
+            self._drop()
+            raise PolicyServerError(f"the openpi server at {self.uri} failed {what}:\n{reply}", what, reply)
+        try:
+            result = unpackb(reply, self.max_message_bytes)
+        except ReplyFormatError as exc:
+            self._drop()  # the stream can no longer be trusted to pair replies with requests
+            raise ReplyFormatError(f"the openpi server at {self.uri} sent a reply to {what} this client "
+                                   f"refuses: {exc}", what) from None
+        if not isinstance(result, dict):
+            raise PolicyServerError(f"{what}: expected a dict from {self.uri}, got {type(result).__name__}", what)
+        return result
+
+    def infer(self, obs: Dict) -> Dict:
+        return self._exchange(obs, "infer")
+
+    def reset_seed(self, seed: int, owner: Optional[str] = None) -> Dict[str, Any]:
+        """Seed this connection's generator on a server that advertises ``seeded_reset``.
+
+        ``owner``: the session's owner tag (``served.state.owner_tag``), which state blobs are bound to.
         """
+        if not self.seeded:
+            raise PolicyServerError(f"the openpi server at {self.uri} does not advertise '{SEEDED_RESET_KEY}' "
+                                    "in its metadata; a plain openpi server cannot be seeded", "reset")
+        data: Dict[str, Any] = {"seed": int(seed)}
+        if owner is not None:
+            data["owner"] = owner
+        return self._exchange({RESET_MESSAGE_KEY: data}, "reset")
 
-        def __init__(self):
-            self.timeout_s, self.connect_timeout_s = float(timeout_s), float(connect_timeout_s)
-            self.max_message_bytes = int(max_message_bytes)
-            self._metadata_sha256: Optional[str] = None
-            # the base class would keep the key as plain text: it gets None; the key stays in a Secret,
-            # read only by _wait_for_server when it builds the header
-            super().__init__(str(host), None if port is None else int(port), None)
-            self._metadata_sha256 = content_hash(self._server_metadata)
+    def capabilities(self) -> Dict[str, Any]:
+        """What the server's metadata advertises beyond openpi's protocol ({} for a stock server)."""
+        metadata = self._server_metadata if isinstance(self._server_metadata, dict) else {}
+        return {k: metadata.get(k) is True for k in (SEEDED_RESET_KEY, SESSION_STATE, SAMPLE)}
 
-        @property
-        def uri(self) -> str:
-            """The server's address as errors and the identity show it (no password or secret parameter)."""
-            return redact_uri(self._uri)
+    def state_call(self, op: str, data: Dict[str, Any]) -> Dict[str, Any]:
+        """A state or sample message (``get_state``, ``set_state``, ``sample``) of the serving shim."""
+        if op not in STATE_MESSAGE_KEYS:
+            raise ValueError(f"unknown state request {op!r}")
+        return self._exchange({STATE_MESSAGE_KEYS[op]: data}, op)
 
-        @property
-        def closed(self) -> bool:
-            return self._ws is None
+    def close(self) -> None:
+        self._drop()
 
-        @property
-        def seeded(self) -> bool:
-            return bool(isinstance(self._server_metadata, dict) and self._server_metadata.get(SEEDED_RESET_KEY))
 
-        def _wait_for_server(self):
-            from websockets.exceptions import ConnectionClosed
-            from websockets.sync.client import connect
-
-            headers = {"Authorization": f"Api-Key {secret.reveal()}"} if secret else None
-            # websockets >= 17 wants ``legacy=True`` for a connection used outside a ``with`` block
-            legacy = {"legacy": True} if "legacy" in inspect.signature(connect).parameters else {}
-            try:
-                conn = connect(self._uri, compression=None, max_size=self.max_message_bytes,
-                               additional_headers=headers, open_timeout=self.connect_timeout_s, **legacy)
-            except Exception as exc:  # refused, unreachable, DNS, handshake timeout, HTTP error status
-                # the exception's text may quote the URI it was given: show the redacted one only
-                text = str(exc).replace(self._uri, self.uri)
-                raise PolicyServerError(f"cannot connect to the openpi server at {self.uri} "
-                                        f"({type(exc).__name__}: {text}); {_CHECK}", "connect") from None
-            try:
-                first = conn.recv(timeout=self.connect_timeout_s)
-            except (TimeoutError, ConnectionClosed) as exc:
-                conn.close()
-                raise PolicyServerTimeout(
-                    f"{self.uri} accepted a websocket connection but sent no metadata within "
-                    f"{self.connect_timeout_s:g} s ({type(exc).__name__}); an openpi policy server sends its "
-                    f"metadata first: {_CHECK}", "connect") from None
-            try:
-                metadata = unpackb(first, self.max_message_bytes) if isinstance(first, bytes) else first
-            except ReplyFormatError as exc:
-                conn.close()
-                raise ReplyFormatError(f"{self.uri} sent metadata this client refuses: {exc}", "connect") from None
-            if not isinstance(metadata, dict):
-                conn.close()
-                raise PolicyServerError(f"{self.uri} sent {type(metadata).__name__} instead of openpi's metadata "
-                                        f"dict on connect: {str(metadata)[:200]!r}", "connect")
-            return conn, metadata
-
-        def reconnect(self) -> None:
-            self._drop()
-            self._ws, metadata = self._wait_for_server()
-            if self._metadata_sha256 is not None and content_hash(metadata) != self._metadata_sha256:
-                self._drop()
-                raise PolicyServerError(f"the openpi server at {self.uri} now sends different metadata than at the "
-                                        "first connection (another checkpoint?); the run's manifest would be wrong",
-                                        "connect")
-            self._server_metadata = metadata
-
-        def _drop(self) -> None:
-            if self._ws is not None:
-                try:
-                    self._ws.close()
-                finally:
-                    self._ws = None
-
-        def _exchange(self, message: Dict[str, Any], what: str) -> Dict[str, Any]:
-            from websockets.exceptions import ConnectionClosed
-
-            if self._ws is None:
-                raise PolicyServerError(f"the connection to the openpi server at {self.uri} was closed after an "
-                                        "earlier error or timeout; the next reset reconnects", what)
-            try:
-                self._ws.send(self._packer.pack(message))
-                reply = self._ws.recv(timeout=self.timeout_s)
-            except TimeoutError:
-                self._drop()
-                raise PolicyServerTimeout(f"the openpi server at {self.uri} did not answer {what} within "
-                                          f"{self.timeout_s:g} s (the first inference of a JAX server compiles "
-                                          "the model: raise timeout_s); the connection was closed", what) from None
-            except ConnectionClosed as exc:
-                self._drop()
-                too_big = getattr(getattr(exc, "rcvd", None), "code", None) == 1009 or \
-                    getattr(getattr(exc, "sent", None), "code", None) == 1009
-                hint = (f"its reply exceeded max_message_bytes={self.max_message_bytes:,}" if too_big else _CHECK)
-                raise PolicyServerError(f"the openpi server at {self.uri} closed the connection during {what} "
-                                        f"({exc}); {hint}", what) from None
-            if isinstance(reply, str):  # openpi sends the traceback as text, then closes
-                self._drop()
-                raise PolicyServerError(f"the openpi server at {self.uri} failed {what}:\n{reply}", what, reply)
-            try:
-                result = unpackb(reply, self.max_message_bytes)
-            except ReplyFormatError as exc:
-                self._drop()  # the stream can no longer be trusted to pair replies with requests
-                raise ReplyFormatError(f"the openpi server at {self.uri} sent a reply to {what} this client "
-                                       f"refuses: {exc}", what) from None
-            if not isinstance(result, dict):
-                raise PolicyServerError(f"{what}: expected a dict from {self.uri}, got {type(result).__name__}", what)
-            return result
-
-        def infer(self, obs: Dict) -> Dict:
-            return self._exchange(obs, "infer")
-
-        def reset_seed(self, seed: int, owner: Optional[str] = None) -> Dict[str, Any]:
-            """Seed this connection's generator on a server that advertises ``seeded_reset``.
-
-            ``owner``: the session's owner tag (``session_state.owner_tag``), which state blobs are bound to.
-            """
-            if not self.seeded:
-                raise PolicyServerError(f"the openpi server at {self.uri} does not advertise '{SEEDED_RESET_KEY}' "
-                                        "in its metadata; a plain openpi server cannot be seeded", "reset")
-            data: Dict[str, Any] = {"seed": int(seed)}
-            if owner is not None:
-                data["owner"] = owner
-            return self._exchange({RESET_MESSAGE_KEY: data}, "reset")
-
-        def capabilities(self) -> Dict[str, Any]:
-            """What the server's metadata advertises beyond openpi's protocol ({} for a stock server)."""
-            metadata = self._server_metadata if isinstance(self._server_metadata, dict) else {}
-            return {k: metadata.get(k) is True for k in (SEEDED_RESET_KEY, SESSION_STATE, SAMPLE)}
-
-        def state_call(self, op: str, data: Dict[str, Any]) -> Dict[str, Any]:
-            """A state or sample message (``get_state``, ``set_state``, ``sample``) of the serving shim."""
-            if op not in STATE_MESSAGE_KEYS:
-                raise ValueError(f"unknown state request {op!r}")
-            return self._exchange({STATE_MESSAGE_KEYS[op]: data}, op)
-
-        def close(self) -> None:
-            self._drop()
-
-    return OpenpiClient()
+def make_client(host: str = "localhost", port: Optional[int] = DEFAULT_PORT, api_key: Optional[str] = None,
+                timeout_s: float = 30.0, connect_timeout_s: float = 10.0,
+                max_message_bytes: int = MAX_MESSAGE_BYTES) -> OpenpiClient:
+    """An ``OpenpiClient`` connected to an openpi server (see its docstring)."""
+    return OpenpiClient(host, port, api_key, timeout_s, connect_timeout_s, max_message_bytes)
 
 
 # =========================================================================== policy
@@ -355,7 +358,7 @@ class OpenpiPolicy(StatefulRemotePolicy):
         state_key: where the proprio vector goes ("" sends none); state_layout: its
             (proprio key, dimension) list, a list or its JSON.
         prompt_key: where the instruction goes; instruction: replaces the task's.
-        action_layout: a name in ``remote.ACTION_LAYOUTS`` or a list of slots (see ``remote.resolve_layout``).
+        action_layout: a name in ``model_io.ACTION_LAYOUTS`` or a list of slots (see ``model_io.resolve_layout``).
         mirror_images: mirror every image left-right before sending it (see ``PRESETS``).
         model_image_size: resize each image with padding to this size before sending it (openpi's
             ``image_tools.resize_with_pad``); None sends the rendered size.
@@ -445,7 +448,7 @@ class OpenpiPolicy(StatefulRemotePolicy):
         check_layout_fits(self.layout, obs)
         return self.chunked(lambda: self.actions_of(self.client.infer(self.payload(obs))))
 
-    # ------------------------------------------------------------------ session state (remote_state)
+    # ------------------------------------------------------------------ session state (served.policy)
 
     def fetch_capabilities(self) -> Mapping[str, Any]:
         if self.client.closed:
@@ -454,6 +457,9 @@ class OpenpiPolicy(StatefulRemotePolicy):
 
     def state_request(self, op: str, data: Dict[str, Any]) -> Dict[str, Any]:
         return self.client.state_call(op, data)
+
+    def action_dim(self) -> int:
+        return layout_dim(self.layout)
 
     def endpoint_name(self) -> str:
         return f"the openpi server at {self.client.uri}"
@@ -485,13 +491,3 @@ class OpenpiPolicy(StatefulRemotePolicy):
     def close(self) -> None:
         self.client.close()
 
-
-def main(argv=None) -> int:
-    """``python -m robocasa_shift.policies.openpi serve --policy-factory MODULE:FUNCTION`` (see ``openpi_server``)."""
-    from robocasa_shift.policies.openpi_server import main as serve_main
-
-    return serve_main(argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

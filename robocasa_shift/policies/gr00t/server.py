@@ -50,8 +50,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import hmac
-import ipaddress
 import json
 import logging
 import os
@@ -66,7 +64,7 @@ from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Unio
 
 from robocasa_shift.errors import PolicyServerError
 from robocasa_shift.policies.gr00t.client import Gr00tClient
-from robocasa_shift.policies.gr00t.protocol import (
+from robocasa_shift.policies.gr00t.wire import (
     DEFAULT_PORT,
     MAX_MESSAGE_BYTES,
     SERIALIZERS,
@@ -74,16 +72,26 @@ from robocasa_shift.policies.gr00t.protocol import (
     packb,
     unpackb,
 )
-from robocasa_shift.policies.remote import (
+from robocasa_shift.policies.model_io import (
     NumpySessionRNG,
-    Secret,
     TorchSessionRNG,
+    cuda_devices,
+)
+from robocasa_shift.policies.served.connection import (
+    Secret,
     as_secret,
     canonical,
     content_hash,
-    cuda_devices,
 )
-from robocasa_shift.policies.session_state import (
+from robocasa_shift.policies.served.serving import (
+    DEFAULT_HOST,
+    check_bind,
+    factory_options,
+    is_loopback,
+    load_factory,
+    same_credential,
+)
+from robocasa_shift.policies.served.state import (
     MAX_SAMPLES,
     MAX_STATE_BYTES,
     SAMPLE,
@@ -100,23 +108,12 @@ from robocasa_shift.policies.session_state import (
 log = logging.getLogger(__name__)
 # the first line of the module this command line came from, kept as its --help text
 DESCRIPTION = "The ``gr00t`` policy: a client of a GR00T N1.5 inference server, and a seeding launcher for it."
-DEFAULT_HOST = "127.0.0.1"
 UNAUTHORIZED = "Unauthorized: Invalid API token"
 # The longest session id a launcher keeps (clients send <64-char prefix>-<32 hex digits>): without a cap the
 # table could hold max_sessions x the message size.
 MAX_SESSION_ID_CHARS = 128
 NO_PICKLE = ("the launcher never unpickles requests (a pickled request runs its sender's code before any token "
              "check); it serves msgpack, GR00T's format since August 2025: update the client")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding ``host`` reaches this machine only (127.0.0.0/8, ::1, localhost)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # "*", an interface name or a host name: may face a network
-        return False
 
 
 @dataclass
@@ -127,7 +124,7 @@ class _Session:
     last_used_s: float
     last_request: Optional[Tuple[Any, str]] = None  # (seq, sha256 of the request) answered last
     last_reply: Any = None
-    owner: str = owner_tag(None)  # the owner tag sent with reset: a state blob goes back only to its owner
+    owner: str = ""  # the owner binding of the tag sent with reset: a state blob goes back only to its owner
 
 
 class Gr00tLauncher:
@@ -183,10 +180,7 @@ class Gr00tLauncher:
         if serializer != "msgpack":
             raise ValueError(f"serializer {serializer!r}: {NO_PICKLE}")
         self._api_token = as_secret(api_token)
-        if not is_loopback(str(host)) and self._api_token is None:
-            raise ValueError(f"binding {host!r} lets other machines reach the launcher: give it an API token "
-                             f"(--api-token, or the GR00T_API_TOKEN environment variable), or bind {DEFAULT_HOST} "
-                             "and reach it through an SSH tunnel")
+        check_bind(host, self._api_token, f"an API token (--api-token, or the {TOKEN_ENV} environment variable)")
         if int(max_sessions) < 1:
             raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
         if allow_kill and self._api_token is None:
@@ -282,7 +276,8 @@ class Gr00tLauncher:
         now = time.monotonic()
         if self.sessions.pop(session, None) is None:
             self._make_room(now)
-        self.sessions[session] = _Session(self._new_rng(int(data["seed"])), now, owner=self._owner(data))
+        owner = self.sealer.owner_binding(self._owner(data))
+        self.sessions[session] = _Session(self._new_rng(int(data["seed"])), now, owner=owner)
         return {"rng_fingerprint": self.sessions[session].rng.fingerprint(), "session": session,
                 "server_id": self.sealer.server_id, "model_sha256": self.model_sha256()}
 
@@ -384,11 +379,7 @@ class Gr00tLauncher:
         """Whether ``request`` carries this launcher's token (always, when it has none)."""
         if self._api_token is None:
             return True
-        given = request.get("api_token")
-        if isinstance(given, str):
-            given = given.encode("utf-8")
-        # compare_digest: the time taken does not tell how much of a guessed token was right
-        return isinstance(given, bytes) and hmac.compare_digest(given, self._api_token.reveal().encode("utf-8"))
+        return same_credential(request.get("api_token"), self._api_token)
 
     def handle(self, message: bytes) -> bytes:
         """One request's reply bytes; failures become ``{"error": str}``.
@@ -423,8 +414,11 @@ class Gr00tLauncher:
         import zmq
 
         context = zmq.Context()
-        sock = context.socket(zmq.REP)
+        # ROUTER, not REP: REQ clients (GR00T's and this harness's) see no difference, and the receive queue is
+        # bounded: one request per peer waits here, the rest wait in TCP instead of this process's memory
+        sock = context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 1)
         # libzmq drops a peer whose message exceeds this before it is buffered whole
         sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
         try:
@@ -451,7 +445,10 @@ class Gr00tLauncher:
         try:
             while self.running:
                 if poller.poll(poll_ms):
-                    sock.send(self.handle(sock.recv()))
+                    frames = sock.recv_multipart(copy=False)
+                    # [peer, (empty delimiter,) request]: the request is read in place, never copied whole
+                    if len(frames) >= 2:
+                        sock.send_multipart([*(f.bytes for f in frames[:-1]), self.handle(frames[-1].buffer)])
         finally:
             self.running = False
             sock.close(linger=0)
@@ -582,11 +579,8 @@ def _check_serve_args(args: argparse.Namespace) -> Optional[str]:
     return None
 
 
-def main(argv: Optional[Iterable[str]] = None) -> int:
-    """``serve`` a checkpoint through a ``Gr00tLauncher``, ``ping`` a server or make a CURVE key pair.
-
-    Returns the exit status (2: refused arguments or an unreachable server).
-    """
+def _parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m robocasa_shift.policies.gr00t``."""
     parser = argparse.ArgumentParser(prog="python -m robocasa_shift.policies.gr00t", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve a GR00T checkpoint with per-session seeding")
@@ -632,7 +626,15 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     ping.add_argument("--curve-server-key", default=None, help="the launcher's CURVE public key (Z85)")
     keygen = sub.add_parser("curve-keygen", help="write a CURVE secret key file for serve; print its public key")
     keygen.add_argument("--out", required=True, help="file for the secret key (created with mode 0600)")
-    args = parser.parse_args(list(argv) if argv is not None else None)
+    return parser
+
+
+def main(argv: Optional[Iterable[str]] = None) -> int:
+    """``serve`` a checkpoint through a ``Gr00tLauncher``, ``ping`` a server or make a CURVE key pair.
+
+    Returns the exit status (2: refused arguments or an unreachable server).
+    """
+    args = _parser().parse_args(list(argv) if argv is not None else None)
 
     if args.command == "curve-keygen":
         import zmq
@@ -669,8 +671,6 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO)
     if args.model_factory:
-        from robocasa_shift.policies.openpi_server import factory_options, load_factory
-
         try:
             factory = load_factory(args.model_factory, "--model-factory")
             options = factory_options(args.factory_option)

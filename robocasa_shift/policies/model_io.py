@@ -1,32 +1,28 @@
-"""What the adapters of served or separately loaded models share (``gr00t``, ``openpi``, ``lerobot``).
+"""What every adapter of a model run elsewhere shares: served ones (``gr00t``, ``openpi``, ``vla-eval``) and
+``lerobot``, which loads a checkpoint in process.
 
-- Fingerprints for a policy that was never reset (``NOT_RESET``) and for a
-  server that cannot be seeded (``UNSEEDED``).
+- ``NOT_RESET``: the fingerprint of a policy that was never reset.
 - Session RNGs: a generator state private to one session, installed as the
   process's global one only around a call into the model, because GR00T,
   openpi's PyTorch models and LeRobot's samplers all draw from the global
   generator and a global seed would leak into everything else.
 - Observation helpers: camera maps, image checks, proprio vectors.
-- Flat action layouts: where the columns of a model's (T, D) action go in the
-  PandaOmron action, for openpi and LeRobot.
-- ``content_hash`` of server replies and metadata, as recorded in manifests.
-- Credentials: ``Secret`` (a token or key that never shows in a repr, an
-  error or an identity) and ``redact_uri`` (an endpoint fit for a record).
+- One action-layout type, ``ActionSlot``: where columns of a model's action go in the
+  embodiment's action, for a flat (T, D) array (openpi, LeRobot, vla-eval) and for GR00T's
+  replies of one array per action key alike; ``checked_chunk`` is the one check of a chunk
+  (shape, dtype, finite values, magnitude, size), for server replies and restored buffers.
 
 Errors live in ``robocasa_shift.errors``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
-from robocasa_shift.config import SECRET_PLACEHOLDER, redact_url
-from robocasa_shift.core.policy import Observation, Policy
+from robocasa_shift.core.policy import Observation
 from robocasa_shift.embodiments.fake_planar import LAYOUT as FAKE_PLANAR
 from robocasa_shift.embodiments.panda import LAYOUT as PANDA
 from robocasa_shift.embodiments.panda_omron import (
@@ -39,11 +35,10 @@ from robocasa_shift.embodiments.panda_omron import (
     indices,
 )
 from robocasa_shift.embodiments.panda_omron import LAYOUT as PANDA_OMRON
-from robocasa_shift.errors import ActionFormatError, PolicyServerError, UnknownNameError
+from robocasa_shift.errors import ActionFormatError, UnknownNameError
 from robocasa_shift.seeding import rng_state_hash
 
 NOT_RESET = "not-reset"
-UNSEEDED = "unseeded-server"
 
 CameraMapLike = Union[None, str, Mapping[str, Union[str, Sequence[str]]]]
 StateLayoutLike = Union[None, str, Sequence[Tuple[str, int]]]
@@ -76,102 +71,6 @@ ROBOCASA_STATE: Tuple[Tuple[str, int], ...] = (
 )
 
 
-# =========================================================================== credentials
-
-
-class Secret:
-    """A credential (API token or key) held in memory only.
-
-    Its ``repr`` and ``str`` are a placeholder, so a client that logs itself,
-    a traceback that shows locals or an f-string in an error message cannot
-    leak it; :meth:`reveal` is called only where the value goes on the wire.
-    """
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str):
-        self._value = str(value)
-
-    def reveal(self) -> str:
-        """The credential itself, for the one place that sends it."""
-        return self._value
-
-    def __repr__(self) -> str:
-        return f"Secret({SECRET_PLACEHOLDER!r})"
-
-    __str__ = __repr__
-
-    def __bool__(self) -> bool:
-        return bool(self._value)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Secret) and other._value == self._value
-
-    def __hash__(self) -> int:
-        return hash(self._value)
-
-
-def as_secret(value: Any) -> Optional[Secret]:
-    """``value`` as a ``Secret``; None or an empty string means no credential.
-
-    A number is taken as its text: ``--policy-option api_token=12345`` arrives
-    as an int after the option's YAML parsing.
-    """
-    if value is None or isinstance(value, Secret):
-        return value or None
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise ValueError(f"a credential must be a string, got {type(value).__name__}")
-    return Secret(str(value)) if str(value) else None
-
-
-def redact_uri(uri: str) -> str:
-    """``uri`` with any password in its user part and the values of secret-named query parameters replaced.
-
-    ``ws://user:pass@host:8000/?token=t`` becomes
-    ``ws://user:<redacted>@host:8000/?token=<redacted>``: what error messages
-    and a run's identity may show of an endpoint. The same rule as every URL-valued option
-    written into a run directory (:func:`robocasa_shift.config.redact_url`).
-    """
-    return redact_url(uri)
-
-
-# =========================================================================== content hash
-
-
-class RemotePolicy(Policy):
-    """A policy whose model runs in another process: its RNG lives there, seeded per session when it can be.
-
-    Subclasses call :meth:`seeded` with the server's reply to a seeded reset, or
-    :meth:`unseeded` when the server cannot be seeded (paired rollouts are then not
-    guaranteed on the policy side, and the fingerprint says so).
-    """
-
-    deterministic = False
-    # get_state / set_state refuse with this reason (see policies.base.state_support)
-    state_refusal = ("the policy server holds its generators and the protocol has no call to read or restore them, "
-                     "so remote policies cannot be branched")
-    _fingerprint = NOT_RESET
-    _warned_unseeded = False
-
-    def seeded(self, reply: Any, endpoint: str) -> None:
-        """Take the policy RNG fingerprint from the server's reply to a seeded reset."""
-        fingerprint = reply.get("rng_fingerprint") if isinstance(reply, dict) else None
-        if not isinstance(fingerprint, str):
-            raise PolicyServerError(f"'reset' of {endpoint} returned no rng_fingerprint: {reply!r}", "reset")
-        self._fingerprint = fingerprint
-
-    def unseeded(self, why: str) -> None:
-        """Mark this rollout's policy RNG as unseeded; warn once per instance with ``why``."""
-        if not self._warned_unseeded:
-            warnings.warn(why, RuntimeWarning, stacklevel=3)
-            self._warned_unseeded = True
-        self._fingerprint = UNSEEDED
-
-    def rng_fingerprint(self) -> str:
-        """The server's fingerprint of the session RNG after the last reset (or NOT_RESET / UNSEEDED)."""
-        return self._fingerprint
-
-
 def chunk_length(steps: int, n_action_steps: Optional[int], source: str) -> int:
     """How many steps of a ``steps``-long chunk to execute: all, or the first ``n_action_steps``."""
     if n_action_steps is None:
@@ -179,26 +78,6 @@ def chunk_length(steps: int, n_action_steps: Optional[int], source: str) -> int:
     if n_action_steps > steps:
         raise ActionFormatError(f"n_action_steps={n_action_steps} exceeds the chunk of {steps} steps{source}")
     return n_action_steps
-
-
-def canonical(obj: Any) -> Any:
-    """A JSON-ready form of ``obj``: arrays with dtype and shape, bytes as their sha256."""
-    if isinstance(obj, np.ndarray):
-        return {"dtype": str(obj.dtype), "shape": list(obj.shape), "data": obj.tolist()}
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, Mapping):
-        return {str(k): canonical(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [canonical(v) for v in obj]
-    if isinstance(obj, bytes):
-        return hashlib.sha256(obj).hexdigest()
-    return obj
-
-
-def content_hash(obj: Any) -> str:
-    """sha256 of a canonical JSON form (sorted keys; arrays with dtype and shape)."""
-    return hashlib.sha256(json.dumps(canonical(obj), sort_keys=True).encode()).hexdigest()
 
 
 # =========================================================================== session RNGs
@@ -277,7 +156,7 @@ class NumpySessionRNG:
 def as_camera_map(camera_map: CameraMapLike, default: Mapping[str, Tuple[str, ...]]) -> Dict[str, Tuple[str, ...]]:
     """Harness camera -> model camera key(s), from a dict, its JSON (a command line) or None (``default``)."""
     if camera_map is None:
-        return dict(default)
+        return {k: tuple(v) for k, v in default.items()}
     if isinstance(camera_map, str):
         camera_map = json.loads(camera_map)
     return {str(k): ((v,) if isinstance(v, str) else tuple(v)) for k, v in camera_map.items()}
@@ -334,8 +213,13 @@ def binarize(values: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class FlatSlot:
-    """Where some columns of a flat model action go in the embodiment's action (12-D PandaOmron, 7-D Panda)."""
+class ActionSlot:
+    """Where some columns of a model's action go in the embodiment's action (12-D PandaOmron, 7-D Panda, 3-D planar).
+
+    A flat (T, D) model action (openpi, LeRobot, vla-eval) has one slot per part, ``columns`` indexing D; a
+    reply of one (T, d) array per action key (GR00T) has one slot per key, ``name`` the key and ``columns``
+    ``0..d-1``.
+    """
 
     name: str
     columns: Tuple[int, ...]  # model action columns
@@ -343,37 +227,73 @@ class FlatSlot:
     binary: bool = False  # read through ``binarize``
 
 
-ACTION_LAYOUTS: Dict[str, Tuple[FlatSlot, ...]] = {
+# Bounds on one action chunk, from a server reply or a restored client-side buffer alike: real chunks are
+# tens of steps of actions of order 1, so these only keep a hostile peer's values out of the simulator and
+# out of memory.
+MAX_CHUNK_STEPS = 4096
+MAX_ACTION_ABS = 1e6
+
+
+def checked_chunk(value: Any, width: int, source: str, steps: Optional[int] = None) -> np.ndarray:
+    """``value`` as a float64 (T, ``width``) chunk after the one check every chunk passes.
+
+    A (width,) value is one step. Checked: a real numeric dtype (no object, string or complex array),
+    T == ``steps`` when given, else 1 <= T <= ``MAX_CHUNK_STEPS``, finite values, every
+    |value| <= ``MAX_ACTION_ABS``.
+
+    Raises:
+        ActionFormatError: naming ``source`` and what failed.
+    """
+    array = np.asarray(value)
+    if array.dtype.kind not in "biuf":
+        raise ActionFormatError(f"'{source}' has dtype {array.dtype}; an action chunk holds real numbers")
+    array = array.astype(np.float64)
+    if array.ndim == 1 and width >= 1 and array.shape[0] == width:
+        array = array[None]
+    if array.ndim != 2 or array.shape[1] != width or not 1 <= len(array) <= MAX_CHUNK_STEPS:
+        raise ActionFormatError(f"'{source}' has shape {tuple(np.shape(value))}, expected "
+                                f"({steps or 'T'}, {width}) with 1 <= T <= {MAX_CHUNK_STEPS}")
+    if steps is not None and len(array) != steps:
+        raise ActionFormatError(f"'{source}' has {len(array)} steps, expected ({steps}, {width})")
+    if not np.all(np.isfinite(array)):
+        raise ActionFormatError(f"'{source}' has non-finite values")
+    if np.max(np.abs(array)) > MAX_ACTION_ABS:
+        raise ActionFormatError(f"'{source}' has values of magnitude {np.max(np.abs(array)):.3g}, over "
+                                f"{MAX_ACTION_ABS:g}: not an action")
+    return array
+
+
+ACTION_LAYOUTS: Dict[str, Tuple[ActionSlot, ...]] = {
     # RoboCasa's LeRobot datasets (PandaOmron_modality.json) and LeRobot's RoboCasa env
     "robocasa-lerobot": (
-        FlatSlot("base_motion", (0, 1, 2, 3), BASE_MOTION),
-        FlatSlot("control_mode", (4,), (MODE,), binary=True),
-        FlatSlot("end_effector_position", (5, 6, 7), indices(ARM_POS)),
-        FlatSlot("end_effector_rotation", (8, 9, 10), indices(ARM_ROT)),
-        FlatSlot("gripper_close", (11,), (GRIPPER,), binary=True),
+        ActionSlot("base_motion", (0, 1, 2, 3), BASE_MOTION),
+        ActionSlot("control_mode", (4,), (MODE,), binary=True),
+        ActionSlot("end_effector_position", (5, 6, 7), indices(ARM_POS)),
+        ActionSlot("end_effector_rotation", (8, 9, 10), indices(ARM_ROT)),
+        ActionSlot("gripper_close", (11,), (GRIPPER,), binary=True),
     ),
     # RoboCasa's HDF5 datasets and robocasa.utils.env_utils.convert_action
     "robocasa-hdf5": (
-        FlatSlot("end_effector_position", (0, 1, 2), indices(ARM_POS)),
-        FlatSlot("end_effector_rotation", (3, 4, 5), indices(ARM_ROT)),
-        FlatSlot("gripper_close", (6,), (GRIPPER,), binary=True),
-        FlatSlot("base_motion", (7, 8, 9, 10), BASE_MOTION),
-        FlatSlot("control_mode", (11,), (MODE,), binary=True),
+        ActionSlot("end_effector_position", (0, 1, 2), indices(ARM_POS)),
+        ActionSlot("end_effector_rotation", (3, 4, 5), indices(ARM_ROT)),
+        ActionSlot("gripper_close", (6,), (GRIPPER,), binary=True),
+        ActionSlot("base_motion", (7, 8, 9, 10), BASE_MOTION),
+        ActionSlot("control_mode", (11,), (MODE,), binary=True),
     ),
     # the environment's own action, unchanged
-    "panda-omron": (FlatSlot("action", tuple(range(ACTION_DIM)), tuple(range(ACTION_DIM))),),
+    "panda-omron": (ActionSlot("action", tuple(range(ACTION_DIM)), tuple(range(ACTION_DIM))),),
     # LIBERO's fixed Panda (OSC_POSE delta, axis-angle, gripper -1 open / +1 close), as LIBERO checkpoints emit it
-    "libero": (FlatSlot("action", tuple(range(7)), tuple(range(7))),),
+    "libero": (ActionSlot("action", tuple(range(7)), tuple(range(7))),),
     # the testing backend's planar gripper (velocity x, y; gripper command), for served stand-ins in tests
-    "fake-planar": (FlatSlot("action", (0, 1, 2), (0, 1, 2)),),
+    "fake-planar": (ActionSlot("action", (0, 1, 2), (0, 1, 2)),),
 }
 
-LayoutLike = Union[str, Sequence[Union[FlatSlot, Mapping[str, Any]]]]
+LayoutLike = Union[str, Sequence[Union[ActionSlot, Mapping[str, Any]]]]
 # The embodiments a layout may fill, by their action's length.
 EMBODIMENT_DIMS = {PANDA_OMRON.name: PANDA_OMRON.dim, PANDA.name: PANDA.dim, FAKE_PLANAR.name: FAKE_PLANAR.dim}
 
 
-def resolve_layout(layout: LayoutLike) -> Tuple[FlatSlot, ...]:
+def resolve_layout(layout: LayoutLike) -> Tuple[ActionSlot, ...]:
     """A layout by name, or from slots (dicts with name, columns, targets, binary; or their JSON).
 
     Raises:
@@ -386,7 +306,7 @@ def resolve_layout(layout: LayoutLike) -> Tuple[FlatSlot, ...]:
         return ACTION_LAYOUTS[layout]
     if isinstance(layout, str):
         layout = json.loads(layout)
-    slots = tuple(s if isinstance(s, FlatSlot) else FlatSlot(str(s["name"]), tuple(s["columns"]), tuple(s["targets"]),
+    slots = tuple(s if isinstance(s, ActionSlot) else ActionSlot(str(s["name"]), tuple(s["columns"]), tuple(s["targets"]),
                                                              bool(s.get("binary", False))) for s in layout)
     targets = sorted(t for s in slots for t in s.targets)
     if (len(targets) not in EMBODIMENT_DIMS.values() or targets != list(range(len(targets)))
@@ -397,12 +317,12 @@ def resolve_layout(layout: LayoutLike) -> Tuple[FlatSlot, ...]:
     return slots
 
 
-def layout_dim(slots: Sequence[FlatSlot]) -> int:
+def layout_dim(slots: Sequence[ActionSlot]) -> int:
     """The length of the action a layout fills."""
     return sum(len(s.targets) for s in slots)
 
 
-def check_layout_fits(slots: Sequence[FlatSlot], obs: Observation) -> None:
+def check_layout_fits(slots: Sequence[ActionSlot], obs: Observation) -> None:
     """Refuse a layout whose actions the environment cannot take (a 12-D layout on LIBERO's 7-D Panda).
 
     Raises:
@@ -415,12 +335,12 @@ def check_layout_fits(slots: Sequence[FlatSlot], obs: Observation) -> None:
                                 f"this environment takes {wanted}-D ones: use action_layout={' or '.join(fits)}")
 
 
-def layout_name(slots: Sequence[FlatSlot]) -> Optional[str]:
+def layout_name(slots: Sequence[ActionSlot]) -> Optional[str]:
     """The name of a known layout with exactly these slots (None for a custom one)."""
     return next((name for name, known in ACTION_LAYOUTS.items() if tuple(slots) == known), None)
 
 
-def actions_to_flat(actions: Any, layout: Sequence[FlatSlot]) -> np.ndarray:
+def actions_to_flat(actions: Any, layout: Sequence[ActionSlot]) -> np.ndarray:
     """The flat (T, D) model action of an embodiment's (T, A) actions: the inverse of :func:`flat_to_actions`
     (a binary slot is written 1 for a positive value, else 0, which ``binarize`` reads back). What a model
     trained on the harness's own demonstrations (``train-lerobot``) learns to emit."""
@@ -435,7 +355,7 @@ def actions_to_flat(actions: Any, layout: Sequence[FlatSlot]) -> np.ndarray:
     return flat
 
 
-def flat_to_actions(chunk: Any, layout: Sequence[FlatSlot], n_action_steps: Optional[int] = None,
+def flat_to_actions(chunk: Any, layout: Sequence[ActionSlot], n_action_steps: Optional[int] = None,
                     source: str = "actions") -> np.ndarray:
     """The (steps, A) chunk in the embodiment's action (A = 12 PandaOmron, 7 Panda) of a flat (T, D) model chunk.
 
@@ -448,17 +368,12 @@ def flat_to_actions(chunk: Any, layout: Sequence[FlatSlot], n_action_steps: Opti
         ActionFormatError: wrong shape, too few steps or non-finite values.
     """
     width = 1 + max(c for s in layout for c in s.columns)
-    value = np.asarray(chunk, dtype=np.float64)
-    if value.ndim == 1:
-        value = value[None]
-    if value.ndim != 2 or value.shape[1] != width or len(value) == 0:
-        raise ActionFormatError(
-            f"'{source}' has shape {tuple(np.shape(chunk))}, expected (T, {width}) for this action layout; "
-            "check the server's output transform (openpi's *Outputs slice the model's padded actions to the "
-            "dataset's action dimension) or choose another action_layout"
-        )
-    if not np.all(np.isfinite(value)):
-        raise ActionFormatError(f"'{source}' has non-finite values")
+    try:
+        value = checked_chunk(chunk, width, source)
+    except ActionFormatError as exc:
+        raise ActionFormatError(f"{exc}; check the server's output transform (openpi's *Outputs slice the "
+                                "model's padded actions to the dataset's action dimension) or choose another "
+                                "action_layout") from None
     steps = chunk_length(len(value), n_action_steps, f" in '{source}'")
     actions = np.zeros((steps, layout_dim(layout)))
     for slot in layout:

@@ -1,6 +1,6 @@
 """Built-in policies without learned parts: ``expert`` (privileged, scripted) and ``random``.
 
-The expert's kitchen plans (robocasa backend) are in :mod:`robocasa_shift.policies.kitchen_expert`.
+The expert's kitchen plans (robocasa backend) are in :mod:`robocasa_shift.policies.scripted.kitchen`.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from robocasa_shift.embodiments.panda_omron import (
     OPEN,
 )
 from robocasa_shift.geometry import quat_xyzw_to_mat, wrap
-from robocasa_shift.policies.kitchen_expert import kitchen_plans
+from robocasa_shift.policies.scripted.kitchen import kitchen_plans
 
-# The building blocks live in phases.py (the kitchen plans share them); imported here for existing callers.
-from robocasa_shift.policies.phases import (
+# The building blocks live in scripted/phases.py (the kitchen plans share them); imported here for existing callers.
+from robocasa_shift.policies.scripted.phases import (
     YAW_GAIN,
     Phase,
     after,

@@ -1,0 +1,1 @@
+"""The ``vla-eval`` policy: a client of a vla-eval model server; ``wire`` (its protocol), ``client``."""
