@@ -551,7 +551,7 @@ def test_the_launcher_keeps_no_session_id_longer_than_its_cap():
     import msgpack
     import zmq
 
-    from robocasa_shift.policies.gr00t import launcher as launcher_module
+    from robocasa_shift.policies.gr00t import server as launcher_module
     from robocasa_shift.policies.gr00t.server import Gr00tLauncher
 
     cap = getattr(launcher_module, "MAX_SESSION_ID_CHARS", 128)
