@@ -105,7 +105,7 @@ def test_report_shows_calibrated_intervals_verdicts_and_holm_families(report_dir
     run_dir, page = report_dir
     text = page.read_text()
     for words in ("calibrated 95% CI", "percentile bootstrap (the paper", "sign-flip p (Holm)",
-                  "min. detectable dSR", "Holm families", "Severity: does a higher level ever hurt less?",
+                  "min. dSR read DEGRADED", "Holm families", "Severity: does a higher level ever hurt less?",
                   "Invalid rollouts and pairs", "Verdicts: paired macro dSR"):
         assert words in text, words
     assert any(v in text for v in ("DEGRADED", "IMPROVED", "NO CHANGE DETECTED", "UNDERPOWERED"))

@@ -425,28 +425,31 @@ def test_verdicts_per_condition_and_task_in_the_summary():
         "verdict"] == "UNDERPOWERED"
 
 
-def test_minimum_detectable_dsr_has_the_promised_power():
+def test_minimum_detectable_dsr_has_the_promised_power_of_the_verdict():
     from robocasa_shift.analysis.statistics import (
+        calibrated_interval,
+        decision,
         minimum_detectable_dsr,
         pair_probabilities,
-        random_outcome_power,
         signflip_test,
+        verdict_power,
     )
 
-    n_pairs, rates = [20, 20, 20, 20], [0.3, 0.2, 0.4, 0.3]
+    n_pairs, rates = [8, 8], [0.3, 0.2]
     mde = minimum_detectable_dsr(n_pairs, rates)
-    assert 0.1 < mde.first < 0.4 and mde.method == "exact"
-    exact = random_outcome_power(n_pairs, rates, mde.first).power
+    assert 0.1 < mde.first < 0.7 and mde.method == "exact"
+    exact = verdict_power(n_pairs, rates, mde.first).power
     assert exact >= 0.8 and exact == pytest.approx(mde.power_at_first)
-    # the exact power against a simulation of the test itself over random pair outcomes
+    # the exact power against a simulation of the verdict itself (the test and the interval) over random outcomes
     rng = np.random.default_rng(0)
-    rejected = 0
+    degraded = 0
     for _ in range(400):
         drawn = [rng.multinomial(n, [*pair_probabilities(r, mde.first), 0]) for n, r in zip(n_pairs, rates)]
-        drawn = [[d[0], d[1], n - d[0] - d[1]] for d, n in zip(drawn, n_pairs)]
-        rejected += signflip_test(n_pairs, [d[0] for d in drawn], [d[1] for d in drawn]).p <= 0.05
-    assert rejected / 400 == pytest.approx(exact, abs=0.06)
-    assert minimum_detectable_dsr([200] * 4, rates).first < mde.first  # more pairs, smaller detectable shift
+        counts = [[n - d[0] - d[1], d[0], d[1], 0] for d, n in zip(drawn, n_pairs)]
+        p = signflip_test(n_pairs, [c[1] for c in counts], [c[2] for c in counts]).p
+        degraded += decision(calibrated_interval(counts), p)["verdict"] == "DEGRADED"
+    assert degraded / 400 == pytest.approx(exact, abs=0.06)
+    assert minimum_detectable_dsr([200] * 4, [0.3, 0.2, 0.4, 0.3]).first < mde.first  # more pairs, smaller shift
 
 
 def test_the_summary_reports_the_minimum_detectable_dsr_and_its_assumption():
@@ -464,7 +467,7 @@ def test_plan_power_command(tmp_path):
     needed = plan_pairs(4, 0.2, 0.3)
     assert minimum_detectable_dsr([needed.first] * 4, [0.3] * 4).first <= 0.2 + 1e-9
     proc = cli("plan-power", "--dsr", "0.2", "--tasks", "4", "--discordance", "0.3")
-    assert f"{needed.first} base episodes per task detect a macro dSR of 0.200" in proc.stdout
+    assert f"{needed.first} base episodes per task detect a macro dSR of 0.200 (DEGRADED)" in proc.stdout
     assert "assumption" in proc.stdout
     out = tmp_path / "analysis"
     from robocasa_shift.analysis.measures import write_analysis

@@ -536,11 +536,23 @@ def analyze(
         "power": {
             "alpha": stats.ALPHA,
             "power": stats.POWER,
-            "test": "the two-sided exact stratified sign-flip test of the headline, unadjusted alpha",
-            "assumption": stats.POWER_ASSUMPTION,
-            "mde_dsr": "the smallest grid value with power >= power",
+            "verdict": "DEGRADED: the two-sided exact stratified sign-flip test rejects at alpha (unadjusted) and the "
+                       "calibrated interval lies above 0",
+            "assumption": stats.VERDICT_POWER_ASSUMPTION,
+            "mde_dsr": "the smallest grid value at which the verdict reads DEGRADED with probability >= power",
             "mde_dsr_stable": "the smallest from which every larger grid value has power >= power (they differ where "
             "the exact test's power saw-tooths)",
+            "reachable": "whether any outcome of the condition's design could read DEGRADED (every pair S->F) or NO "
+                         "CHANGE DETECTED (no discordant pair), before the Holm adjustment, which only makes both "
+                         "harder; per_task_reachable the same for a task's own verdict",
+            "smallest_reachable": {
+                "macro": {"n_tasks": len(tasks), "degraded": stats.smallest_reachable(len(tasks), stats.DEGRADED),
+                          "no_change": stats.smallest_reachable(len(tasks), stats.NO_CHANGE,
+                                                                min_effect=min_effect)},
+                "per_task": {"degraded": stats.smallest_reachable(1, stats.DEGRADED),
+                             "no_change": stats.smallest_reachable(1, stats.NO_CHANGE, min_effect=min_effect)},
+                "unit": "base episodes per task (equal across tasks) from which the verdict is reachable",
+            },
         },
         "trend": severity_trend(summary_conditions, valid_pairs, tasks, factor_order),
         "invalid_pair_reasons": list(INVALID_PAIR_REASONS),
@@ -916,6 +928,13 @@ def _add_verdicts(conditions: Dict[str, Dict[str, Any]], perturbed: List[str], t
         measures["per_task_dsr_ci95_calibrated"] = {t: v[0] for t, v in per_task.items()}
         measures["per_task_verdict"] = {t: v[1] for t, v in per_task.items()}
         measures["per_task_dsr_ci95_calibrated_extended_to_zero"] = {t: v[2] for t, v in per_task.items()}
+        # could any outcome of this design read DEGRADED / NO CHANGE DETECTED at all (before Holm)?
+        n_pairs = measures["per_task_n_pairs"]
+        measures["power"]["reachable"] = (stats.reachable_verdicts([n_pairs[t] for t in tasks], min_effect=min_effect)
+                                          .to_json() if measures["macro_dsr"] is not None else None)
+        measures["power"]["per_task_reachable"] = {
+            t: stats.reachable_verdicts([n_pairs[t]], min_effect=min_effect).to_json() if n_pairs[t] else None
+            for t in tasks}
 
 
 def severity_trend(conditions: Mapping[str, Mapping[str, Any]], valid_pairs: Mapping[str, pd.DataFrame],

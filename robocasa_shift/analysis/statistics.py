@@ -654,6 +654,19 @@ class PowerResult:
 
 MC_STUDIES = 2000
 MAX_EXACT_JOINT = 400  # total pairs above which tasks with different discordance go to Monte Carlo
+VERDICT_POWER_ASSUMPTION = (
+    "power of the verdict, not of the test alone: the probability that the condition reads DEGRADED (the exact "
+    "stratified sign-flip test rejects at alpha 0.05, unadjusted, AND the calibrated interval lies above 0) over "
+    "random pair outcomes: in every task each pair is independently S->F with probability (r_t + dSR) / 2 and "
+    "F->S with probability (r_t - dSR) / 2, where r_t is the task's observed share of discordant pairs, raised to "
+    "dSR where it is smaller (then the perturbation only ever hurts: no F->S pair, the most favourable case); "
+    "every task moves by the same dSR; computed exactly by enumerating every outcome where a design has at most "
+    "200,000 of them, else by Monte Carlo (a fixed seed, 4,000 studies, common random numbers across dSR and "
+    "pair counts, its standard error stated); the minimum detectable dSR is read on a 0.005 grid, as the smallest "
+    "value with power >= 0.8 and as the smallest from which every larger one has it"
+)
+MAX_EXACT_OUTCOMES = 200_000  # designs with more joint outcomes go to Monte Carlo
+VERDICT_MC_STUDIES = 4000
 
 
 def random_outcome_power(n_pairs: Sequence[int], discordance: Sequence[float], shift: float, alpha: float = ALPHA,
@@ -708,40 +721,43 @@ class DetectableShift:
                 "monte_carlo_studies": self.studies, "grid_step": self.step}
 
 
-def minimum_detectable_dsr(n_pairs: Sequence[int], discordance: Sequence[float], alpha: float = ALPHA,
-                           power: float = POWER, step: float = MDE_STEP, studies: int = MC_STUDIES,
-                           seed: int = 0) -> DetectableShift:
-    """The smallest true macro dSR the headline test detects with ``power``, on a ``step`` grid up to 1.
+def _uniform_columns(studies: int, n_tasks: int, n: int, seed: int) -> np.ndarray:
+    """(studies, n_tasks, n) uniforms built from fixed 32-column blocks: the first columns never change with n."""
+    blocks = [np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0x564552, j))).random((studies, n_tasks, 32))
+              for j in range(-(-n // 32))]
+    return np.concatenate(blocks, axis=2)[:, :, :n]
 
-    Power over random outcomes (:func:`random_outcome_power`, assumption :data:`POWER_ASSUMPTION`).
-    ``first`` is the smallest grid value with power >= ``power``, ``stable`` the smallest from which
-    every larger grid value has it (they differ where the exact test's power saw-tooths). Exact
-    designs (equal pair counts) are evaluated at every grid point. Monte Carlo designs (unequal pair
-    counts) use common random numbers across shifts, so their curve is smooth in the shift, and are
-    evaluated on a 0.05 grid, refined to ``step`` inside every 0.05 bracket where the curve crosses
-    ``power`` (``method`` says so).
+
+def minimum_detectable_dsr(n_pairs: Sequence[int], discordance: Sequence[float], alpha: float = ALPHA,
+                           power: float = POWER, step: float = MDE_STEP, studies: int = VERDICT_MC_STUDIES,
+                           seed: int = 0) -> DetectableShift:
+    """The smallest true macro dSR that reads DEGRADED with probability ``power``, on a ``step`` grid up to 1.
+
+    The power of the verdict (:func:`verdict_power`, assumption :data:`VERDICT_POWER_ASSUMPTION`): the test
+    rejecting is not enough, the calibrated interval must lie above 0 too. ``first`` is the smallest grid
+    value with the power, ``stable`` the smallest from which every larger grid value has it (they differ where
+    exact tests saw-tooth). Exact designs are evaluated at every grid point. Monte Carlo designs use common
+    random numbers across shifts and are evaluated on a 0.05 grid, refined to ``step`` inside every 0.05
+    bracket where the curve crosses ``power`` (``method`` says so).
     """
     n_pairs = [int(n) for n in n_pairs]
     if not n_pairs or min(n_pairs) == 0:
         return DetectableShift(None, None, "none", 0.0, 0, step, None)
     grid = [round(step * i, 10) for i in range(1, int(round(1 / step)) + 1)]
-    exact = len(set(n_pairs)) == 1 and (len(set(discordance)) == 1 or len(n_pairs) * n_pairs[0] <= MAX_EXACT_JOINT)
+    exact = _outcome_count(n_pairs) <= MAX_EXACT_OUTCOMES
+    uniforms = None if exact else _uniform_columns(studies, len(n_pairs), max(n_pairs), seed)
     results: Dict[int, PowerResult] = {}
+
+    def evaluate(i: int) -> bool:
+        if i not in results:
+            results[i] = verdict_power(n_pairs, discordance, grid[i], alpha, uniforms=uniforms)
+        return results[i].power >= power
+
     if exact:
-        for i, s in enumerate(grid):
-            results[i] = random_outcome_power(n_pairs, discordance, s, alpha)
+        for i in range(len(grid)):
+            evaluate(i)
         method = "exact"
     else:
-        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0x504F57,)))
-        uniforms = rng.random((studies, sum(n_pairs)))
-
-        def evaluate(i: int) -> bool:
-            if i not in results:
-                probabilities = [pair_probabilities(r, grid[i]) for r in discordance]
-                results[i] = _monte_carlo_power(n_pairs, [p[0] for p in probabilities],
-                                                [p[1] for p in probabilities], alpha, uniforms)
-            return results[i].power >= power
-
         every = max(1, int(round(0.05 / step)))
         coarse = list(range(every - 1, len(grid), every))
         passes = [evaluate(i) for i in coarse]
@@ -770,33 +786,43 @@ def minimum_detectable_dsr(n_pairs: Sequence[int], discordance: Sequence[float],
 
 @dataclass(frozen=True)
 class PairPlan:
-    """Base episodes per task a wanted detectable dSR needs (equal across tasks)."""
+    """Base episodes per task a wanted verdict needs (equal across tasks)."""
 
     first: Optional[int]  # the smallest pair count with power >= target
     stable: Optional[int]  # the smallest from which every pair count up to ``checked_up_to`` has it
     checked_up_to: int
-    power: Dict[int, float]  # power at every pair count scanned
+    power: Dict[int, PowerResult]  # the verdict's power at every pair count scanned
 
 
 def plan_pairs(n_tasks: int, shift: float, discordance: float | Sequence[float], alpha: float = ALPHA,
-               power: float = POWER, max_pairs: int = 2000) -> PairPlan:
-    """Base episodes per task the headline test needs to detect ``shift`` with ``power``.
+               power: float = POWER, max_pairs: int = 2000, verdict: str = DEGRADED, min_effect: float = MIN_EFFECT,
+               studies: int = VERDICT_MC_STUDIES, seed: int = 0) -> PairPlan:
+    """Base episodes per task at which a true macro dSR of ``shift`` reads ``verdict`` with probability ``power``.
 
-    Power over random outcomes (:func:`random_outcome_power`, exact: equal pair counts), at every pair
-    count from 1 upward, because the exact test's power can saw-tooth in n: ``first`` is the smallest
-    pair count with the power, ``stable`` the smallest from which every pair count scanned has it; the
-    scan goes on to max(2 * first, first + 20) (``checked_up_to``). ``first`` None: more than ``max_pairs``.
+    The verdict's power (:func:`verdict_power`: DEGRADED at ``shift``, or NO CHANGE DETECTED, usually at a
+    ``shift`` of 0), exact where the outcomes can be enumerated, else Monte Carlo with common random numbers
+    across pair counts. Every pair count from 1 upward is checked, because the power can saw-tooth in n:
+    ``first`` is the smallest pair count with the power, ``stable`` the smallest from which every pair count
+    scanned has it; the scan goes on to max(2 * first, first + 20) (``checked_up_to``). ``first`` None: more
+    than ``max_pairs``.
     """
     rates = [float(discordance)] * n_tasks if isinstance(discordance, (int, float)) else list(discordance)
     if len(rates) != n_tasks:
         raise AnalysisError(f"{len(rates)} discordance rates for {n_tasks} tasks")
-    powers: Dict[int, float] = {}
+    powers: Dict[int, PowerResult] = {}
+    uniforms: Optional[np.ndarray] = None
     first = None
-    n = 1
+    # below the smallest design at which some outcome gives the verdict, its power is exactly 0
+    n = smallest_reachable(n_tasks, verdict, alpha, min_effect, max_pairs) or max_pairs + 1
+    powers.update({m: PowerResult(0.0, "exact", 0.0, 0) for m in range(1, min(n, max_pairs + 1))})
     limit = max_pairs
     while n <= limit:
-        powers[n] = random_outcome_power([n] * n_tasks, rates, shift, alpha).power
-        if first is None and powers[n] >= power:
+        design = [n] * n_tasks
+        if _outcome_count(design) > MAX_EXACT_OUTCOMES and (uniforms is None or uniforms.shape[2] < n):
+            uniforms = _uniform_columns(studies, n_tasks, max(2 * n, 64), seed)
+        powers[n] = verdict_power(design, rates, shift, alpha, verdict=verdict, min_effect=min_effect, studies=studies,
+                                  seed=seed, uniforms=None if uniforms is None else uniforms[:, :, :n])
+        if first is None and powers[n].power >= power:
             first = n
             limit = min(max_pairs, max(2 * n, n + 20))
         n += 1
@@ -804,9 +830,146 @@ def plan_pairs(n_tasks: int, shift: float, discordance: float | Sequence[float],
         return PairPlan(None, None, max_pairs, powers)
     stable = first
     for m in sorted(powers):
-        if m >= first and powers[m] < power:
+        if m >= first and powers[m].power < power:
             stable = m + 1
     return PairPlan(first, stable if stable <= limit else None, limit, powers)
+
+
+# --------------------------------------------------------------------------- power of the verdict
+
+
+
+
+def _task_outcomes(n: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Every (sf, fs) with sf + fs <= n, as two arrays."""
+    sf, fs = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
+    keep = sf + fs <= n
+    return sf[keep], fs[keep]
+
+
+def _verdict_codes(n_pairs: Sequence[int], sf: np.ndarray, fs: np.ndarray, alpha: float,
+                   min_effect: float) -> np.ndarray:
+    """0 DEGRADED, 1 IMPROVED, 2 NO CHANGE DETECTED, 3 UNDERPOWERED of many tables of one condition (unadjusted).
+
+    Args:
+        sf, fs: (n_tables, n_tasks) counts. The test rejects at ``alpha`` (a single condition: no Holm family),
+            and NO CHANGE needs the 95% interval inside +-``min_effect`` (the equivalence test at 0.025 inverts it).
+    """
+    n = np.asarray(n_pairs, dtype=np.int64)
+    k = len(n)
+    lower_t, upper_t = np.empty(sf.shape), np.empty(sf.shape)
+    for t, size in enumerate(n.tolist()):
+        if size <= 60:  # small designs: the cached table of every (sf, fs)
+            lo, hi = _task_interval_table(size)
+            lower_t[:, t], upper_t[:, t] = lo[sf[:, t], fs[:, t]], hi[sf[:, t], fs[:, t]]
+            continue
+        keys, inverse = np.unique(sf[:, t] * (size + 1) + fs[:, t], return_inverse=True)  # each distinct (sf, fs) once
+        lo, hi = task_interval(keys // (size + 1), keys % (size + 1), size)
+        lower_t[:, t], upper_t[:, t] = lo[inverse.ravel()], hi[inverse.ravel()]
+    d = (sf - fs) / n[None, :]
+    macro = d.mean(axis=1)
+    lower = np.maximum(macro - np.sqrt(((d - lower_t) ** 2).sum(axis=1)) / k, -1.0)
+    upper = np.minimum(macro + np.sqrt(((upper_t - d) ** 2).sum(axis=1)) / k, 1.0)
+    if len(set(n.tolist())) == 1:  # equal weights: the binomial test of the summed S->F count given the discordant
+        total, m = int(n.sum()), (sf + fs).sum(axis=1)
+        critical = _binomial_rejection(total, alpha)[m]
+        s = sf.sum(axis=1)
+        rejects = (critical >= 0) & ((s <= critical) | (s >= m - critical))
+    else:
+        counts = np.stack([n[None, :] - sf - fs, sf, fs, np.zeros_like(sf)], axis=-1)
+        rejects = signflip_p_values(counts) <= alpha + 1e-12
+    lower, upper, verdicts = decide(lower, upper, rejects, np.ones_like(rejects), min_effect)
+    return np.select([verdicts == DEGRADED, verdicts == IMPROVED, verdicts == NO_CHANGE], [0, 1, 2], default=3)
+
+
+@lru_cache(maxsize=8)
+def _enumerated_verdicts(n_pairs: Tuple[int, ...], alpha: float, min_effect: float):
+    """Every joint outcome of a design with its verdict code: ((sf, fs) per task, codes)."""
+    per_task = [_task_outcomes(n) for n in n_pairs]
+    index = np.stack(np.meshgrid(*[np.arange(len(o[0])) for o in per_task], indexing="ij"), axis=-1).reshape(
+        -1, len(n_pairs))
+    sf = np.stack([o[0][index[:, t]] for t, o in enumerate(per_task)], axis=1)
+    fs = np.stack([o[1][index[:, t]] for t, o in enumerate(per_task)], axis=1)
+    return sf, fs, _verdict_codes(n_pairs, sf, fs, alpha, min_effect)
+
+
+def _outcome_count(n_pairs: Sequence[int]) -> float:
+    return float(np.prod([(n + 1) * (n + 2) / 2 for n in n_pairs]))
+
+
+VERDICT_INDEX = {DEGRADED: 0, IMPROVED: 1, NO_CHANGE: 2, UNDERPOWERED: 3}
+
+
+def verdict_power(n_pairs: Sequence[int], discordance: Sequence[float], shift: float, alpha: float = ALPHA,
+                  verdict: str = DEGRADED, min_effect: float = MIN_EFFECT, studies: int = VERDICT_MC_STUDIES,
+                  seed: int = 0, uniforms: Optional[np.ndarray] = None) -> PowerResult:
+    """P(the condition's verdict is ``verdict``) at a true macro dSR of ``shift`` (:data:`VERDICT_POWER_ASSUMPTION`).
+
+    DEGRADED needs the exact test to reject AND the calibrated interval to lie above 0, so its power is at
+    most the test's (:func:`random_outcome_power`). Exact (every joint outcome enumerated) where a design has at
+    most :data:`MAX_EXACT_OUTCOMES` of them; else Monte Carlo over ``studies`` studies from ``seed`` (or the
+    ``uniforms`` given, one per pair and study: common random numbers across shifts and pair counts).
+    """
+    n_pairs = [int(n) for n in n_pairs]
+    code = VERDICT_INDEX[verdict]
+    probabilities = [pair_probabilities(r, shift) for r in discordance]
+    if _outcome_count(n_pairs) <= MAX_EXACT_OUTCOMES:
+        sf, fs, codes = _enumerated_verdicts(tuple(n_pairs), float(alpha), float(min_effect))
+        chosen = codes == code
+        log_p = np.zeros(int(chosen.sum()))
+        for t, (n, (p_sf, p_fs)) in enumerate(zip(n_pairs, probabilities)):
+            table = np.log(np.maximum(_trinomial_joint(n, p_sf, p_fs), 1e-300))  # [a, m]: a S->F of m discordant
+            a = sf[chosen, t]
+            log_p += table[a, a + fs[chosen, t]]
+        return PowerResult(float(np.exp(log_p).sum()), "exact", 0.0, 0)
+    if uniforms is None:
+        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0x564552,)))
+        uniforms = rng.random((studies, len(n_pairs), max(n_pairs)))
+    sf = np.stack([(uniforms[:, t, :n] < p).sum(axis=1) for t, (n, (p, _)) in enumerate(zip(n_pairs, probabilities))],
+                  axis=1)
+    fs = np.stack([((uniforms[:, t, :n] >= p) & (uniforms[:, t, :n] < p + q)).sum(axis=1)
+                   for t, (n, (p, q)) in enumerate(zip(n_pairs, probabilities))], axis=1)
+    power = float((_verdict_codes(n_pairs, sf, fs, alpha, min_effect) == code).mean())
+    count = uniforms.shape[0]
+    return PowerResult(power, "monte carlo", math.sqrt(max(power * (1 - power), 1e-12) / count), count)
+
+
+@dataclass(frozen=True)
+class Reachable:
+    """Which decisive verdicts some outcome of a design can give (one condition, before any Holm adjustment)."""
+
+    degraded: bool  # every pair S->F: the most favourable outcome for DEGRADED
+    no_change: bool  # no discordant pair: the narrowest interval around 0
+
+    def to_json(self) -> Dict[str, bool]:
+        return {"degraded": self.degraded, "no_change": self.no_change}
+
+
+def reachable_verdicts(n_pairs: Sequence[int], alpha: float = ALPHA, min_effect: float = MIN_EFFECT) -> Reachable:
+    """Could any outcome of this design read DEGRADED, or NO CHANGE DETECTED? Checked on the extreme outcomes.
+
+    DEGRADED is easiest when every pair went S->F (the largest statistic, the interval furthest above 0),
+    NO CHANGE DETECTED when no pair is discordant (the narrowest interval around 0); the Holm adjustment of a
+    run only makes both harder, so False means no outcome of the design could have given it.
+    """
+    n = [int(v) for v in n_pairs]
+    if not n or min(n) <= 0:
+        return Reachable(False, False)
+    every_sf = np.array([n])
+    none = np.zeros((1, len(n)), dtype=np.int64)
+    codes_sf = _verdict_codes(n, every_sf, none, alpha, min_effect)
+    codes_none = _verdict_codes(n, none, none, alpha, min_effect)
+    return Reachable(bool(codes_sf[0] == 0), bool(codes_none[0] == 2))
+
+
+def smallest_reachable(n_tasks: int, verdict: str, alpha: float = ALPHA, min_effect: float = MIN_EFFECT,
+                       max_pairs: int = 2000) -> Optional[int]:
+    """The fewest base episodes per task (equal across ``n_tasks`` tasks) at which ``verdict`` is reachable."""
+    field = {DEGRADED: "degraded", NO_CHANGE: "no_change"}[verdict]
+    for n in range(1, max_pairs + 1):
+        if getattr(reachable_verdicts([n] * n_tasks, alpha, min_effect), field):
+            return n
+    return None
 
 
 # --------------------------------------------------------------------------- severity: the trend over levels

@@ -163,7 +163,7 @@ def _summary_rates(path: Path, condition: str) -> Tuple[List[float], List[int]]:
 
 def _mde_text(result: stats.DetectableShift, power: float) -> str:
     if result.first is None:
-        return f"no macro dSR up to 1 reaches power {power}"
+        return f"no macro dSR up to 1 reads DEGRADED with power {power}"
     how = "exact" if result.method == "exact" else \
         f"{result.method}, {result.studies} studies, standard error {result.standard_error:.3f}"
     stable = ("; no dSR from which every larger one has it" if result.stable is None else
@@ -175,7 +175,13 @@ def _mde_text(result: stats.DetectableShift, power: float) -> str:
 
 @click.command(name="plan-power")
 @click.option("--dsr", "wanted", default=0.2, show_default=True, type=click.FloatRange(0, 1, min_open=True),
-              help="The true macro dSR the study must detect.")
+              help="The true macro dSR the study must detect (with --verdict degraded).")
+@click.option("--verdict", "wanted_verdict", default="degraded", show_default=True,
+              type=click.Choice(["degraded", "no-change"]),
+              help="The verdict the study must reach with the power: DEGRADED at --dsr, or NO CHANGE DETECTED "
+                   "when nothing changed (true dSR 0, margin --min-effect).")
+@click.option("--min-effect", default=stats.MIN_EFFECT, show_default=True,
+              type=click.FloatRange(0, 1, min_open=True, max_open=True), help="The verdicts' margin.")
 @click.option("--tasks", "n_tasks", default=4, show_default=True, type=click.IntRange(1), help="Tasks in the suite.")
 @click.option("--discordance", default=None, type=click.FloatRange(0, 1),
               help="Share of discordant pairs (S->F plus F->S) per task; default: a table over several values.")
@@ -187,20 +193,24 @@ def _mde_text(result: stats.DetectableShift, power: float) -> str:
 @click.option("--alpha", default=stats.ALPHA, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True))
 @click.option("--power", default=stats.POWER, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True))
 @handle_errors
-def plan_power_command(wanted: float, n_tasks: int, discordance: Optional[float], summary_path: Optional[Path],
-                       condition: Optional[str], n_pairs: Optional[int], alpha: float, power: float) -> None:
-    """How many base episodes a wanted detectable dSR needs (or what a pair count can detect).
+def plan_power_command(wanted: float, wanted_verdict: str, min_effect: float, n_tasks: int,
+                       discordance: Optional[float], summary_path: Optional[Path], condition: Optional[str],
+                       n_pairs: Optional[int], alpha: float, power: float) -> None:
+    """How many base episodes a verdict needs (or what dSR a pair count can detect).
 
     \b
-    Power is that of the headline test (the exact stratified sign-flip test of
-    the macro dSR, two-sided, unadjusted alpha) over random pair outcomes,
-    computed exactly: in every task each pair is S->F with probability
+    Power is that of the verdict the report prints, not of the test alone:
+    DEGRADED needs the exact stratified sign-flip test of the macro dSR
+    (two-sided, unadjusted alpha) to reject AND the calibrated interval to lie
+    above 0; NO CHANGE DETECTED needs the interval inside +-margin. Over random
+    pair outcomes: in every task each pair is S->F with probability
     (r + dSR) / 2 and F->S with (r - dSR) / 2, r the discordance rate (raised
     to the dSR where it is smaller: a perturbation that only hurts), and every
-    task moves by the same dSR. Exact tests saw-tooth, so two answers are
-    printed: the smallest pair count (or dSR) with the power, and the
-    smallest from which every larger one checked has it. Discordance is what
-    the answer hangs on: take it from a pilot or an earlier study
+    task moves by the same dSR; exact where the outcomes can be enumerated,
+    else Monte Carlo with its standard error. The power can saw-tooth, so two
+    answers are printed: the smallest pair count (or dSR) with the power, and
+    the smallest from which every larger one checked has it. Discordance is
+    what the answer hangs on: take it from a pilot or an earlier study
     (--from-summary), or read the table.
     """
     if (summary_path is None) != (condition is None):
@@ -216,25 +226,42 @@ def plan_power_command(wanted: float, n_tasks: int, discordance: Optional[float]
     else:
         values = sorted({round(wanted, 3), 0.3, 0.5, 0.7} - {v for v in (0.3, 0.5, 0.7) if v < wanted})
         rate_sets = [(f"{v:.2f} in every task", [v] * n_tasks) for v in values]
-    click.echo(f"headline test: exact stratified sign-flip, two-sided, alpha {alpha}, power {power}; {n_tasks} task(s)")
-    click.echo(f"assumption: {stats.POWER_ASSUMPTION}")
+    verdict = stats.DEGRADED if wanted_verdict == "degraded" else stats.NO_CHANGE
+    shift = wanted if verdict == stats.DEGRADED else 0.0
+    smallest = stats.smallest_reachable(n_tasks, verdict, alpha, min_effect)
+    click.echo(f"verdict: {verdict} (exact stratified sign-flip test, two-sided, alpha {alpha}, and the calibrated "
+               f"interval; margin +-{min_effect:g}), power {power}; {n_tasks} task(s); no outcome reads {verdict} below "
+               f"{smallest} base episodes per task")
+    click.echo(f"assumption: {stats.VERDICT_POWER_ASSUMPTION}")
     for label, rates in rate_sets:
+        if n_pairs is not None and verdict == stats.NO_CHANGE:
+            chance = stats.verdict_power([n_pairs] * n_tasks, rates, 0.0, alpha, verdict, min_effect)
+            click.echo(f"  discordance {label}: {n_pairs} base episodes per task read NO CHANGE DETECTED with "
+                       f"probability {_power_text(chance)} when nothing changed")
+            continue
         if n_pairs is not None:
             mde = stats.minimum_detectable_dsr([n_pairs] * n_tasks, rates, alpha, power)
             click.echo(f"  discordance {label}: {n_pairs} base episodes per task detect a macro dSR of "
                        f"{_mde_text(mde, power)}")
             continue
-        plan = stats.plan_pairs(n_tasks, wanted, rates, alpha, power)
+        plan = stats.plan_pairs(n_tasks, shift, rates, alpha, power, verdict=verdict, min_effect=min_effect)
         n_conditions = len(load_protocol().conditions)
         if plan.first is None:
             click.echo(f"  discordance {label}: more than {plan.checked_up_to} base episodes per task")
             continue
         stable = (f"every pair count from {plan.stable} to {plan.checked_up_to} has it" if plan.stable is not None
                   else f"some pair count up to {plan.checked_up_to} falls below it again")
-        click.echo(f"  discordance {label}: {plan.first} base episodes per task detect a macro dSR of {wanted:.3f} "
-                   f"(the smallest pair count with power >= {power}: {plan.power[plan.first]:.3f}; {stable}; "
+        goal = (f"detect a macro dSR of {wanted:.3f} (DEGRADED)" if verdict == stats.DEGRADED else
+                "read NO CHANGE DETECTED when nothing changed")
+        click.echo(f"  discordance {label}: {plan.first} base episodes per task {goal} "
+                   f"(the smallest pair count with power >= {power}: {_power_text(plan.power[plan.first])}; {stable}; "
                    f"{plan.first} x {n_tasks} tasks x {n_conditions} conditions = "
                    f"{plan.first * n_tasks * n_conditions} formal rollouts)")
+
+
+def _power_text(result: stats.PowerResult) -> str:
+    return (f"{result.power:.3f}" if result.method == "exact" else
+            f"{result.power:.3f}, monte carlo, {result.studies} studies, standard error {result.standard_error:.3f}")
 
 
 COMMANDS = [check_coverage_command, plan_power_command]

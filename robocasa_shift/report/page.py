@@ -75,7 +75,7 @@ def sr_table(summary: Dict[str, Any]) -> pd.DataFrame:
 
 
 DSR_HEADER = ["condition", "pairs", "macro dSR", "calibrated 95% CI", "verdict", "sign-flip p (Holm)",
-              "min. detectable dSR (80% power: smallest / from which every larger has it)",
+              "min. dSR read DEGRADED with 80% power (smallest / from which every larger has it)",
               "95% CI, percentile bootstrap (the paper's method, for comparison)", "invalid pairs"]
 TRANSITION_HEADER = ["condition", "S->S", "S->F", "F->S", "F->F", "changed", "McNemar p, pooled (Holm)",
                      "S->F mean progress", "first-stage fraction"]
@@ -171,9 +171,44 @@ def _per_task_section(summary: Dict[str, Any]) -> str:
             f"<div class='scroll'>{html_table(header, rows)}</div></details>")
 
 
+def unreachable_sentence(summary: Dict[str, Any]) -> Optional[str]:
+    """One sentence on the verdicts no outcome of this design could have given, and the size that could; None when
+    every verdict was reachable."""
+    power = summary.get("power") or {}
+    sizes = power.get("smallest_reachable") or {}
+    perturbed = {c: v for c, v in summary["conditions"].items() if c != "clean"}
+    if not perturbed or not sizes:
+        return None
+    macro_missing = {kind: [c for c, v in perturbed.items() if (v.get("power") or {}).get("reachable") is not None
+                            and not v["power"]["reachable"][kind]] for kind in ("no_change", "degraded")}
+    task_cells = [r for v in perturbed.values() for r in ((v.get("power") or {}).get("per_task_reachable") or {}).values()
+                  if r is not None]
+    task_forced = bool(task_cells) and not any(r["degraded"] or r["no_change"] for r in task_cells)
+    parts = []
+    names = {"no_change": "NO CHANGE DETECTED", "degraded": "DEGRADED"}
+    macro, per_task = sizes.get("macro") or {}, sizes.get("per_task") or {}
+    for kind in ("no_change", "degraded"):
+        conditions = macro_missing[kind]
+        if conditions:
+            which = "any condition" if len(conditions) == len(perturbed) else ", ".join(conditions)
+            parts.append(f"{names[kind]} for {which} (with {macro.get('n_tasks')} tasks it needs at least "
+                         f"{macro.get(kind)} base episodes per task)")
+    if task_forced:
+        parts.append(f"any per-task verdict but UNDERPOWERED (a task needs {per_task.get('degraded')} pairs for "
+                     f"DEGRADED and {per_task.get('no_change')} for NO CHANGE DETECTED)")
+    if not parts:
+        return None
+    return ("No outcome of this design could have given " + "; nor ".join(parts) + ": those verdicts were decided by "
+            "the design, not by the policy. `robocasa-shift plan-power` gives the base episodes per task for 80% "
+            "power (--verdict no-change, or --dsr for DEGRADED).")
+
+
 def _statistics_notes(summary: Dict[str, Any]) -> str:
     """What the intervals, tests, verdicts and power numbers are, and which conditions lack a macro."""
     notes = []
+    forced = unreachable_sentence(summary)
+    if forced:
+        notes.append(f"<p class='note'>{esc(forced)}</p>")
     missing = {c: v["missing_tasks"] for c, v in summary["conditions"].items() if c != "clean" and v.get("missing_tasks")}
     if missing:
         notes.append("<p class='note'>Macro not computed (a macro over fewer tasks would be another quantity): "
@@ -214,7 +249,8 @@ def _statistics_notes(summary: Dict[str, Any]) -> str:
         f"Verdicts ({esc(', '.join(rule.get('vocabulary', [])))}), margin +-{num(rule.get('min_effect'), '.2f')}: "
         f"{esc(rule.get('rule', ''))}.<br>"
         f"Across conditions: {esc(rule.get('multiplicity', 'verdicts are per condition'))}.<br>"
-        f"Minimum detectable dSR (smallest / from which every larger one has the power): {esc(power.get('test', ''))}, "
+        f"Minimum dSR read DEGRADED (smallest / from which every larger one has the power): "
+        f"{esc(power.get('verdict', ''))}, "
         f"alpha {esc(power.get('alpha', ''))}, power {esc(power.get('power', ''))}; the discordance assumption: "
         f"{esc(power.get('assumption', ''))}.<br>"
         "Holm families: " + "; ".join(f"<b>{esc(k)}</b>: {esc(v)}" for k, v in families.items()) + ".</p>"
