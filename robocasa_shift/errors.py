@@ -75,6 +75,10 @@ class AnalysisError(BadInput):
     """A records table the analysis cannot use; the message says which rows or columns and why."""
 
 
+class ImportFormatError(BadInput):
+    """Another harness's result file that is not what its format says (names the file, line and field)."""
+
+
 class StateUnsupported(BadInput):
     """A policy that cannot snapshot its state (``get_state`` / ``set_state``) is refused for branching,
     since a branch restored without its generators would not continue the rollout it claims to."""

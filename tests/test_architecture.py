@@ -112,7 +112,7 @@ LAYERS = (
     ("engine",),
     ("study",),
     ("branching", "gym"),
-    ("checks", "monitoring", "judging", "training"),
+    ("checks", "monitoring", "judging", "training", "importing"),
     ("report",),
     ("bench",),
     ("cli",),

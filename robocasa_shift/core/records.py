@@ -83,6 +83,9 @@ class Record:
     # None on a backend's own assets
     asset_kit: Optional[str] = None
     asset_kit_sha256: Optional[str] = None
+    # where an imported record came from (robocasa-shift import-results): the source's format, file SHA-256,
+    # its own name and line of the rollout, what the source could not tell; absent on the harness's own records
+    source: Optional[Dict[str, Any]] = None
 
     @property
     def key(self) -> RolloutKey:
@@ -92,7 +95,10 @@ class Record:
         self.valid, self.error_kind, self.error = False, kind, message
 
     def to_json(self) -> Dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if data["source"] is None:  # the harness's own records keep their shape
+            del data["source"]
+        return data
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> "Record":

@@ -94,14 +94,14 @@ RECORD_FIELD_TYPES: Dict[str, Tuple[Any, ...]] = {
     "stage_steps": (list,), "stage_error": (str, None), "perturbation": (dict, None), "valid": (bool,),
     "error": (str, None), "error_kind": (str, None), "renderer": (str, None), "wall_s": _NUMBER, "timing": (dict,),
     "policy_calls": (int,), "frames_rendered": (int,), "step_log": (dict, None),
-    "asset_kit": (str, None), "asset_kit_sha256": (str, None),
+    "asset_kit": (str, None), "asset_kit_sha256": (str, None), "source": (dict, None),
 }
 # The type of every manifest field a command reads (when present): a forged manifest is refused by name.
 MANIFEST_FIELD_TYPES: Dict[str, Tuple[type, ...]] = {
     "backend": (str,), "policy": (dict,), "policy_options": (dict,), "render_profile": (str,), "spec_hash": (str,),
     "study_seed": (int,), "stage_spec_hashes": (dict,), "task_variants": (dict,), "env_config": (dict,),
     "versions": (dict,), "executions": (list,), "renderer": (dict,), "simulator": (dict,), "spec_files": (dict,),
-    "command": (str,), "created": (str,), "seed_rule": (str,), "merged_from": (list,),
+    "command": (str,), "created": (str,), "seed_rule": (str,), "merged_from": (list,), "imported": (dict,),
 }
 # Fields a record file must have: those without a default in ``Record``.
 REQUIRED_RECORD_FIELDS = tuple(f.name for f in fields(Record) if f.default is MISSING and f.default_factory is MISSING)
