@@ -407,3 +407,48 @@ def test_every_input_surface_names_tests_that_exist():
             elif case and f'"{case.rstrip("]")}"' not in source:
                 missing.append(f"{surface}: {filename} has no case {case.rstrip(']')!r}")
     assert not missing, "\n".join(missing)
+
+
+def _mutations(seed: int, text: str, n: int = 40):
+    """Byte-level mutations of ``text``: cut, flipped, repeated, nested, numbers blown up."""
+    rng = random.Random(seed)
+    data = text.encode()
+    yield data[: len(data) // 2]
+    yield data.replace(b"true", b"1e308").replace(b"0", b"-1")
+    yield b"[" * 50000 + b"]" * 50000
+    yield data.replace(b'"success"', b'"success": {"x": [' + b"[" * 3000 + b"]" * 3000 + b']}, "y"')
+    for _ in range(n):
+        buf = bytearray(data)
+        for _ in range(rng.randint(1, 8)):
+            i = rng.randrange(len(buf))
+            buf[i] = rng.randrange(256)
+        yield bytes(buf)
+
+
+def test_forged_result_files_of_other_harnesses_import_cleanly_or_are_refused_with_nothing_written(tmp_path):
+    """import-results: every mutation of a valid file of each format is imported or refused by name, never a traceback."""
+    from robocasa_shift.errors import Error
+    from robocasa_shift.importing.writer import import_results
+
+    vla = json.dumps({"benchmark": "b", "seed": 1, "tasks": [{"task": f"t{t}", "episodes": [
+        {"episode_id": e, "metrics": {"success": bool((t + e) % 2)}, "steps": 10} for e in range(3)]} for t in range(5)]})
+    lerobot = json.dumps({"per_task": [{"task_group": "g", "task_id": t, "metrics": {"successes": [True, False]}}
+                                       for t in range(5)]})
+    cls = {"s": [{"id": i + 1, "name": f"task{t}_light_{i}", "category": "Light Conditions", "difficulty_level": 1}
+                 for t in range(5) for i in [t]]}
+    (tmp_path / "cls.json").write_text(json.dumps(cls))
+    table = "suite,name,episode,success\n" + "".join(f"s,task{t},0,1\ns,task{t}_light_{t},0,0\n" for t in range(5))
+    n = 0
+    for fmt, text in (("vla-eval", vla), ("lerobot-eval", lerobot), ("liberoplus", table)):
+        for k, data in enumerate(_mutations(n, text)):
+            src, run = tmp_path / f"in-{fmt}-{k}", tmp_path / f"run-{fmt}-{k}"
+            src.write_bytes(data)
+            try:
+                import_results(fmt, src, run, classification=tmp_path / "cls.json" if fmt == "liberoplus" else None)
+            except Error as exc:
+                assert exc.exit_code in (2, 4), exc
+                assert str(src) in str(exc) or "run" in str(exc)
+                assert not os.path.lexists(run)
+            n += 1
+    assert n > 120
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".run")]  # no staging folder left

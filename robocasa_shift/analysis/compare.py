@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from robocasa_shift.analysis import statistics as stats
+from robocasa_shift.analysis.agreement import agreement
 from robocasa_shift.analysis.export import records_frame
 from robocasa_shift.analysis.measures import (
     AnalysisError,
@@ -111,6 +112,12 @@ def _measure_pair(run_a: Path | str, run_b: Path | str, phase: str, n_boot: int,
     for field in ("spec_hash", "study_seed", "backend"):
         if ma.get(field) != mb.get(field):
             raise AnalysisError(f"runs differ in {field}: {ma.get(field)} vs {mb.get(field)}; compare only runs of one frozen suite")
+    for run, manifest in ((run_a, ma), (run_b, mb)):
+        imported = manifest.get("imported") or {}
+        if imported.get("cross_run_pairable") is False:
+            raise AnalysisError(f"{run}: imported results that cannot be paired with another run's "
+                                f"({imported.get('cross_run_pairing')}); each run's success rates with their "
+                                f"task-clustered intervals are in its analysis/imported.json, never a paired verdict")
     _check_stage_specs(ma, mb)
     kit = _check_asset_kits(run_a, run_b, ma, mb)
     a, b = _run_rows(run_a, phase), _run_rows(run_b, phase)
@@ -155,6 +162,8 @@ def _measure_pair(run_a: Path | str, run_b: Path | str, phase: str, n_boot: int,
         "min_effect": float(min_effect),
         "invalid_pair_reasons": list(COMPARE_INVALID_REASONS),
         "conditions": {},
+        # test-retest: how often the two runs agree rollout by rollout (two runs of one policy should)
+        "agreement": agreement(merged.success_a.to_numpy(bool), merged.success_b.to_numpy(bool)),
     }
     tasks = sorted(set(both.task))
     for cond in order_conditions(set(both.condition), load_protocol().factor_order):
@@ -284,6 +293,11 @@ def compare_markdown(result: Dict[str, Any]) -> str:
              "(Holm across conditions); McNemar pooled over tasks is a diagnostic.", "",
              "| condition | pairs | success diff | 95% CI | calibrated 95% CI | sign-flip p (Holm) | verdict | depth diff | 95% CI | A only | B only | McNemar p (Holm) | invalid pairs |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    agree = result.get("agreement") or {}
+    if agree.get("n"):
+        kappa = "undefined (one outcome throughout)" if agree["kappa"] is None else format(agree["kappa"], ".3f")
+        lines[-2:-2] = [f"Agreement over all {agree['n']} valid pairs (test-retest when A and B are one policy): "
+                        f"{agree['agreement']:.3f}, discordance {agree['discordance']:.3f}, Cohen's kappa {kappa}.", ""]
     for c, v in result["conditions"].items():
         invalid = ", ".join(f"{k} {n}" for k, n in v["invalid_pairs"].items() if n) or "0"
         if v["missing_tasks"]:

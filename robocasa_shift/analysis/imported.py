@@ -133,14 +133,18 @@ def summarize(frame: pd.DataFrame, min_effect: float = stats.MIN_EFFECT, n_boot:
     conditions: Dict[str, Dict[str, Any]] = {}
     pairs = provable_pairs(frame) if not clean.empty else frame.iloc[:0]
     paired_summary: Dict[str, Any] = {}
+    # the conditions that have pairs on the same base tasks are analysed together (one Holm family): the macro
+    # needs every task it averages
+    families: Dict[tuple, List[str]] = {}
     for cond in sorted(set(pairs["condition"]) - {CLEAN}):
+        families.setdefault(tuple(sorted(set(pairs[pairs["condition"] == cond]["task"]))), []).append(cond)
+    for tasks, conds in families.items():
         from robocasa_shift.analysis.measures import analyze
 
-        # each condition over the base tasks where it has pairs (the macro needs every task it averages)
-        tasks = set(pairs[pairs["condition"] == cond]["task"])
-        subset = pairs[pairs["task"].isin(tasks) & pairs["condition"].isin([CLEAN, cond])]
-        paired_summary[cond] = analyze(_analysis_table(subset), n_boot=n_boot, bootstrap_seed=bootstrap_seed,
-                                       min_effect=min_effect, factor_order=())["conditions"][cond]
+        subset = pairs[pairs["task"].isin(tasks) & pairs["condition"].isin([CLEAN, *conds])]
+        result = analyze(_analysis_table(subset), n_boot=n_boot, bootstrap_seed=bootstrap_seed,
+                         min_effect=min_effect, factor_order=())["conditions"]
+        paired_summary.update({c: result[c] for c in conds})
     for cond in sorted(set(frame["condition"]), key=lambda c: (c != CLEAN, c)):
         rows = frame[frame["condition"] == cond]
         entry: Dict[str, Any] = {"rate": clustered_rate(rows)}
@@ -160,9 +164,9 @@ def summarize(frame: pd.DataFrame, min_effect: float = stats.MIN_EFFECT, n_boot:
         "grid": dimension_grid(conditions),
         "min_effect": float(min_effect),
         "methods": {"rate": METHOD, "unpaired_difference": DIFF_METHOD,
-                    "paired": "the main study's paired analysis (dSR = clean - variant, calibrated interval) on the "
-                              "variants whose clean twin the source proves, one condition at a time over the base tasks "
-                              "where it has pairs (so the Holm family of each is that condition alone)",
+                    "paired": "the main study's paired analysis (dSR = clean - variant, calibrated interval, Holm) on "
+                              "the variants whose clean twin the source proves; the conditions with pairs on the same "
+                              "base tasks form one Holm family",
                     "verdict_unpaired": "read off the unpaired 95% interval of dSR (clean - variant): DEGRADED above "
                                         "0, IMPROVED below 0, NO CHANGE DETECTED inside +-min_effect, else UNDERPOWERED; "
                                         "labelled UNPAIRED"},
@@ -182,18 +186,3 @@ def dimension_grid(conditions: Mapping[str, Mapping[str, Any]]) -> List[Dict[str
             "sr": entry["rate"]["sr"], "ci95": entry["rate"]["ci95"], "n": entry["rate"]["n"],
             "verdict": verdict, "pairing": "PAIRED" if paired else UNPAIRED}
     return [rows[k] for k in sorted(rows)]
-
-
-def agreement(a: Sequence[bool], b: Sequence[bool]) -> Dict[str, Any]:
-    """Test-retest agreement of two runs' outcomes on the same rollouts: Cohen's kappa and discordance."""
-    x, y = np.asarray(a, bool), np.asarray(b, bool)
-    n = len(x)
-    if n == 0:
-        return {"n": 0, "kappa": None, "discordance": None, "agreement": None}
-    observed = float(np.mean(x == y))
-    pa, pb = float(x.mean()), float(y.mean())
-    expected = pa * pb + (1 - pa) * (1 - pb)
-    kappa = None if expected == 1 else (observed - expected) / (1 - expected)
-    return {"n": n, "agreement": observed, "discordance": 1 - observed, "kappa": kappa,
-            "a_only": int(np.sum(x & ~y)), "b_only": int(np.sum(~x & y)),
-            "note": "kappa undefined: both runs give one outcome throughout" if kappa is None else None}

@@ -200,6 +200,11 @@ def compare_command(runs: Tuple[Path, ...], out_dir: Optional[Path], fail_on: Tu
         signed = {k: "-" if v[k] is None else format(v[k], "+.3f") for k in ("macro_success_diff", "macro_depth_diff")}
         click.echo(f"  {cond:<18} success {signed['macro_success_diff']}  depth {signed['macro_depth_diff']}  "
                    f"sign-flip p(Holm) {'-' if p is None else format(p, '.3g')}  {v['verdict'] or '-'}")
+    agree = result.get("agreement") or {}
+    if agree.get("n"):
+        kappa = "-" if agree["kappa"] is None else format(agree["kappa"], ".3f")
+        click.echo(f"  agreement {agree['agreement']:.3f} over {agree['n']} pairs, discordance {agree['discordance']:.3f}, "
+                   f"Cohen's kappa {kappa}")
     click.echo(f"-> {out_dir}/compare.md, {out_dir}/junit.xml")
     verdict_gate = result["gate"]
     if not verdict_gate["passed"]:

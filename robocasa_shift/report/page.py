@@ -629,6 +629,10 @@ def build_report(run_dir: Path | str, videos_per_kind: int = 2, bootstrap_seed: 
     """
     run_dir = Path(run_dir)
     with confined(run_dir):  # below the run directory nothing is read or written through a symbolic link
+        if "imported" in (RunStore(run_dir).manifest() or {}):
+            from robocasa_shift.report.imported import build_imported_report
+
+            return build_imported_report(run_dir, min_effect=min_effect)
         return _build_report(run_dir, videos_per_kind, bootstrap_seed, n_boot, min_effect, policy_options,
                              trust_run_dir, progress)
 
