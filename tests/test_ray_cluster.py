@@ -291,6 +291,16 @@ def test_a_malformed_address_is_refused_before_anything_starts(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_password_in_a_ray_client_address_is_never_echoed(tmp_path):
+    pytest.importorskip("ray")
+    # before the fix: "ray://user:PASS@host" came back in clear in the error message
+    for address in (f"ray://alice:S3CRET-PW@127.0.0.1:{free_port()}", "ray://alice:S3CRET-PW@head-node"):
+        proc = driver(*ONE_KEY, "--address", address, "--connect-timeout", "3", "--run-dir", str(tmp_path / "run"),
+                      timeout=120)
+        assert proc.returncode in (2, 3) and "Traceback" not in proc.stderr, proc.stderr
+        assert "S3CRET-PW" not in proc.stderr + proc.stdout and "<redacted>" in proc.stderr, proc.stderr
+
+
 def test_the_driver_sends_a_token_only_where_it_is_meant_for(monkeypatch, tmp_path):
     from robocasa_shift.study.ray_executor import split_address, token_source
 

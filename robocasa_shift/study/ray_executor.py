@@ -75,7 +75,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from robocasa_shift.config import ExecutionConfig, StudyConfig
+from robocasa_shift.config import SECRET_PLACEHOLDER, ExecutionConfig, StudyConfig
 from robocasa_shift.core import specs
 from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.errors import BackendUnavailable, BadInput, ClusterUnavailable, Error
@@ -101,6 +101,27 @@ def _first_words(text: str, limit: int = 300) -> str:
     return " ".join(str(text).split())[:limit]
 
 
+def shown_address(address: str) -> str:
+    """``address`` as messages and logs show it: the user part of ``ray://user:PASS@host:port`` (or of a
+    ``user:PASS@host:port``) replaced by the placeholder."""
+    scheme, sep, rest = address.rpartition("://")
+    if "@" not in rest:
+        return address
+    return f"{scheme}{sep}{SECRET_PLACEHOLDER}@{rest.rpartition('@')[2]}"
+
+
+def _without_credentials(error: BaseException, address: str) -> BaseException:
+    """``error`` with the credentials of ``address`` (the whole address, and its user part) taken out of its
+    message: Ray quotes the address it was given."""
+    shown = shown_address(address)
+    if shown == address or not error.args:
+        return error
+    secret = address.rpartition("://")[2].rpartition("@")[0]
+    text = str(error).replace(address, shown).replace(secret, SECRET_PLACEHOLDER)
+    error.args = (text, *error.args[1:])
+    return error
+
+
 def split_address(address: str) -> Tuple[bool, str, int]:
     """``(ray_client, host, port)`` of ``HOST:PORT`` or ``ray://HOST:PORT`` (``[v6]:PORT`` too).
 
@@ -112,7 +133,7 @@ def split_address(address: str) -> Tuple[bool, str, int]:
     host, sep, port = (text[len(RAY_CLIENT_PREFIX):] if client else text).rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise BadInput(f"--address {address!r} is not HOST:PORT (the Ray head's GCS port, as `ray start --head "
+        raise BadInput(f"--address {shown_address(address)!r} is not HOST:PORT (the Ray head's GCS port, as `ray start --head "
                        f"--port 6379` prints it: 10.0.0.5:6379) or ray://HOST:PORT (Ray Client, port 10001)")
     return client, host, int(port)
 
@@ -289,6 +310,12 @@ class RayExecutor:
         self._connect()
 
     def _connect(self) -> None:
+        try:
+            self._attach()
+        except Exception as exc:
+            raise _without_credentials(exc, self.address)
+
+    def _attach(self) -> None:
         limit = self.execution.connect_timeout_s
         deadline = time.monotonic() + limit
         address = self.address
@@ -574,7 +601,7 @@ class RayExecutor:
     def describe(self) -> Dict[str, Any]:
         """The executor's settings, for logs."""
         return {"executor": self.name, "workers": self.workers, "threads_per_worker": self.execution.threads,
-                "batch": self.execution.batch, "address": self.address,
+                "batch": self.execution.batch, "address": self.address and shown_address(self.address),
                 "connect_timeout_s": self.execution.connect_timeout_s,
                 "rollout_timeout_s": self.execution.rollout_timeout_s}
 
