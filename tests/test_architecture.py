@@ -159,6 +159,30 @@ def test_the_floor_check_catches_an_import_up_and_one_sideways():
                                      "robocasa_shift.core.specs -> robocasa_shift.engine.rollout"]
 
 
+# Packages above ``backends`` that still see an environment only through the Env contract (core/backend.py): a
+# simulator detail they need is a method or a declared capability of every backend, never a backend's module.
+CONTRACT_ONLY = {"branching": ("backends",), "judging": ("backends",), "monitoring": ("backends",)}
+
+
+def contract_breaches(graph):
+    """Imports from a package of :data:`CONTRACT_ONLY` into a package it must not see."""
+    out = []
+    for module, targets in sorted(graph.items()):
+        banned = CONTRACT_ONLY.get(module.split(".")[1] if module.count(".") else "", ())
+        out += [f"{module} -> {t}" for t in sorted(targets) if t.count(".") and t.split(".")[1] in banned]
+    return out
+
+
+def test_branching_judging_and_monitoring_never_import_a_backend():
+    assert contract_breaches(import_graph()) == []
+
+
+def test_the_contract_check_catches_a_judge_reading_a_backend_module():
+    graph = {"robocasa_shift.judging.crops": {"robocasa_shift.backends.fake", "robocasa_shift.core.backend"},
+             "robocasa_shift.checks.backend_check": {"robocasa_shift.backends"}}
+    assert contract_breaches(graph) == ["robocasa_shift.judging.crops -> robocasa_shift.backends.fake"]
+
+
 def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function_body():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]

@@ -197,6 +197,32 @@ def test_task_events_replay_the_trunks_states_through_the_simulator_predicates()
     assert events["target_contact"] is not None and events["target_contact"] <= record.steps
 
 
+def test_task_events_read_the_target_contact_through_the_env_contract_and_leave_it_undefined_without_it():
+    from robocasa_shift.backends.fake import FakeEnv
+
+    class WithoutTaskEvents(FakeEnv):
+        target_contact = None  # the capability not offered
+
+    protocol, backend = specs.load_protocol(), get_backend("fake")
+    spec = specs.load_stage_spec("fake", "PickPlace")
+    env = backend.make("PickPlace")
+    for episode in range(6):
+        record, tape = record_trunk(env, make_policy("fake-expert"), RolloutKey("formal", "PickPlace", episode, "clean"),
+                                    protocol, spec, "fake")
+        if record.success:
+            break
+    assert record.success
+    events = trunk_events(env, tape, spec, "fake")
+    assert events["defined"]["target_contact"] and events["target_contact"] is not None
+    blind = WithoutTaskEvents(backend.tasks["PickPlace"])
+    events = trunk_events(blind, tape, spec, "fake")
+    assert events["defined"]["target_contact"] is False and events["target_contact"] is None
+    assert events["grasp_attempt"] is not None  # the other events do not need the capability
+    reach = backend.make("Reach")  # a task without a target: the capability says None, the event is undefined
+    assert reach.target_contact() is None
+    assert trunk_events(reach, tape, specs.load_stage_spec("fake", "Reach"), "fake")["defined"]["target_contact"] is False
+
+
 def test_k_fixed_must_cover_the_adaptive_rule():
     with pytest.raises(BadInput, match="k_fixed"):
         BranchSettings(k_fixed=8)

@@ -118,6 +118,23 @@ def test_the_simulators_object_projects_where_the_renderer_draws_it():
     assert abs(col - red[1]) < 1.5 and abs(row - red[0]) < 1.5
 
 
+def test_crops_read_points_and_camera_frames_only_through_the_object_points_capability():
+    from robocasa_shift.backends.fake import FakeEnv
+    from robocasa_shift.core.specs import load_stage_spec
+
+    class WithoutObjectPoints(FakeEnv):
+        outcome_points = camera_frame = None
+
+    backend = get_backend("fake")
+    spec = load_stage_spec("fake", "PickPlace")
+    env = backend.make("PickPlace")
+    env.reset(1)
+    assert len(crops.relevant_points(env, spec)) == 2 and crops.camera_frame(env, "agentview") is not None
+    blind = WithoutObjectPoints(backend.tasks["PickPlace"])
+    blind.reset(1)
+    assert crops.relevant_points(blind, spec) == [] and crops.camera_frame(blind, "agentview") is None
+
+
 def test_a_box_is_the_widened_bounding_box_of_the_points_inside_the_image_and_a_crop_cuts_it():
     # margin max(0.12 x 100, 12) = 12: x from 10 - 12 to 20 + 12 + 1, y from 10 - 12 to 30 + 12 + 1, clipped at 0
     assert crops.box([np.array([[10.0, 10.0], [20.0, 30.0]])], 100) == [0, 0, 33, 43]

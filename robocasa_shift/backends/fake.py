@@ -250,6 +250,24 @@ class FakeEnv(PerturbableModel):
             parent = np.array([*self.eef_world(), 0.0])
         return parent + rot @ self.model.cam_pos[i], rot @ quat_to_mat(self.model.cam_quat[i])
 
+    # ------------------------------------------------------------------ capabilities: object points, task events
+
+    def outcome_points(self, names=()) -> List[np.ndarray]:
+        """Its object and (PickPlace) target on the table plane; the fake's points have no names."""
+        points = [np.array([*self.x[OBJECT], 0.0]), np.array([*self.x[TARGET], 0.0])]
+        return points[:1] if self.spec.name == "Reach" else points
+
+    def camera_frame(self, camera: str) -> Tuple[np.ndarray, np.ndarray, float]:
+        """The camera's world pose (:meth:`camera_pose`) and vertical field of view."""
+        pos, rot = self.camera_pose(camera)
+        return np.asarray(pos, float), np.asarray(rot, float), float(self.model.cam_fovy[CAMERAS.index(camera)])
+
+    def target_contact(self) -> Optional[bool]:
+        """PickPlace: the object is over the target disc; Reach has no target (None)."""
+        if self.spec.name == "Reach":
+            return None
+        return bool(self.object_target_distance() < TARGET_RADIUS_M)
+
     # ------------------------------------------------------------------ observations
 
     def render(self, camera: str, size: int) -> np.ndarray:

@@ -336,6 +336,14 @@ class LiberoEnv(CameraPoseHooks, ArmJointHooks, MujocoEnv):
         except ValueError:
             raise UnknownNameError("libero object or region", name, sorted(self.raw.object_states_dict)) from None
 
+    def target_contact(self) -> Optional[bool]:
+        """Whether the object of the goal's first two-argument conjunct (``On``/``In``: what to move where) touches
+        its target (a region: the fixture it belongs to); None for a goal without one (open a drawer)."""
+        binary = next((c for c in self.goal if len(c) == 3), None)
+        if binary is None:
+            return None
+        return bool(self.raw.check_contact(self.object_of(binary[1]), self.object_of(binary[2])))
+
     def object_of(self, name: str):
         """The LIBERO object behind an object, fixture or region name (a region's parent object)."""
         state = self.raw.object_states_dict[name]

@@ -214,6 +214,24 @@ class MujocoEnv(PerturbableModel):
         """The gripper's grasp site in the world frame (a live view)."""
         return self.data.site_xpos[self._eef_site]
 
+    # ------------------------------------------------------------------ capability: object points (judge crops)
+
+    def outcome_points(self, names: Sequence[str]) -> List[np.ndarray]:
+        """World positions of the named task points the subclass's ``point(name)`` knows, in order (others left out)."""
+        out = []
+        for name in names:
+            try:
+                out.append(np.array(self.point(name), dtype=float).reshape(3))
+            except (KeyError, ValueError):
+                continue
+        return out
+
+    def camera_frame(self, camera: str):
+        """(world position, rotation with columns camera x, y, z, vertical field of view in degrees) of ``camera``."""
+        cid = self.sim.model.camera_name2id(camera)
+        return (np.array(self.data.cam_xpos[cid], dtype=float), np.array(self.data.cam_xmat[cid], dtype=float).reshape(3, 3),
+                float(self.model.cam_fovy[cid]))
+
     # ------------------------------------------------------------------ state: snapshot, restore, fingerprint
 
     def _controllers(self):

@@ -85,7 +85,7 @@ from robocasa_shift.embodiments.panda_omron import ACTION_DIM, MODE
 from robocasa_shift.embodiments.panda_omron import PART_RANGES as HARNESS_ACTION_LAYOUT
 from robocasa_shift.backends import robocasa_standin as standin
 from robocasa_shift.config import ASSET_KITS  # the kinds a study may opt into; None: RoboCasa's own assets
-from robocasa_shift.errors import BackendUnavailable, BadInput
+from robocasa_shift.errors import BackendUnavailable, BadInput, UnknownNameError
 
 ROBOT = "PandaOmron"
 SPLIT = "target"
@@ -661,6 +661,16 @@ class RobocasaEnv(MujocoEnv):
                 lo, hi = np.min(points, axis=0), np.max(points, axis=0)
                 out["cabinet_interior_center"], out["cabinet_interior_size"] = (lo + hi) / 2, hi - lo
         return out
+
+    def point(self, name: str) -> np.ndarray:
+        """World position of a task object (``objects`` of the kitchen's episode), a live view."""
+        if name not in self.raw.obj_body_id:
+            raise UnknownNameError("robocasa object", name, sorted(self.raw.obj_body_id))
+        return self.data.xpos[self.raw.obj_body_id[name]]
+
+    def target_contact(self) -> Optional[bool]:
+        """None: RoboCasa's composite tasks have no single object-target pair; their subgoals say where things are."""
+        return None
 
     def _fixture_or_none(self, name: str):
         try:

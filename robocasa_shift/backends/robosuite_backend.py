@@ -19,7 +19,7 @@ Design choices that make rollouts exact and cheap:
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
@@ -177,6 +177,11 @@ class RobosuiteEnv(CameraPoseHooks, ArmJointHooks, MujocoEnv):
             obj = obj[getattr(self.raw, index.rstrip("]"))]
         return obj
 
+    def target_contact(self) -> Optional[bool]:
+        """Whether the task's object touches its target (:data:`TARGET_CONTACT`); None for a task without one."""
+        check = TARGET_CONTACT.get(self.spec.name)
+        return None if check is None else bool(check(self))
+
     def surface_z(self) -> float:
         """Height of the surface the task's objects start on (table top, or the source bin's floor)."""
         if self.spec.surface == "source_bin":
@@ -293,3 +298,11 @@ def on_peg(env: RobosuiteEnv, object: str) -> bool:
     """The nut sits around its peg, low on it (robosuite's on_peg)."""
     return bool(env.raw.on_peg(np.array(env.point(object)), env.raw.nut_id))
 
+
+
+# TaskEvents.target_contact, per task: the object touching its target (Lift has none; NutAssemblySquare's nut on its
+# peg is its last subgoal, not a contact event).
+TARGET_CONTACT = {
+    "Stack": lambda env: bool(env.raw.check_contact(env.object("cubeA"), env.object("cubeB"))),
+    "PickPlaceCan": lambda env: in_target_bin(env, "can"),
+}

@@ -10,10 +10,11 @@ step) and simulator predicates, replayed state by state (``Env.set_physics_state
 - ``drop``: the first step after which the task's grasp predicate (its stage spec's first ``grasped`` or
   ``holding`` subgoal, with that subgoal's arguments) stops holding although it held one step before and
   the gripper was still commanded closed: the object slipped or fell, it was not released;
-- ``target_contact``: the first step after which the object touches its target, by a per-task predicate
-  (:data:`TARGET_CONTACT`: cubeA touching cubeB for Stack, the can inside its target bin for
-  PickPlaceCan, the object over the target disc for the fake PickPlace); undefined (None) for a task
-  without a target (Lift) or without a predicate here.
+- ``target_contact``: the first step after which the object touches its target, by the environment's
+  ``TaskEvents.target_contact`` (the backend contract, ``core/backend.py``: cubeA touching cubeB for
+  robosuite's Stack, the can inside its target bin for PickPlaceCan, the object over the target disc for
+  the fake PickPlace, ...); undefined for a task without a target (Lift) or a backend without the
+  capability.
 
 An event that never happens is None. Steps count like checkpoints and subgoal latches (a state reached
 after ``s`` steps is step ``s``).
@@ -21,38 +22,22 @@ after ``s`` steps is step ``s``).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
+
+from robocasa_shift.core.backend import TaskEvents
 
 EVENTS = ("grasp_attempt", "drop", "target_contact")
 GRASP_PREDICATES = ("grasped", "holding")
 
 
-def _stack_contact(env) -> bool:
-    return bool(env.raw.check_contact(env.object("cubeA"), env.object("cubeB")))
-
-
-def _can_in_bin(env) -> bool:
-    return not bool(env.raw.not_in_bin(np.array(env.point("can")), env.raw.object_id))
-
-
-def _fake_on_target(env) -> bool:
-    from robocasa_shift.backends.fake import TARGET_RADIUS_M
-
-    return bool(env.object_target_distance() < TARGET_RADIUS_M)
-
-
-TARGET_CONTACT: Dict[Tuple[str, str], Callable[[Any], bool]] = {
-    ("robosuite", "Stack"): _stack_contact,
-    ("robosuite", "PickPlaceCan"): _can_in_bin,
-    ("fake", "PickPlace"): _fake_on_target,
-}
 DEFINITIONS = {
     "grasp_attempt": "first step whose commanded action closes the gripper (steps taken before it)",
     "drop": "first step after which the grasp predicate stops holding while the gripper is still commanded closed",
-    "target_contact": "first step after which the object touches its target (Stack: cubeA on cubeB; PickPlaceCan: "
-                      "the can inside its target bin; fake PickPlace: over the target disc)",
+    "target_contact": "first step after which the object touches its target, as the backend defines it (robosuite "
+                      "Stack: cubeA on cubeB; PickPlaceCan: the can inside its target bin; fake PickPlace: over the "
+                      "target disc)",
 }
 
 
@@ -65,6 +50,13 @@ def _grasp_predicate(stage_spec, backend: str) -> Optional[Callable[[Any], bool]
             args = dict(goal.args)
             return lambda env, fn=fn, args=args: bool(fn(env, **args))
     return None
+
+
+def _target_contact(env) -> Optional[Callable[[Any], bool]]:
+    """The environment's target-contact check, or None when it has no such capability or the task no target."""
+    if not isinstance(env, TaskEvents) or env.target_contact() is None:
+        return None
+    return lambda env: bool(env.target_contact())
 
 
 def first_closing(actions, layout) -> Optional[int]:
@@ -82,7 +74,7 @@ def trunk_events(env, tape, stage_spec, backend: str) -> Dict[str, Any]:
     out: Dict[str, Any] = {name: None for name in EVENTS}
     out["grasp_attempt"] = first_closing(actions, layout)
     grasp = _grasp_predicate(stage_spec, backend)
-    contact = TARGET_CONTACT.get((backend, stage_spec.task))
+    contact = _target_contact(env)
     held_before = False
     for s in range(1, len(tape.states)):
         if grasp is None and contact is None:
@@ -101,4 +93,4 @@ def trunk_events(env, tape, stage_spec, backend: str) -> Dict[str, Any]:
     return out
 
 
-__all__ = ["DEFINITIONS", "EVENTS", "GRASP_PREDICATES", "TARGET_CONTACT", "first_closing", "trunk_events"]
+__all__ = ["DEFINITIONS", "EVENTS", "GRASP_PREDICATES", "first_closing", "trunk_events"]

@@ -15,6 +15,10 @@ asked for, on a few base episodes, this checks:
 - ``side_effect_free``: the success check and every stage predicate leave the fingerprint and the state as they
   were, and return a bool.
 - ``state_roundtrip``: ``set_state(get_state())`` after a few steps returns to the saved fingerprint (branching).
+- ``capabilities``: each optional capability of the contract (``CAPABILITIES``: ``object_points`` for the judge
+  crops, ``task_events`` for branching's task events) is reported offered or "not offered"; an offered one must
+  work: finite (3,) points, a camera frame with a rotation and a field of view, a contact that is a bool or None,
+  all of them read without changing the state.
 
 The result is a :class:`~robocasa_shift.checks.results.CheckResult`; the command prints it and exits 1 on a failure.
 """
@@ -28,14 +32,14 @@ import numpy as np
 from robocasa_shift.backends import get_backend
 from robocasa_shift.checks.results import CheckResult
 from robocasa_shift.core import specs
-from robocasa_shift.core.backend import missing_hooks
+from robocasa_shift.core.backend import CAPABILITIES, missing_hooks, offered_capabilities
 from robocasa_shift.core.factors import FACTOR_KINDS
 from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.core.stages import StageTracker
 from robocasa_shift.engine.rollout import inject, prepare_episode
 
 CHECKS = ("contract", "reset_determinism", "fingerprint_stability", "restore_nominal", "readback",
-          "render_determinism", "side_effect_free", "state_roundtrip")
+          "render_determinism", "side_effect_free", "state_roundtrip", "capabilities")
 BACKEND_METHODS = ("task_names", "task", "make", "config", "versions", "check_available")
 ENV_METHODS = ("reset", "step", "is_success", "render", "proprio", "privileged_state", "fingerprint", "get_state",
                "set_state", "set_physics_state", "restore_nominal", "renderer_info", "close", "eef_pos",
@@ -141,6 +145,8 @@ def _check_task(backend_name: str, backend, task: str, episodes: Sequence[int], 
         if env.fingerprint() != fingerprint or not _state_equal(before_state, env.get_state()):
             found.add("side_effect_free", f"{task}: the success check or a predicate changed the state")
 
+        capabilities = _check_capabilities(env, task, spec, found)
+
         # a step changes the fingerprint; a saved state restores it
         saved, saved_fingerprint = env.get_state(), env.fingerprint()
         rng = np.random.default_rng(0)
@@ -169,9 +175,37 @@ def _check_task(backend_name: str, backend, task: str, episodes: Sequence[int], 
                 if prepare_episode(env, protocol, RolloutKey(PHASE, task, episode, "clean")) != clean[episode]:
                     found.add("restore_nominal", f"{task} {condition} episode {episode}: the next reset is not the "
                                                  f"clean one (something the condition edited stayed)")
-        return {"conditions": len(applicable), "cameras": cameras}
+        return {"conditions": len(applicable), "cameras": cameras, "capabilities": capabilities}
     finally:
         env.close()
+
+
+def _check_capabilities(env, task: str, spec, found: _Findings) -> Dict[str, str]:
+    """Each capability: "offered" or "not offered"; an offered one is called and its answers checked."""
+    offered = offered_capabilities(env)
+    fingerprint, state = env.fingerprint(), env.get_state()
+    if "object_points" in offered:
+        names = spec.point_names() if spec is not None else []
+        points = found.guard("capabilities", f"{task}: outcome_points({names})", lambda: env.outcome_points(names))
+        for point in points or []:
+            if np.asarray(point).shape != (3,) or not np.isfinite(np.asarray(point, dtype=float)).all():
+                found.add("capabilities", f"{task}: outcome_points gave {np.asarray(point)!r}, not a finite (3,) point")
+        for camera in env.third_person_cameras:
+            frame = found.guard("capabilities", f"{task}: camera_frame({camera!r})", lambda c=camera: env.camera_frame(c))
+            if frame is None:
+                continue
+            pos, rot, fovy = (np.asarray(frame[0], float), np.asarray(frame[1], float), float(frame[2]))
+            if pos.shape != (3,) or rot.shape != (3, 3) or not np.allclose(rot.T @ rot, np.eye(3), atol=1e-6):
+                found.add("capabilities", f"{task} {camera}: camera_frame is not a position (3,) and a rotation (3, 3)")
+            if not 0.0 < fovy < 180.0:
+                found.add("capabilities", f"{task} {camera}: camera_frame's field of view {fovy} is not in (0, 180)")
+    if "task_events" in offered:
+        contact = found.guard("capabilities", f"{task}: target_contact()", env.target_contact)
+        if contact is not None and not isinstance(contact, (bool, np.bool_)):
+            found.add("capabilities", f"{task}: target_contact() returned {type(contact).__name__}, not a bool or None")
+    if env.fingerprint() != fingerprint or not _state_equal(state, env.get_state()):
+        found.add("capabilities", f"{task}: reading a capability changed the state")
+    return {name: "offered" if name in offered else "not offered" for name in CAPABILITIES}
 
 
 def check_backend(name: str, tasks: Optional[Sequence[str]] = None, episodes: Sequence[int] = (0, 1),
@@ -209,6 +243,10 @@ def _markdown(details: Dict[str, Any], passed: bool) -> str:
         shown = "; ".join(result["problems"][:3]) + (f" (+{len(result['problems']) - 3} more)"
                                                       if len(result["problems"]) > 3 else "")
         lines.append(f"| {check} | {'ok' if result['passed'] else 'FAILED'} | {shown or '-'} |")
+    for task, found in details["tasks"].items():
+        offered = found.get("capabilities") or {}
+        if offered:
+            lines += ["", f"Capabilities of {task}: " + ", ".join(f"{k} {v}" for k, v in offered.items()) + "."]
     lines += ["", f"**{'PASSED' if passed else 'FAILED'}**", ""]
     return "\n".join(lines)
 

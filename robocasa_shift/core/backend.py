@@ -239,6 +239,33 @@ class RobotJoints(Protocol):
         """Why ``offset`` gives an invalid start (a joint limit, the robot in collision), or None; state unchanged."""
 
 
+@runtime_checkable
+class ObjectPoints(Protocol):
+    """Capability: where the task's outcome-relevant objects are and how each third-person camera sees them, read
+    from the simulator (the judge export's localise-and-crop boxes). Reading changes nothing."""
+
+    def outcome_points(self, names: Sequence[str]) -> List[np.ndarray]:
+        """World positions (3,) now of the named task points the environment knows (a stage spec's ``object``,
+        ``target`` and ``support`` arguments), in order; names it does not know are left out. An environment
+        whose points have no names may return its own (the fake backend: its object, and target)."""
+
+    def camera_frame(self, camera: str) -> Tuple[np.ndarray, np.ndarray, float]:
+        """``(position (3,), rotation (3, 3) with columns camera x, y, z, vertical field of view in degrees)`` of
+        ``camera`` in the world now, as the renderer draws it (the camera looks along -z, y up)."""
+
+
+@runtime_checkable
+class TaskEvents(Protocol):
+    """Capability: task-level events a branching trunk records (``branching/events.py``), read from the state."""
+
+    def target_contact(self) -> Optional[bool]:
+        """Whether the task's object touches its target now (Stack: cubeA on cubeB); None for a task without a
+        target. Side-effect free, like a predicate."""
+
+
+# Capability name -> protocol: optional parts of the contract that ``check-backend`` reports as offered or not.
+CAPABILITIES: Dict[str, type] = {"object_points": ObjectPoints, "task_events": TaskEvents}
+
 # Hook name (as factor kinds declare it in ``requires``) -> protocol.
 HOOKS: Dict[str, type] = {"lights": Lights, "cameras": Cameras, "base": MobileBase, "instructions": Instructions,
                           "camera_poses": CameraPoses, "robot_joints": RobotJoints}
@@ -250,6 +277,11 @@ def missing_hooks(env: Any, requires: Iterable[str]) -> List[str]:
     if unknown:
         raise UnknownNameError("backend hook", unknown[0], list(HOOKS))
     return [h for h in requires if not isinstance(env, HOOKS[h])]
+
+
+def offered_capabilities(env: Any) -> List[str]:
+    """The :data:`CAPABILITIES` ``env`` offers (all their methods), in order."""
+    return [name for name, protocol in CAPABILITIES.items() if isinstance(env, protocol)]
 
 
 def check_hooks(env: Any, needs: Mapping[str, Sequence[str]], backend: str) -> None:

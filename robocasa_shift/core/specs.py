@@ -558,6 +558,9 @@ class Subgoal:
     group: Optional[str] = None  # unordered specs: the group (a chain of subgoals) this one belongs to
 
 
+POINT_ARGS = ("object", "target", "support")  # subgoal arguments that name a task point
+
+
 @dataclass(frozen=True)
 class StageSpec:
     """Subgoals of one task, each a named simulator-state predicate.
@@ -584,6 +587,17 @@ class StageSpec:
     @property
     def unordered(self) -> bool:
         return self.subgoals[0].group is not None
+
+    def point_names(self) -> List[str]:
+        """The task points its subgoals name (``object``, ``target``, ``support`` arguments), first seen first: what
+        settles an attempt (the judge crops' ``ObjectPoints.outcome_points``)."""
+        names: List[str] = []
+        for goal in self.subgoals:
+            for arg in POINT_ARGS:
+                value = dict(goal.args).get(arg)
+                if isinstance(value, str) and value not in names:
+                    names.append(value)
+        return names
 
     def chains(self) -> List[List[int]]:
         """Subgoal indices per chain: one chain of all of them when ordered, one per group otherwise."""

@@ -4,12 +4,13 @@ the region that settles the attempt, or an MP4 instead of PNG frames.
 **Localise.** FailBench asks a VLM for one rectangle around the outcome-relevant region of four frames
 spanning the attempt. The simulator knows where the task's objects are, so the export records that
 rectangle exactly: the task-relevant points (the objects and targets its stage spec names: ``object``,
-``target``, ``support`` arguments; the fake backend's object and target) projected into each third-person
-camera at every clip frame (pinhole projection with the camera's pose and vertical field of view, as the
-renderer draws it), the bounding box over the whole clip of those the camera sees, widened by :data:`MARGIN`
+``target``, ``support`` arguments), read through the environment's ``ObjectPoints`` capability (the backend
+contract, ``core/backend.py``), projected into each third-person camera at every clip frame (pinhole
+projection with the camera's pose and vertical field of view, as the renderer draws it), the bounding box over the whole clip of those the camera sees, widened by :data:`MARGIN`
 of the image (at least :data:`MIN_MARGIN_PX`) and to at least :data:`MIN_SIDE` of it, inside the image (none
 seen: no box, the image is shown whole). Wrist (moving)
-cameras get no box and are shown whole, as in FailBench.
+cameras get no box and are shown whole, as in FailBench; so is every camera of a backend without the
+capability.
 
 **Crop.** ``JudgeSet.sample(..., crop=True)`` cuts every image of a camera with a box to that box, at its
 own size (FailBench's best rendering, Table 9: the native cut).
@@ -28,50 +29,29 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
+from robocasa_shift.core.backend import ObjectPoints
+
 MARGIN = 0.12
 MIN_MARGIN_PX = 12
 MIN_SIDE = 0.25
 VIDEO_FPS = 4
-POINT_ARGS = ("object", "target", "support")
 
 
 def relevant_points(env, stage_spec) -> List[np.ndarray]:
     """World positions (3,) of the task's outcome-relevant points now (see the module docstring)."""
-    names: List[str] = []
-    for goal in getattr(stage_spec, "subgoals", ()):
-        for arg in POINT_ARGS:
-            value = dict(goal.args).get(arg)
-            if isinstance(value, str) and value not in names:
-                names.append(value)
-    points = []
-    if hasattr(env, "point"):
-        for name in names:
-            try:
-                points.append(np.array(env.point(name), dtype=float).reshape(3))
-            except (KeyError, AttributeError, ValueError):
-                continue
-    elif hasattr(env, "object_target_distance"):  # the fake backend: its object and target on the table plane
-        from robocasa_shift.backends.fake import OBJECT, TARGET
-
-        points = [np.array([*env.x[OBJECT], 0.0]), np.array([*env.x[TARGET], 0.0])]
-        if env.task.name == "Reach":
-            points = points[:1]
-    return points
+    if not isinstance(env, ObjectPoints):
+        return []
+    names = stage_spec.point_names() if stage_spec is not None else []
+    return [np.array(p, dtype=float).reshape(3) for p in env.outcome_points(names)]
 
 
 def camera_frame(env, camera: str):
-    """(position, rotation with columns camera x, y, z, vertical field of view in degrees), or None."""
-    if hasattr(env, "camera_pose"):  # the fake backend
-        from robocasa_shift.embodiments.fake_planar import CAMERAS
-
-        pos, rot = env.camera_pose(camera)
-        return np.asarray(pos, float), np.asarray(rot, float), float(env.model.cam_fovy[CAMERAS.index(camera)])
-    data, model, sim = getattr(env, "data", None), getattr(env, "model", None), getattr(env, "sim", None)
-    if data is None or model is None or sim is None:
+    """(position, rotation with columns camera x, y, z, vertical field of view in degrees), or None when the
+    environment does not offer the ``ObjectPoints`` capability."""
+    if not isinstance(env, ObjectPoints):
         return None
-    cid = sim.model.camera_name2id(camera)
-    return (np.array(data.cam_xpos[cid], dtype=float), np.array(data.cam_xmat[cid], dtype=float).reshape(3, 3),
-            float(model.cam_fovy[cid]))
+    pos, rot, fovy = env.camera_frame(camera)
+    return np.asarray(pos, float).reshape(3), np.asarray(rot, float).reshape(3, 3), float(fovy)
 
 
 def project(frame, size: int, points: Sequence[np.ndarray]) -> np.ndarray:
