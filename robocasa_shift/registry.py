@@ -19,6 +19,7 @@ from typing import (
     Iterator,
     List,
     Optional,
+    Tuple,
     TypeVar,
     Union,
 )
@@ -37,13 +38,19 @@ def _resolve(target: str) -> Any:
 
 
 class Registry(Generic[T]):
-    """Maps names to objects (or lazy ``"module:attr"`` targets) of one kind."""
+    """Maps names to objects (or lazy ``"module:attr"`` targets) of one kind.
 
-    def __init__(self, kind: str, entry_point_group: Optional[str] = None):
+    ``modules``: the project's modules whose ``@register`` decorators add entries beside the ones registered where
+    the registry is defined, imported when the registry is first read (so a class is registered where it is
+    written, and the heavy module is imported only when the registry is used).
+    """
+
+    def __init__(self, kind: str, entry_point_group: Optional[str] = None, modules: Tuple[str, ...] = ()):
         self.kind = kind
         self.entry_point_group = entry_point_group
+        self.modules = tuple(modules)
         self._entries: Dict[str, Union[T, str]] = {}
-        self._entry_points_loaded = entry_point_group is None
+        self._entry_points_loaded = entry_point_group is None and not modules
 
     def register(self, name: str, obj: Union[T, str, None] = None) -> Callable[[T], T]:
         """Register ``obj`` under ``name``; without ``obj``, return a decorator."""
@@ -63,6 +70,10 @@ class Registry(Generic[T]):
         if self._entry_points_loaded:
             return
         self._entry_points_loaded = True
+        for module in self.modules:
+            importlib.import_module(module)
+        if self.entry_point_group is None:
+            return
         for ep in metadata.entry_points(group=self.entry_point_group):
             self.register(ep.name, ep.value)
 

@@ -462,3 +462,47 @@ def test_the_gym_wrapper_refuses_a_control_rate_its_caller_s_loop_cannot_keep(tm
 
 def test_every_condition_string_of_the_protocol_parses_back_to_itself(protocol):
     assert all(str(Condition.parse(c)) == c for c in protocol.known_conditions)
+
+
+def test_a_loop_side_shift_is_a_wrapper_class_the_rollout_composes_without_knowing_it():
+    """A new loop-side shift needs no change to the rollout loop: a LoopWrapper subclass composed at the boundary."""
+    from robocasa_shift.core.factors import FACTOR_KINDS
+    from robocasa_shift.core.loop_wrappers import LoopWrapper
+    from robocasa_shift.engine.rollout import Rollout, drive
+
+    class GripperStuckOpen(LoopWrapper):  # a toy deployment shift: the gripper command never reaches the robot
+        def start(self, rollout, capture):
+            self.measured.update(overridden=0)
+
+        def action(self, rollout, action):
+            self.measured["overridden"] += 1
+            layout, action = rollout.env.action_layout, np.array(action)
+            action[layout.gripper] = layout.open
+            return action
+
+    class Executed(Observer):
+        def __init__(self):
+            self.actions = []
+
+        def on_step(self, step, action, env, latched):
+            self.actions.append(np.array(action))
+
+    protocol, backend = specs.load_protocol(), get_backend("fake")
+    env, stage = backend.make("PickPlace"), specs.load_stage_spec("fake", "PickPlace")
+    key = RolloutKey("formal", "PickPlace", 0, "clean")
+    plain, shifted = Executed(), Executed()
+    drive_plain = Rollout(env, make_policy("fake-expert"), key, protocol, stage, "fake", observer=plain, horizon=40)
+    drive_plain.begin()
+    assert drive(drive_plain).valid
+    rollout = Rollout(env, make_policy("fake-expert"), key, protocol, stage, "fake", observer=shifted, horizon=40)
+    rollout.begin()
+    wrapper = GripperStuckOpen("steps", 0)
+    rollout.wrappers.append(wrapper)
+    wrapper.start(rollout, rollout._capture)
+    record = drive(rollout)
+    assert record.valid and wrapper.measured == {"steps": 0, "overridden": record.steps}
+    layout = env.action_layout
+    assert shifted.actions and not any(layout.closing(a) for a in shifted.actions)
+    assert any(layout.closing(a) for a in plain.actions)  # the expert does close the gripper without the shift
+    for name in ("action_latency", "observation_latency", "action_hold"):  # registered where written, no table
+        assert issubclass(FACTOR_KINDS.get(name).wrapper, LoopWrapper)

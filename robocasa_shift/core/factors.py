@@ -25,7 +25,9 @@ from robocasa_shift.errors import PerturbationError
 from robocasa_shift.geometry import axis_angle_quat, quat_mul, quat_to_mat
 from robocasa_shift.registry import Registry
 
-FACTOR_KINDS: Registry[type] = Registry("factor kind", "robocasa_shift.factors")
+# The kinds of the paper's four factors are registered below; LIBERO-Plus's dimensions and the deployment shifts
+# where they are written (core/shifts.py), imported when the registry is first read.
+FACTOR_KINDS: Registry[type] = Registry("factor kind", "robocasa_shift.factors", modules=("robocasa_shift.core.shifts",))
 
 # Read-back values equal what was asked up to float64 round-off of the
 # rotations; anything larger is a perturbation that did not land. A kind whose
@@ -144,8 +146,10 @@ class FactorKind:
         :meth:`measure`."""
         return self.measure(delivered, raw, params)
 
-    def configure_loop(self, loop: Any, params: Dict[str, float]) -> None:
-        """A loop-side kind's change to the rollout loop (``core.shifts.LoopShift``); nothing for other kinds."""
+    def loop_wrapper(self, params: Dict[str, float]) -> Any:
+        """A loop-side kind's wrapper of the rollout loop for a level (``core/loop_wrappers.py``); only loop-side
+        kinds have one."""
+        raise NotImplementedError(f"{type(self).__name__} is not a loop-side kind")
 
     def replay_draw(self, spec, rng: np.random.Generator, draws_rejected: int) -> Optional[List[float]]:
         """The draw a record must carry, recomputed from the episode's draw stream (the audit calls it).
@@ -649,10 +653,3 @@ def applied_perturbation(
         **extra,
     }
 
-
-# LIBERO-Plus's dimensions and the deployment shifts (robocasa_shift/core/shifts.py), registered lazily.
-for _name, _cls in (("instruction_graded", "InstructionGraded"), ("camera_pose", "CameraPose"),
-                    ("arm_joint_offset", "ArmJointOffset"), ("motion_blur", "MotionBlur"), ("zoom_blur", "ZoomBlur"),
-                    ("fog", "Fog"), ("glass_blur", "GlassBlur"), ("action_latency", "ActionLatency"),
-                    ("observation_latency", "ObservationLatency"), ("action_hold", "ActionHold")):
-    FACTOR_KINDS.register(_name, f"robocasa_shift.core.shifts:{_cls}")

@@ -21,12 +21,12 @@ from __future__ import annotations
 import hashlib
 import math
 import zlib
-from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from robocasa_shift.core.factors import (
+    FACTOR_KINDS,
     READBACK_ATOL,
     FactorKind,
     _never_rejected,
@@ -36,6 +36,7 @@ from robocasa_shift.core.factors import (
     moved_third_person_cameras,
 )
 from robocasa_shift.core.liberoplus import word_edit_distance
+from robocasa_shift.core.loop_wrappers import ActionDelay, ActionRepeat, LoopWrapper, ObservationDelay
 from robocasa_shift.errors import PerturbationError, SpecError
 from robocasa_shift.geometry import axis_angle_quat, quat_to_mat
 
@@ -99,6 +100,7 @@ def _range(spec, key: str, level: str) -> Tuple[float, float]:
 # --------------------------------------------------------------------------- language
 
 
+@FACTOR_KINDS.register("instruction_graded")
 class InstructionGraded(FactorKind):
     """The instruction the policy receives replaced by a paraphrase whose word edit distance from it lies in the
     level's band (``min_distance`` < d <= ``max_distance``).
@@ -177,6 +179,7 @@ class InstructionGraded(FactorKind):
 # --------------------------------------------------------------------------- camera placement
 
 
+@FACTOR_KINDS.register("camera_pose")
 class CameraPose(FactorKind):
     """Third-person cameras moved as LIBERO-Plus moves its camera, from one draw shared by every level.
 
@@ -301,6 +304,7 @@ class CameraPose(FactorKind):
 # --------------------------------------------------------------------------- arm starting joints
 
 
+@FACTOR_KINDS.register("arm_joint_offset")
 class ArmJointOffset(FactorKind):
     """The arm starts from its episode's joint positions plus ``radius_rad`` times a unit direction: one of
     LIBERO-Plus's 500 starting poses' directions (``options.data``), picked per base episode and shared by every
@@ -535,6 +539,7 @@ def motion_kernel(radius: float, sigma: float, angle_deg: float) -> np.ndarray:
     return kernel
 
 
+@FACTOR_KINDS.register("motion_blur")
 class MotionBlur(ImageNoise):
     """Motion blur (ImageMagick's, as LIBERO-Plus calls it): a one-sided Gaussian line kernel of ``radius_px`` and
     ``sigma_px`` at an angle uniform in +-``max_angle_deg``, drawn per frame."""
@@ -553,6 +558,7 @@ class MotionBlur(ImageNoise):
         return np.clip(np.rint(out), 0, 255).astype(np.uint8)
 
 
+@FACTOR_KINDS.register("zoom_blur")
 class ZoomBlur(ImageNoise):
     """Zoom blur: the image averaged with its centre zoomed by each factor of arange(``zoom_start``, ``zoom_stop``,
     ``zoom_step``) (deterministic)."""
@@ -614,6 +620,7 @@ def plasma_fractal(rng: np.random.Generator, mapsize: int = 256, wibble_decay: f
     return field / field.max()
 
 
+@FACTOR_KINDS.register("fog")
 class Fog(ImageNoise):
     """Fog: a plasma-fractal haze of ``strength`` (roughness ``wibble_decay``) added to the image, contrast scaled
     back; a new haze per frame. Measured by the contrast ratio (grey-level standard deviation over the render's)."""
@@ -677,6 +684,7 @@ class Fog(ImageNoise):
 
 
 
+@FACTOR_KINDS.register("glass_blur")
 class GlassBlur(ImageNoise):
     """Glass blur: Gaussian blur (``sigma_px``), ``iterations`` rounds of local pixel displacement by up to
     ``max_delta_px`` (a random gather; LIBERO-Plus swaps pixels one by one in a Python loop), Gaussian blur again.
@@ -722,35 +730,23 @@ class GlassBlur(ImageNoise):
 # --------------------------------------------------------------------------- deployment shifts
 
 
-@dataclass
-class LoopShift:
-    """What the loop-side factors of a rollout change in the rollout loop.
-
-    Attributes:
-        action_delay: control steps between the policy producing an action and the environment executing it
-            (the first ``action_delay`` steps execute the embodiment's idle action: arm still, gripper open).
-        observation_delay: control steps between rendering an observation and the policy receiving it (before
-            step ``observation_delay`` the policy receives the first observation).
-        hold_steps: control steps each policy action is held (the policy acts at the control rate over this).
-    """
-
-    action_delay: int = 0
-    observation_delay: int = 0
-    hold_steps: int = 1
-
-    @property
-    def active(self) -> bool:
-        return bool(self.action_delay or self.observation_delay or self.hold_steps != 1)
-
-
 class LoopKind(FactorKind):
-    """A deployment shift: nothing in the simulator or the images changes; the rollout loop does (``LoopShift``).
-    The loop records what it did (``measured``), which the audit checks against the level."""
+    """A deployment shift: nothing in the simulator or the images changes; the rollout loop does, through the kind's
+    ``wrapper`` (``core/loop_wrappers.py``). The wrapper records what it did (``measured``), which the audit checks
+    against the level."""
 
     side = "loop"
     family = "deployment"
     param = ""  # the level's parameter
-    loop_key = ""  # the LoopShift field it sets
+    wrapper = LoopWrapper  # the wrapper class the rollout composes at the policy/environment boundary
+    min_steps = 0
+
+    def loop_wrapper(self, params):
+        """The level's wrapper, its ``measured`` started with the level's steps."""
+        steps = self.steps(params)
+        if steps < self.min_steps:
+            raise SpecError(getattr(self.spec, "path", "?"), self.param, f"expected at least {self.min_steps} step")
+        return self.wrapper(self.param, steps)
 
     def apply(self, env, params, draw):
         value = {self.param: params[self.param]}
@@ -766,15 +762,13 @@ class LoopKind(FactorKind):
         return int(value)
 
 
+@FACTOR_KINDS.register("action_latency")
 class ActionLatency(LoopKind):
     """The policy's action executed ``delay_steps`` control steps after it was produced."""
 
     level_params = ("delay_steps",)
     param = "delay_steps"
-    loop_key = "action_delay"
-
-    def configure_loop(self, loop, params):
-        loop.action_delay = self.steps(params)
+    wrapper = ActionDelay
 
     def measured_problems(self, spec, level, measured, images_delivered=True):
         """Every executed policy action lagged exactly the level's steps; the idle actions were the first ones."""
@@ -791,16 +785,14 @@ class ActionLatency(LoopKind):
         return problems
 
 
+@FACTOR_KINDS.register("observation_latency")
 class ObservationLatency(LoopKind):
     """The policy receives the observation (images, proprioception, privileged state) rendered ``delay_steps``
     control steps before it acts (the first observation before then)."""
 
     level_params = ("delay_steps",)
     param = "delay_steps"
-    loop_key = "observation_delay"
-
-    def configure_loop(self, loop, params):
-        loop.observation_delay = self.steps(params)
+    wrapper = ObservationDelay
 
     def measured_problems(self, spec, level, measured, images_delivered=True):
         """Every observation the policy received was min(delay, step) steps old."""
@@ -816,19 +808,15 @@ class ObservationLatency(LoopKind):
         return []
 
 
+@FACTOR_KINDS.register("action_hold")
 class ActionHold(LoopKind):
     """A lower control rate: the policy acts every ``hold_steps`` control steps, each of its actions held that long
     (a chunk of n actions lasts n * hold_steps steps)."""
 
     level_params = ("hold_steps",)
     param = "hold_steps"
-    loop_key = "hold_steps"
-
-    def configure_loop(self, loop, params):
-        hold = self.steps(params)
-        if hold < 1:
-            raise SpecError(getattr(self.spec, "path", "?"), self.param, "an action is held at least one step")
-        loop.hold_steps = hold
+    wrapper = ActionRepeat
+    min_steps = 1  # an action is held at least one step
 
     def measured_problems(self, spec, level, measured, images_delivered=True):
         """Every policy action that ran to its end was held exactly the level's steps."""
@@ -841,5 +829,5 @@ class ActionHold(LoopKind):
 
 
 __all__ = ["ActionHold", "ActionLatency", "ArmJointOffset", "CameraPose", "FAMILIES", "Fog", "GlassBlur",
-           "ImageNoise", "InstructionGraded", "LoopShift", "MotionBlur", "ObservationLatency", "ZoomBlur",
+           "ImageNoise", "InstructionGraded", "LoopKind", "MotionBlur", "ObservationLatency", "ZoomBlur",
            "frame_rng", "mat_to_quat", "motion_kernel", "plasma_fractal"]

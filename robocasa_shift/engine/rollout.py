@@ -5,6 +5,10 @@ For a key (phase, task, episode, condition, replicate):
     reset(env seed) -> fingerprint -> inject perturbation -> policy.reset(policy seed)
     loop: observe -> observation perturbation -> policy chunk -> env.step -> StageTracker -> success?
 
+A loop-side factor (action or observation latency, a lower control rate) is a wrapper at the boundary between
+the policy and the environment (``core/loop_wrappers.py``): the loop passes each observation, chunk and action
+through the condition's wrappers and knows nothing of what they do.
+
 The env seed, the policy seed and the factor draws depend only on the study
 seed and the key's (task, phase, episode[, replicate]), never on the
 condition, so all 13 rollouts of a base episode start from the same state
@@ -14,10 +18,10 @@ perturbation prove it.
 
 from __future__ import annotations
 
+import functools
 import time
 import traceback
-from collections import deque
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -32,7 +36,7 @@ from robocasa_shift.core.factors import (
 )
 from robocasa_shift.core.policy import ChunkCursor, Observation, Policy, act_batch
 from robocasa_shift.core.records import Record, RolloutKey
-from robocasa_shift.core.shifts import LoopShift
+from robocasa_shift.core.loop_wrappers import Frame, LoopWrapper
 from robocasa_shift.core.specs import Protocol, StageSpec
 from robocasa_shift.core.stages import StageTracker
 from robocasa_shift.errors import PerturbationError, RendererError, RolloutError
@@ -133,7 +137,7 @@ class Rollout:
         self.done = False
         self._phase = "reset"
         self.obs_transforms: List[tuple] = []
-        self.loop = LoopShift()  # the deployment shifts' settings (begin sets them from the condition)
+        self.wrappers: List[LoopWrapper] = []  # the loop-side factors' wrappers (begin sets them from the condition)
 
     def fail(self, exc: Exception) -> None:
         """End the rollout as an invalid record that carries the error (drivers call it too)."""
@@ -163,8 +167,8 @@ class Rollout:
             record.policy_rng_fingerprint = self.policy.rng_fingerprint()
             self.cameras = cameras_for_roles(self.env, self.policy.camera_roles)
             self.roles = {c: ("wrist" if c in self.env.wrist_cameras else "third_person") for c in self.cameras}
-            if self.loop.observation_delay:
-                self._frames = deque([self._capture()], maxlen=self.loop.observation_delay + 1)
+            for wrapper in self.wrappers:
+                wrapper.start(self, self._capture)
             self.observer.on_start(self.env)
             self._phase = "rollout"
             if self.horizon <= 0:
@@ -173,15 +177,14 @@ class Rollout:
             self.fail(exc)
 
     def _setup_shifts(self, perturbation: Optional[dict]) -> None:
-        """The observation-side transforms and the loop-side settings of the rollout's factors, each entry's
+        """The observation-side transforms and the loop-side wrappers of the rollout's factors, each entry's
         ``measured`` record started.
 
         An observation-side read-back equals its expectation by construction; what is measured (a transform's
         kernel, each camera's first delivered image in ``observe``) is what the audit checks against the frozen
-        spec. A loop-side factor's entry records what the loop did (``_loop_measured``)."""
+        spec. A loop-side factor's entry records what its wrapper did (``LoopWrapper.measured``)."""
         self.obs_transforms: List[tuple] = []  # (kind, params, draw, entry), applied in the condition's order
-        self.loop = LoopShift()
-        self._loop_measured: Dict[str, Dict[str, Any]] = {}
+        self.wrappers = []
         for entry in perturbation_entries(perturbation):
             spec = self.protocol.factor(entry["factor"])
             kind, params = factor_kind(spec), spec.level(entry["level"])
@@ -189,24 +192,14 @@ class Rollout:
                 self.obs_transforms.append((kind, params, entry.get("draw"), entry))
                 entry["measured"] = {**kind.measure_transform(params), "cameras": {}}
             elif kind.side == "loop":
-                kind.configure_loop(self.loop, params)
-                entry["measured"] = self._loop_measured[kind.loop_key] = {kind.param: int(params[kind.param])}
-        if self.loop.action_delay:
-            idle = self.env.action_layout.arm_action(np.zeros(len(self.env.action_layout.arm_translation)),
-                                                     self.env.action_layout.open)
-            self._delay = deque([(idle, None)] * self.loop.action_delay)
-            self._loop_measured["action_delay"].update(steps=0, idle_steps=0, lag_min=None, lag_max=None)
-        if self.loop.observation_delay:
-            self._loop_measured["observation_delay"].update(boundaries=0, full_delay=0, clamped=0, age_max=None)
-        if self.loop.hold_steps != 1:
-            self._held: List[int] = []  # the policy action (a running index) each executed step came from
-            self._loaded = 0
-            self._loop_measured["hold_steps"].update(held_actions=0, hold_min=None, hold_max=None)
+                wrapper = kind.loop_wrapper(params)
+                self.wrappers.append(wrapper)
+                entry["measured"] = wrapper.measured
 
     def wants_observation(self) -> bool:
         return not self.done and self.cursor.empty()
 
-    def _capture(self) -> Dict[str, Any]:
+    def _capture(self) -> Frame:
         """What the policy reads now: its cameras at its size after any observation-side factors (frame = this
         control step), the robot's own sensing and, for a privileged policy, the simulator state."""
         images = {}
@@ -231,15 +224,14 @@ class Rollout:
                 "privileged": self.env.privileged_state() if self.policy.privileged else None}
 
     def observe(self) -> Optional[Observation]:
-        """Render what the policy reads (only its cameras, at its size), after any observation-side factor; with an
-        observation latency of k steps, what was rendered k steps ago (the first observation before step k)."""
+        """Render what the policy reads (only its cameras, at its size), after any observation-side factor, and pass
+        it through the loop-side wrappers (an observation latency hands back an older one)."""
         try:
             t0 = time.perf_counter()
-            if self.loop.observation_delay:
-                frame = self._frames[0]
-                self._count_observation_age(self.step_index - frame["step"])
-            else:
-                frame = self._capture()
+            capture = self._capture
+            for wrapper in self.wrappers:
+                capture = functools.partial(wrapper.observation, self, capture)
+            frame = capture()
             self.observer.on_observation(self.step_index, frame["images"])
             obs = Observation(
                 images=frame["images"],
@@ -257,46 +249,21 @@ class Rollout:
             self.fail(exc)
             return None
 
-    def _count_observation_age(self, age: int) -> None:
-        k, measured = self.loop.observation_delay, self._loop_measured["observation_delay"]
-        measured["boundaries"] += 1
-        if age == k:
-            measured["full_delay"] += 1
-        elif age == self.step_index:  # before step k: the first observation
-            measured["clamped"] += 1
-        measured["age_max"] = age if measured["age_max"] is None else max(measured["age_max"], age)
-
     def load(self, chunk: np.ndarray, policy_s: float) -> None:
         try:
-            if self.loop.hold_steps != 1:  # a lower control rate: each action held hold_steps control steps
-                chunk = np.asarray(chunk, dtype=np.float64)
-                chunk = np.repeat(chunk[None] if chunk.ndim == 1 else chunk, self.loop.hold_steps, axis=0)
+            for wrapper in self.wrappers:
+                chunk = wrapper.chunk(self, chunk)
             self.cursor.load(chunk)
-            if self.loop.hold_steps != 1:
-                self._chunk_first = self._loaded
-                self._loaded += len(chunk) // self.loop.hold_steps
             self.record.policy_calls += 1
             self.timing["policy_s"] += policy_s
         except Exception as exc:
             self.fail(exc)
 
     def _next_action(self) -> np.ndarray:
-        """The action executed this step: the cursor's, through the action delay line when there is one."""
-        if self.loop.hold_steps != 1:
-            self._held.append(self._chunk_first + (self.cursor.index // self.loop.hold_steps))
+        """The action executed this step: the cursor's, through the loop-side wrappers."""
         action = self.cursor.next()
-        if not self.loop.action_delay:
-            return action
-        self._delay.append((action, self.step_index))
-        action, produced = self._delay.popleft()
-        measured = self._loop_measured["action_delay"]
-        measured["steps"] += 1
-        if produced is None:
-            measured["idle_steps"] += 1
-        else:
-            lag = self.step_index - produced
-            measured["lag_min"] = lag if measured["lag_min"] is None else min(measured["lag_min"], lag)
-            measured["lag_max"] = lag if measured["lag_max"] is None else max(measured["lag_max"], lag)
+        for wrapper in self.wrappers:
+            action = wrapper.action(self, action)
         return action
 
     def step(self) -> None:
@@ -321,20 +288,16 @@ class Rollout:
             elif self.step_index >= self.horizon:
                 self.record.success = False
                 self.done = True
-            if self.loop.observation_delay and not self.done:
-                self._frames.append(self._capture())
+            if not self.done:
+                for wrapper in self.wrappers:
+                    wrapper.after_step(self, self._capture)
         except Exception as exc:
             self.fail(exc)
 
     def finish(self) -> Record:
         record = self.record
-        if self.loop.hold_steps != 1 and getattr(self, "_held", None):
-            # how long each policy action ran: the last one may have been cut short by the rollout's end
-            runs = np.diff(np.flatnonzero(np.diff(np.r_[-1, self._held, -2]) != 0))
-            complete = runs[:-1] if len(runs) and runs[-1] < self.loop.hold_steps else runs
-            measured = self._loop_measured["hold_steps"]
-            measured.update(held_actions=int(len(complete)), hold_min=int(complete.min()) if len(complete) else None,
-                            hold_max=int(complete.max()) if len(complete) else None)
+        for wrapper in self.wrappers:
+            wrapper.finish(self)
         result = self.tracker.result()
         record.stage_steps = result.stage_steps
         record.stages_completed = result.completed
