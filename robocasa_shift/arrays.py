@@ -16,6 +16,8 @@ from typing import Dict, Mapping, Tuple, Union
 
 import numpy as np
 
+from robocasa_shift.errors import NpzLimitError
+
 
 def text_array(text: str) -> np.ndarray:
     """``text`` as a uint8 array of its UTF-8 bytes (how strings travel in these files)."""
@@ -47,10 +49,6 @@ def npz_bytes(entries: Mapping[str, np.ndarray]) -> bytes:
 # the record pass a tighter cap derived from it (a step log: steps x dims).
 MAX_NPZ_BYTES = 256 * 2**20
 MAX_NPZ_ENTRIES = 100_000
-
-
-class NpzLimitError(ValueError):
-    """An ``.npz`` file that declares more than it may hold, or an entry that is not a plain array."""
 
 
 def _declared(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> Tuple[Tuple[int, ...], np.dtype]:

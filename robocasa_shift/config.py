@@ -249,7 +249,8 @@ class ExecutionConfig:
     ``commands.jsonl`` keep of it.
     """
 
-    executor: str = _option("local", help="local: a process pool on this machine; ray: an existing Ray cluster.",
+    executor: str = _option("local", help="local: a process pool on this machine; ray: an existing Ray cluster; or an "
+                                     "executor a plug-in registers.",
                             check=a_name)
     workers: Optional[int] = _option(None, help="Parallel workers [default: one per core].", check=at_least_one)
     address: Optional[str] = _option(None, help="Ray cluster address (ray executor): the head's HOST:PORT, as "

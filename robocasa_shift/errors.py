@@ -84,6 +84,16 @@ class StateUnsupported(BadInput):
     since a branch restored without its generators would not continue the rollout it claims to."""
 
 
+class NpzLimitError(BadInput):
+    """An ``.npz`` file that declares more than it may hold, or an entry that is not a plain array
+    (``arrays.read_npz``: refused before anything is decompressed)."""
+
+
+class StateRefused(BadInput):
+    """A policy state blob or state arrays that will not be applied (forged, altered, another model's, too
+    large); the message says why."""
+
+
 # --------------------------------------------------------------------------- unavailable (exit 3)
 
 

@@ -63,3 +63,55 @@ def test_an_exception_outside_the_tree_is_not_swallowed():
 
     result = CliRunner().invoke(throwaway, [])
     assert isinstance(result.exception, RuntimeError) and result.exit_code == 1
+
+
+def test_a_refused_state_and_an_npz_over_its_limits_are_errors_of_the_tree_with_the_bad_input_status(tmp_path):
+    import io
+    import zipfile
+
+    import numpy as np
+
+    from robocasa_shift.arrays import NpzLimitError, read_npz
+    from robocasa_shift.policies.served.state import StateRefused, pack_state
+
+    assert NpzLimitError is errors.NpzLimitError and StateRefused is errors.StateRefused
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:  # declares 8 TB of float64 in a few bytes
+        with archive.open("huge.npy", "w") as f:
+            np.lib.format.write_array_header_1_0(f, {"descr": "<f8", "fortran_order": False, "shape": (10**12,)})
+    with pytest.raises(errors.Error) as caught:
+        read_npz(buffer.getvalue(), max_bytes=1024)
+    assert isinstance(caught.value, NpzLimitError) and caught.value.exit_code == 2
+    with pytest.raises(errors.Error) as caught:
+        pack_state({"rng": np.array(["not numbers"])})
+    assert isinstance(caught.value, StateRefused) and caught.value.exit_code == 2
+    assert isinstance(caught.value, ValueError)  # callers that caught ValueError still do
+
+
+def test_a_plug_in_executor_registered_in_the_registry_is_taken_by_the_command_line(tmp_path):
+    from robocasa_shift.cli import main
+    from robocasa_shift.study.executors import EXECUTORS, LocalExecutor
+
+    used = []
+
+    class CountingExecutor(LocalExecutor):  # a plug-in: the local executor, counting what it ran
+        name = "counting"
+
+        def map(self, keys):
+            used.extend(keys)
+            return super().map(keys)
+
+    EXECUTORS.register("counting", CountingExecutor)
+    try:
+        run_dir = tmp_path / "run"
+        result = CliRunner().invoke(main, ["run", "--backend", "fake", "--policy", "fake", "--task", "Reach",
+                                           "--condition", "clean", "--episodes", "0-1", "--workers", "1",
+                                           "--no-progress", "--executor", "counting", "--run-dir", str(run_dir)])
+        assert result.exit_code == 0, result.output
+        assert len(used) == 2 and len(list(run_dir.glob("records/**/*.json"))) == 2
+        result = CliRunner().invoke(main, ["run", "--backend", "fake", "--policy", "fake", "--task", "Reach",
+                                           "--executor", "slurm", "--run-dir", str(tmp_path / "other")])
+        assert result.exit_code == 2 and "unknown executor 'slurm'" in result.output
+        assert "counting" in result.output and "local" in result.output and "ray" in result.output
+    finally:
+        EXECUTORS._entries.pop("counting")

@@ -612,3 +612,32 @@ def test_temporary_files_of_killed_writers_are_removed_when_the_directory_is_nex
     with RunStore(mine["run"]):
         pass
     assert not any(p.exists() for p in orphans) and live.exists()
+
+
+def test_validate_stages_writes_demonstrations_through_the_run_directory_writer_and_refuses_a_planted_link(tmp_path):
+    from robocasa_shift.checks.validation import validate_stages
+    from robocasa_shift.core.demos import load_demo
+    from robocasa_shift.engine.demos import record_demo
+    from robocasa_shift.errors import RunDirError
+    from robocasa_shift.rundir.files import confined
+    from robocasa_shift.backends import get_backend
+    from robocasa_shift.core import specs
+    from robocasa_shift.policies import make_policy
+
+    run, outside = tmp_path / "run", tmp_path / "outside"
+    run.mkdir()
+    outside.mkdir()
+    (run / "demos").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(RunDirError, match="symbolic link"):
+        validate_stages(run, ["Reach"], backend="fake", n_demos=1)
+    assert not list(outside.rglob("*"))
+    env, key = get_backend("fake").make("Reach"), RolloutKey("validation", "Reach", 0, "clean")
+    args = (env, make_policy("fake-expert"), key, specs.load_protocol(), specs.load_stage_spec("fake", "Reach"), "fake")
+    with confined(run), pytest.raises(RunDirError, match="symbolic link"):
+        record_demo(*args, run / "demos")  # inside confined(): the same writer, the same refusal
+    assert not list(outside.rglob("*"))
+    (run / "demos").unlink()
+    record, path = record_demo(*args, run / "demos", root=run)
+    demo = load_demo(path)
+    assert demo["meta"]["steps"] == record.steps and len(demo["actions"]) == record.steps
+    assert len(demo["states"]) == record.steps + 1 and not list(run.rglob("*.tmp"))

@@ -21,7 +21,8 @@ from typing import Any, List, Mapping, Optional
 
 import numpy as np
 
-from robocasa_shift.policies.served.state import StateRefused, describe_blob
+from robocasa_shift.errors import StateRefused
+from robocasa_shift.policies.served.state import describe_blob
 
 # Where a served policy's identity records its server's model identity (GR00T, openpi).
 MODEL_IDENTITY_FIELDS = ("modality_config_sha256", "server_metadata_sha256")

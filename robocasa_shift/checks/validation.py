@@ -139,7 +139,7 @@ def validate_stages(
                 if expert is None:
                     raise BadInput(f"no demonstration {path} and backend '{backend}' names no policy to record one: "
                                    f"put its demonstrations under {demo_dir} or pass --demo-policy")
-                record_demo(env, expert, key, protocol, spec, backend, demo_dir)
+                record_demo(env, expert, key, protocol, spec, backend, demo_dir, root=run_dir)
             attempts += 1
             demo = load_demo(path)
             if demo["meta"]["success"]:

@@ -27,7 +27,7 @@ from robocasa_shift.config import (
     check_field,
     config_field,
 )
-from robocasa_shift.errors import BadInput, Error
+from robocasa_shift.errors import BadInput, Error, UnknownNameError
 from robocasa_shift.study.plan import MAX_KEYS, parse_shard
 
 
@@ -181,8 +181,18 @@ def study_options(policy_help: Optional[str] = None, render_profile: bool = Fals
     return config_options(StudyConfig, "study", options)
 
 
+def _registered_executor(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """An executor registered in ``EXECUTORS`` (built in, or a plug-in's); an unknown one lists the valid names."""
+    from robocasa_shift.study.executors import EXECUTORS
+
+    if value not in EXECUTORS:
+        raise click.BadParameter(str(UnknownNameError("executor", value, EXECUTORS.names())))
+    return value
+
+
 execution_options = config_options(ExecutionConfig, "execution", [
-    ("executor", config_option(ExecutionConfig, "executor", type=click.Choice(["local", "ray"]), show_default=True)),
+    ("executor", config_option(ExecutionConfig, "executor", show_default=True, callback=_registered_executor,
+                               metavar="NAME")),
     ("workers", config_option(ExecutionConfig, "workers", type=int)),
     ("address", config_option(ExecutionConfig, "address")),
     ("connect_timeout_s", config_option(ExecutionConfig, "connect_timeout_s", "--connect-timeout", type=float,

@@ -23,7 +23,9 @@ from typing import Any, Dict, Mapping
 
 import numpy as np
 
+from robocasa_shift.arrays import array_text, npz_bytes, read_npz, text_array
 from robocasa_shift.core.records import RolloutKey
+from robocasa_shift.errors import BadInput
 
 FORMAT = 1
 
@@ -33,17 +35,24 @@ def demo_path(directory: Path | str, key: RolloutKey) -> Path:
     return Path(directory) / key.task / f"{key.phase}-{key.episode:04d}.npz"
 
 
-def save_demo(path: Path, actions: np.ndarray, states: np.ndarray, meta: Mapping[str, Any]) -> None:
-    """Write one demonstration file atomically (a temporary file renamed over ``path``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.npz")
-    np.savez_compressed(tmp, format=np.array(FORMAT), actions=actions, states=states, meta=np.array(json.dumps(dict(meta))))
-    tmp.replace(path)
+def demo_bytes(actions: np.ndarray, states: np.ndarray, meta: Mapping[str, Any]) -> bytes:
+    """One demonstration file's bytes (the run directory's writer puts them in place: ``engine/demos.py``)."""
+    return npz_bytes({"format": np.array(FORMAT), "actions": np.asarray(actions, dtype=np.float64),
+                      "states": np.asarray(states, dtype=np.float64), "meta": text_array(json.dumps(dict(meta)))})
 
 
 def load_demo(path: Path | str) -> Dict[str, Any]:
-    """A demonstration file's ``actions``, ``states`` and ``meta`` (never unpickled)."""
-    with np.load(path) as data:
-        if int(data["format"]) != FORMAT:
-            raise ValueError(f"{path}: demonstration format {int(data['format'])}, this version reads {FORMAT}")
-        return {"actions": data["actions"], "states": data["states"], "meta": json.loads(str(data["meta"]))}
+    """A demonstration file's ``actions``, ``states`` and ``meta`` (never unpickled; sizes capped before reading).
+
+    Raises:
+        BadInput: another format version, or a file that declares more than it may hold (``NpzLimitError``).
+    """
+    data = read_npz(path)
+    for name in ("format", "actions", "states", "meta"):
+        if name not in data:
+            raise BadInput(f"{path}: not a demonstration file (no '{name}' array)")
+    if int(data["format"]) != FORMAT:
+        raise BadInput(f"{path}: demonstration format {int(data['format'])}, this version reads {FORMAT}")
+    meta = data["meta"]
+    meta = array_text(meta) if meta.dtype == np.uint8 else str(meta)  # files of earlier versions hold a str array
+    return {"actions": data["actions"], "states": data["states"], "meta": json.loads(meta)}

@@ -4,14 +4,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
 from robocasa_shift.backends import get_backend
-from robocasa_shift.core.demos import demo_path, save_demo
+from robocasa_shift.core.demos import demo_bytes, demo_path
 from robocasa_shift.core.records import Record, RolloutKey
 from robocasa_shift.engine.rollout import Observer, run_rollout
+from robocasa_shift.rundir.files import atomic_write_bytes
 
 
 class DemoRecorder(Observer):
@@ -24,8 +25,10 @@ class DemoRecorder(Observer):
         self.states.append(env.get_state()["integration"].copy())
 
 
-def record_demo(env, policy, key: RolloutKey, protocol, stage_spec, backend: str, directory: Path | str) -> Tuple[Record, Path]:
-    """Run ``policy`` on ``key`` (clean) and save the demonstration, successful or not."""
+def record_demo(env, policy, key: RolloutKey, protocol, stage_spec, backend: str, directory: Path | str,
+                root: Optional[Path | str] = None) -> Tuple[Record, Path]:
+    """Run ``policy`` on ``key`` (clean) and save the demonstration, successful or not, through the run
+    directory's writer (``root``: the run directory, or a ``confined`` one: no link below it is followed)."""
     recorder = DemoRecorder()
     record = run_rollout(env, policy, key, protocol, stage_spec, backend, observer=recorder)
     path = demo_path(directory, key)
@@ -51,5 +54,5 @@ def record_demo(env, policy, key: RolloutKey, protocol, stage_spec, backend: str
         "state_layout": f"{backend} Env.get_state()['integration'] (physics state, set_physics_state restores it)",
     }
     actions = np.array(recorder.actions).reshape(len(recorder.actions), -1)
-    save_demo(path, actions, np.array(recorder.states), meta)
+    atomic_write_bytes(path, demo_bytes(actions, np.array(recorder.states), meta), root)
     return record, path

@@ -46,6 +46,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
+from robocasa_shift.errors import StateRefused
 from robocasa_shift.policies.model_io import NumpySessionRNG, TorchSessionRNG
 
 FORMAT = "robocasa-shift session state"
@@ -65,10 +66,6 @@ _OWNER_CONTEXT = b"robocasa-shift session-state owner\0"
 _ID_CONTEXT = b"robocasa-shift session-state server id\0"
 _TAG_CONTEXT = b"robocasa-shift session-state v1\0"
 _BINDING_CONTEXT = b"robocasa-shift session-state owner binding\0"
-
-
-class StateRefused(ValueError):
-    """A state blob or state arrays that will not be applied; the message says why."""
 
 
 def owner_tag(secret: Optional[str]) -> str:
