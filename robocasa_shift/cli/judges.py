@@ -115,6 +115,16 @@ def judge_command(judge_set: Path, judge_name: str, judge_options, out: Optional
         raise SystemExit(1)
 
 
+def _prior(ctx: click.Context, param: click.Parameter, value: Optional[str]):
+    """``--prior FAILURES:SUCCESSES`` as two counts (a malformed one is a usage error)."""
+    if value is None:
+        return None
+    parts = value.split(":")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts) or sum(int(p) for p in parts) == 0:
+        raise click.BadParameter(f"expected FAILURES:SUCCESSES, two counts such as 960:244, got {value!r}")
+    return int(parts[0]), int(parts[1])
+
+
 @click.command(name="score-judge")
 @click.argument("judge_set", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("predictions", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
@@ -127,9 +137,12 @@ def judge_command(judge_set: Path, judge_name: str, judge_options, out: Optional
                    "(repeatable).")
 @click.option("--compare", "compare", multiple=True, metavar="A,B",
               help="Two judges compared on the same samples: fixes, breaks and exact McNemar (repeatable).")
+@click.option("--prior", default=None, metavar="FAILURES:SUCCESSES", callback=_prior,
+              help="A published split's class counts, e.g. 960:244: each judge's recalls reweighted to it, beside "
+                   "the accuracy of answering failure to everything there.")
 @handle_errors
 def score_judge_command(judge_set: Path, predictions, out: Optional[Path], seed: int, n_boot: int, ensembles,
-                        compare) -> None:
+                        compare, prior) -> None:
     """Score judges' PREDICTIONS.csv files (sample_id, predicted_success, confidence) on JUDGE_SET.
 
     \b
@@ -139,14 +152,24 @@ def score_judge_command(judge_set: Path, predictions, out: Optional[Path], seed:
     mid_task, near_success); error-set IoU between every two judges; on
     pairs, the verdict flip rate where the outcome held, S->F changes caught
     and exact McNemar on correctness clean vs perturbed. A length-only
-    baseline is scored beside every judge.
+    baseline and an all-failure baseline are scored beside every judge.
+    Score validity: the judges' rank agreement slice by slice (Spearman),
+    reasoning length of wrong vs right verdicts (a `reasoning` column),
+    progress estimation (a `predicted_stage` column, scored against the
+    StageTracker's depth) and, with --prior, accuracy at a published split.
+
+    \b
+    Examples:
+      robocasa-shift score-judge runs/js preds/end-state.csv preds/vlm.csv
+      robocasa-shift score-judge runs/js preds/vlm.csv --prior 960:244
     """
     from robocasa_shift.judging.export import NEAR_SUCCESS
     from robocasa_shift.judging.scoring import score_files
 
     groups = [[n.strip() for n in value.split(",") if n.strip()] for value in ensembles]
     pairs = [[n.strip() for n in value.split(",") if n.strip()] for value in compare]
-    result = score_files(judge_set, predictions, out, seed=seed, n_boot=n_boot, ensembles=groups, compare=pairs)
+    result = score_files(judge_set, predictions, out, seed=seed, n_boot=n_boot, ensembles=groups, compare=pairs,
+                         prior=prior)
     for name, r in result["judges"].items():
         macro, micro = r["accuracy"]["macro"], r["accuracy"]["micro"]
         near = r["success_bias"]["strata"][NEAR_SUCCESS]

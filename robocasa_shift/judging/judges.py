@@ -45,7 +45,7 @@ JUDGES: Registry[type] = Registry("judge", "robocasa_shift.judges")
 JUDGES.register("end-state", "robocasa_shift.judging.endstate:EndStateJudge")
 JUDGES.register("openai", "robocasa_shift.judging.openai_judge:OpenAIJudge")
 
-PREDICTION_COLUMNS = ("sample_id", "predicted_success", "confidence", "reasoning")
+PREDICTION_COLUMNS = ("sample_id", "predicted_success", "confidence", "reasoning", "predicted_stage")
 MAX_REASONING_CHARS = 20000  # a judge's reasoning kept per sample (longer text is cut, and says so)
 SIDECAR_SUFFIX = ".json"  # P.csv -> P.csv.json: which judge, with which options, on which judge set
 
@@ -203,6 +203,15 @@ def read_predictions(path: Path | str, known_ids: Optional[Sequence[str]] = None
         if unknown:
             raise PredictionsError(f"{path}: {len(unknown)} sample(s) not in the judge set, e.g. {unknown[0]!r}")
     frame["predicted_success"] = frame["predicted_success"].astype(int)
+    # optional: the stage a judge says the attempt reached (scored against the StageTracker's depth)
+    stage = pd.to_numeric(frame.get("predicted_stage", pd.Series(float("nan"), index=frame.index)), errors="coerce")
+    if "predicted_stage" in frame.columns:
+        bad = frame["predicted_stage"].notna() & (stage.isna() | (stage < 0) | (stage % 1 != 0) | (stage > 10**6))
+        if bad.any():
+            row = int(bad.to_numpy().argmax())
+            raise PredictionsError(f"{path}, row {row + 2}: field 'predicted_stage' must be a whole number of stages "
+                                   f"or empty, got {frame['predicted_stage'].iloc[row]!r}")
+    frame["predicted_stage"] = stage
     return frame[list(PREDICTION_COLUMNS)]
 
 

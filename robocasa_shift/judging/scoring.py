@@ -44,6 +44,7 @@ import numpy as np
 import pandas as pd
 
 from robocasa_shift.analysis.statistics import mcnemar_exact_p, wilson_interval
+from robocasa_shift.judging import validity
 from robocasa_shift.judging.export import MID_TASK, NEAR_SUCCESS, NO_SUBGOAL
 from robocasa_shift.rundir.files import (
     MAX_JSON_BYTES,
@@ -55,6 +56,7 @@ from robocasa_shift.rundir.files import (
 )
 
 LENGTH_ONLY = "length-only"
+BASELINES = (LENGTH_ONLY, validity.ALL_FAILURE)  # judges every set gets, scored beside the real ones
 FAILURE_STRATA = (NO_SUBGOAL, MID_TASK, NEAR_SUCCESS)
 N_BOOT = 2000
 
@@ -114,7 +116,9 @@ def _rate(k: int, n: int) -> Dict[str, Any]:
 
 def judged_table(table: pd.DataFrame, predictions: pd.DataFrame) -> pd.DataFrame:
     """The judge set's table with a judge's ``predicted`` and ``correct`` columns (judged samples only)."""
-    merged = table.merge(predictions[["sample_id", "predicted_success", "confidence"]], on="sample_id", how="inner")
+    kept = [c for c in ("sample_id", "predicted_success", "confidence", "reasoning", "predicted_stage")
+            if c in predictions.columns]
+    merged = table.merge(predictions[kept], on="sample_id", how="inner")
     merged["success"] = merged["success"].astype(bool)
     merged["predicted"] = merged["predicted_success"].astype(bool)
     merged["correct"] = merged["predicted"] == merged["success"]
@@ -264,7 +268,7 @@ def pipelines(frames: Mapping[str, pd.DataFrame], pairs: Sequence[Sequence[str]]
 
 def score(table: pd.DataFrame, predictions: Mapping[str, pd.DataFrame], seed: int = 0,
           n_boot: int = N_BOOT, baseline: bool = True, ensembles: Sequence[Sequence[str]] = (),
-          compare: Sequence[Sequence[str]] = ()) -> Dict[str, Any]:
+          compare: Sequence[Sequence[str]] = (), prior: Optional[Sequence[int]] = None) -> Dict[str, Any]:
     """Every measure of the module docstring for each judge (and the length-only baseline), each majority-vote
     ensemble of ``ensembles`` (lists of judge names, the baseline allowed) and each pipeline pair of ``compare``.
 
@@ -274,6 +278,7 @@ def score(table: pd.DataFrame, predictions: Mapping[str, pd.DataFrame], seed: in
     judges = dict(predictions)
     if baseline:
         judges[LENGTH_ONLY] = length_only(table)
+        judges[validity.ALL_FAILURE] = validity.all_failure(table)
     members_of: Dict[str, List[str]] = {}
     for members in ensembles:
         unknown = [m for m in members if m not in judges]
@@ -287,7 +292,7 @@ def score(table: pd.DataFrame, predictions: Mapping[str, pd.DataFrame], seed: in
     for i, (name, frame) in enumerate(frames.items()):
         rng = np.random.default_rng([seed, i])
         result["judges"][name] = {"judged": int(len(frame)), "missing": int(len(table) - len(frame)),
-                                  "baseline": name == LENGTH_ONLY, "accuracy": accuracy(frame, rng, n_boot),
+                                  "baseline": name in BASELINES, "accuracy": accuracy(frame, rng, n_boot),
                                   "success_bias": success_bias(frame), "paired": paired(frame)}
         if name in members_of:
             result["judges"][name]["ensemble"] = members_of[name]
@@ -297,6 +302,15 @@ def score(table: pd.DataFrame, predictions: Mapping[str, pd.DataFrame], seed: in
         if unknown or len(pair) != 2:
             raise ValueError(f"compare takes two scored judges, got {list(pair)}; scored: {', '.join(frames)}")
     result["pipelines"] = pipelines(frames, [tuple(p) for p in compare])
+    # does a score mean what it seems to (FailBench App. B): rank agreement over slices, reasoning length,
+    # progress estimation, the accuracy a published class prior gives
+    judged = {n: f for n, f in frames.items() if n not in BASELINES}
+    result["validity"] = {
+        "rank_agreement": validity.rank_agreement(judged),
+        "reasoning": {n: r for n, r in ((n, validity.reasoning_lengths(f)) for n, f in judged.items()) if r},
+        "progress": {n: r for n, r in ((n, validity.progress(f)) for n, f in judged.items()) if r},
+        "prior": validity.prior_check(frames, tuple(prior)) if prior else None,
+    }
     counts = table.assign(success=table["success"].astype(bool))
     result["strata_counts"] = {k: int(v) for k, v in counts.groupby("stratum").size().items()}
     return result
@@ -394,6 +408,7 @@ def markdown(result: Mapping[str, Any]) -> str:
         for name, members in ensembles.items():
             cells = ", ".join(f"{m} {_fmt(result['judges'][m]['accuracy']['micro']['ba'])}" for m in members)
             lines.append(f"| {name} | {cells} | {_fmt(result['judges'][name]['accuracy']['micro']['ba'])} |")
+    lines += validity_markdown(result.get("validity") or {})
     if result.get("pipelines"):
         lines += ["", "## Pipelines on the same samples (fixes, breaks, exact McNemar)", "",
                   "FailBench Table 4: the second judge against the first on the samples both judged.", "",
@@ -405,6 +420,45 @@ def markdown(result: Mapping[str, Any]) -> str:
                          f"{row['breaks']} | {_fmt(row['mcnemar_p'], 4)} | {_fmt(row['ba_first'])} | "
                          f"{_fmt(row['ba_second'])} | {delta} |")
     return "\n".join(lines) + "\n"
+
+
+def validity_markdown(v: Mapping[str, Any]) -> List[str]:
+    """The score-validity sections of ``scores.md`` (see :mod:`robocasa_shift.judging.validity`)."""
+    lines: List[str] = []
+    ranks = v.get("rank_agreement") or {}
+    if ranks.get("slices"):
+        lines += ["", "## Do the judges rank the same way in every slice?", "",
+                  "Spearman correlation of the judges' ranking in each slice with their overall ranking (balanced "
+                  "accuracy; a slice with one class: that class's recall), over the samples every judge judged.", "",
+                  "| slice by | slices | mean rho | SD | min | max |", "|---|---|---|---|---|---|"]
+        for column, r in ranks["slices"].items():
+            lines.append(f"| {column} | {r['defined']} of {r['slices']} | {_fmt(r['mean'])} | {_fmt(r['sd'])} | "
+                         f"{_fmt(r['min'])} | {_fmt(r['max'])} |")
+    elif ranks.get("note"):
+        lines += ["", f"Rank agreement across slices: {ranks['note']}."]
+    if v.get("reasoning"):
+        lines += ["", "## Reasoning length of wrong and right verdicts (characters)", "",
+                  "| judge | wrong: n, mean, median | right: n, mean, median |", "|---|---|---|"]
+        for judge, r in v["reasoning"].items():
+            cells = [f"{r[k]['n']}, {_fmt(r[k]['mean_chars'], 0)}, {_fmt(r[k]['median_chars'], 0)}" for k in ("wrong", "right")]
+            lines.append(f"| {judge} | {cells[0]} | {cells[1]} |")
+    if v.get("progress"):
+        lines += ["", "## Progress estimation against the StageTracker's depth", "",
+                  "| judge | samples | exact stage | within one | mean absolute error |", "|---|---|---|---|---|"]
+        for judge, r in v["progress"].items():
+            lines.append(f"| {judge} | {r['n']} | {_fmt(r['exact'])} | {_fmt(r['within_one'])} | "
+                         f"{_fmt(r['mean_abs_error'])} |")
+    prior = v.get("prior")
+    if prior:
+        lines += ["", f"## Accuracy at a published prior ({prior['failures']} failures : {prior['successes']} "
+                      f"successes)", "",
+                  f"Each judge's two recalls held fixed, the class prior changed; answering failure to everything "
+                  f"scores {_fmt(prior['all_failure_accuracy'])} there.", "",
+                  "| judge | success recall | failure recall | accuracy at the prior |", "|---|---|---|---|"]
+        for row in prior["judges"]:
+            lines.append(f"| {row['judge']} | {_fmt(row['success_recall'])} | {_fmt(row['failure_recall'])} | "
+                         f"{_fmt(row['accuracy_at_prior'])} |")
+    return lines
 
 
 def write_figure(result: Mapping[str, Any], path: Path) -> None:
@@ -435,7 +489,7 @@ def write_figure(result: Mapping[str, Any], path: Path) -> None:
 
 def score_files(judge_set: Path | str, prediction_files: Sequence[Path | str], out: Optional[Path | str] = None,
                 seed: int = 0, n_boot: int = N_BOOT, ensembles: Sequence[Sequence[str]] = (),
-                compare: Sequence[Sequence[str]] = ()) -> Dict[str, Any]:
+                compare: Sequence[Sequence[str]] = (), prior: Optional[Sequence[int]] = None) -> Dict[str, Any]:
     """Score prediction files on a judge set; write scores.json, scores.md, the CSV tables and a figure in ``out``
     (default JUDGE_SET/scores). A predictions sidecar naming another judge set is refused. Judges are named by
     their file's stem; ``ensembles`` and ``compare`` name them so (see :func:`score`)."""
@@ -443,12 +497,12 @@ def score_files(judge_set: Path | str, prediction_files: Sequence[Path | str], o
 
     js = JudgeSet(judge_set)
     with confined(js.root):  # below the judge set nothing is read or written through a symbolic link
-        return _score_files(js, prediction_files, out, seed, n_boot, ensembles, compare)
+        return _score_files(js, prediction_files, out, seed, n_boot, ensembles, compare, prior)
 
 
 def _score_files(js, prediction_files: Sequence[Path | str], out: Optional[Path | str], seed: int,
                  n_boot: int, ensembles: Sequence[Sequence[str]] = (),
-                 compare: Sequence[Sequence[str]] = ()) -> Dict[str, Any]:
+                 compare: Sequence[Sequence[str]] = (), prior: Optional[Sequence[int]] = None) -> Dict[str, Any]:
     from robocasa_shift.judging.judges import (
         SIDECAR_SUFFIX,
         PredictionsError,
@@ -471,12 +525,13 @@ def _score_files(js, prediction_files: Sequence[Path | str], out: Optional[Path 
             raise PredictionsError(f"{path}: judged judge set {str(identity['export_hash'])[:12]}, not "
                                    f"{js.export_hash[:12]} ({js.root}); score it on the set it judged")
         name = path.stem
-        if name in predictions or name == LENGTH_ONLY:
+        if name in predictions or name in BASELINES:
             raise PredictionsError(f"{path}: two prediction files are named {name!r}; rename one")
         predictions[name] = read_predictions(path, known_ids=list(js.by_id))
         identities[name] = identity
     try:
-        result = score(table, predictions, seed=seed, n_boot=n_boot, ensembles=ensembles, compare=compare)
+        result = score(table, predictions, seed=seed, n_boot=n_boot, ensembles=ensembles, compare=compare,
+                       prior=prior)
     except ValueError as exc:
         raise PredictionsError(str(exc)) from None
     result.update(export_hash=js.export_hash, judge_set=str(js.root), identities=identities,
