@@ -439,6 +439,8 @@ def run_bench(repeats: int = 5, steps: int = 200, rollouts: int = 8, policy: str
                 busy = sum(rec.timing["physics_s"] + rec.timing["render_s"] + rec.timing["policy_s"] for rec in records)
                 parts.append((1.0 / rate) / (busy / len(records)))  # wall per rollout / its parts
         add("scaling_2_workers", m["throughput_2x1"][-1] / m["throughput_1x1"][-1])
+        for name, value in served_batching().items():
+            add(name, value)
         bar.update(1)
     bar.close()
     for pool in pools:
@@ -462,8 +464,58 @@ def run_bench(repeats: int = 5, steps: int = 200, rollouts: int = 8, policy: str
         "in_process_threads": 1,
         "figures": figures,
         "goals": {"overhead_ratio": "<= 1.05", "physics_limit_ratio": "<= 4", "scaling_2_workers": ">= 1.8",
-                  "wall_vs_parts": "<= 1.2"},
+                  "wall_vs_parts": "<= 1.2", "served_batching_speedup": ">= 2.5"},
     }
+
+
+def served_batching(workers: int = 4, requests: int = 25, c0_s: float = 0.040, c1_s: float = 0.005,
+                    max_wait_ms: float = 10.0) -> Dict[str, float]:
+    """``workers`` clients against one GR00T launcher serving a stand-in that costs ``c0 + c1 x batch``: get_action
+    throughput (requests per second) unbatched and with ``--max-batch workers``, side by side, and whether every
+    session's actions were bit-identical both ways.
+
+    Raises:
+        RuntimeError: a session's actions differ between the two launchers (batching must not change them).
+    """
+    import threading
+
+    from robocasa_shift.policies.gr00t.client import Gr00tClient
+    from robocasa_shift.policies.gr00t.server import Gr00tLauncher
+    from robocasa_shift.policies.gr00t.standin import ACTION_KEY, STATE_KEY, CostModel
+
+    def run(max_batch: int):
+        launcher = Gr00tLauncher(CostModel(c0_s, c1_s), "127.0.0.1", 0, max_batch=max_batch,
+                                 max_wait_ms=max_wait_ms if max_batch > 1 else 0.0)
+        launcher.start()
+        actions: Dict[int, List[np.ndarray]] = {w: [] for w in range(workers)}
+
+        def worker(w: int) -> None:
+            client = Gr00tClient("127.0.0.1", launcher.port, timeout_s=30.0, retries=0)
+            try:
+                client.reset(1000 + w)
+                for step in range(requests):
+                    reply = client.get_action({STATE_KEY: np.array([[w, step, 0.0]])})
+                    actions[w].append(np.asarray(reply[ACTION_KEY]))
+            finally:
+                client.close()
+
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(workers)]
+        start = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        wall_s = time.perf_counter() - start
+        sizes = list(launcher.model.batch_sizes)
+        launcher.stop()
+        return workers * requests / wall_s, actions, sizes
+
+    unbatched, plain, _ = run(1)
+    batched, gathered, sizes = run(workers)
+    if any(not all(np.array_equal(a, b) for a, b in zip(plain[w], gathered[w])) for w in range(workers)):
+        raise RuntimeError("a session's actions changed when its requests were batched with others'")
+    return {"served_throughput_unbatched": unbatched, "served_throughput_batched": batched,
+            "served_batching_speedup": batched / unbatched, "served_mean_batch": float(np.mean(sizes))}
 
 
 def table(result: Dict) -> str:

@@ -169,6 +169,9 @@ def bench_command(repeats: int, steps: int, rollouts: int, policy: str, out: Pat
     scaling_2_workers    throughput 2x1 / 1x1 (goal >= 1.8)
     wall_vs_parts        formal wall time per rollout / its physics + render + policy time (goal <= 1.2)
     rss_mb               peak resident memory per worker
+    served_*             4 workers against one GR00T launcher serving a stand-in costing 40 ms + 5 ms x batch:
+                         get_action throughput unbatched and with --max-batch 4, their ratio (goal >= 2.5),
+                         the mean batch; every session's actions bit-identical both ways
     """
     result = run_bench(repeats=repeats, steps=steps, rollouts=rollouts, policy=policy, progress=progress)
     from robocasa_shift.rundir.files import atomic_write_text

@@ -60,7 +60,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from robocasa_shift.errors import PolicyServerError
 from robocasa_shift.policies.gr00t.client import Gr00tClient
@@ -117,6 +117,15 @@ NO_PICKLE = ("the launcher never unpickles requests (a pickled request runs its 
 
 
 @dataclass
+class _Pending:
+    """A ``get_action`` of a seeded session, waiting for the model (alone, or in a batch)."""
+
+    session: "_Session"
+    obs: Any
+    key: Tuple[Any, str]  # (seq, sha256 of the request): what the retry cache will answer
+
+
+@dataclass
 class _Session:
     """One client session: its generator, when it was last used, and the last request it answered (for retries)."""
 
@@ -136,7 +145,8 @@ class Gr00tLauncher:
     ``{"rng_fingerprint": sha256 of its state}``. A ``get_action`` with a
     session id runs with that session's generator as the global RNG (see the
     module docstring); one without a session id uses the global RNG as a
-    plain server does. The server handles one request at a time.
+    plain server does. One model call runs at a time; with ``max_batch`` > 1
+    one call answers the ``get_action`` requests of several sessions.
 
     Args:
         model: the policy (e.g. ``gr00t.model.policy.Gr00tPolicy``).
@@ -155,6 +165,10 @@ class Gr00tLauncher:
             clients then need the matching public key (``curve_public_key``).
         state_key: the key that seals session states (``get_state``) and gives the launcher's id;
             random per process when None, so a restarted launcher refuses older states.
+        max_batch: ``get_action`` requests of seeded sessions answered by one model call at most (1: none
+            gathered); the model's ``get_action_batch(observations, rngs)`` takes them, each observation's
+            noise drawn inside ``rngs[i].run(...)``, so a session's actions do not depend on the batch.
+        max_wait_ms: how long the first request of a batch waits for more.
 
     Raises:
         ValueError: the torch serializer, a non-loopback host without a token, ``allow_kill``
@@ -176,6 +190,8 @@ class Gr00tLauncher:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         curve_secret_key: Optional[Union[str, Secret]] = None,
         state_key: Optional[bytes] = None,
+        max_batch: int = 1,
+        max_wait_ms: float = 0.0,
     ):
         if serializer != "msgpack":
             raise ValueError(f"serializer {serializer!r}: {NO_PICKLE}")
@@ -196,6 +212,9 @@ class Gr00tLauncher:
         self.session_idle_s = float(session_idle_s)
         self.allow_kill = bool(allow_kill)
         self.max_message_bytes = int(max_message_bytes)
+        if int(max_batch) < 1 or float(max_wait_ms) < 0:
+            raise ValueError(f"max_batch must be at least 1 and max_wait_ms at least 0, got {max_batch}, {max_wait_ms}")
+        self.max_batch, self.max_wait_ms = int(max_batch), float(max_wait_ms)
         self.sessions: "OrderedDict[str, _Session]" = OrderedDict()
         self.running = False
         self._bound = threading.Event()
@@ -355,9 +374,26 @@ class Gr00tLauncher:
                 return session.last_reply
             raise ValueError(f"session {session_id!r} got two different requests numbered {seq}: two clients share "
                              "this session id; give each policy instance its own session")
-        reply = session.rng.run(lambda: self.model.get_action(obs))
-        session.last_request, session.last_reply = key, reply
-        return reply
+        return _Pending(session, obs, key)
+
+    def _answer(self, pending: List["_Pending"]) -> List[bytes]:
+        """The replies to pending ``get_action`` requests: one model call for all of them when the model takes
+        batches (``get_action_batch(observations, rngs)``), else one call each. Every session's noise comes from
+        its own generator either way, so a session's actions are the same batched or not."""
+        try:
+            if len(pending) > 1 and callable(getattr(self.model, "get_action_batch", None)):
+                replies = list(self.model.get_action_batch([p.obs for p in pending], [p.session.rng for p in pending]))
+                if len(replies) != len(pending):
+                    raise ValueError(f"get_action_batch answered {len(replies)} of {len(pending)} observations")
+            else:
+                replies = [p.session.rng.run(lambda p=p: self.model.get_action(p.obs)) for p in pending]
+            answers = [packb(reply) for reply in replies]
+        except Exception as exc:
+            log.exception("get_action failed")
+            return [packb({"error": f"{type(exc).__name__}: {exc}"})] * len(pending)
+        for p, reply in zip(pending, replies):
+            p.session.last_request, p.session.last_reply = p.key, reply
+        return answers
 
     @property
     def offers_session_state(self) -> bool:
@@ -382,7 +418,12 @@ class Gr00tLauncher:
         return same_credential(request.get("api_token"), self._api_token)
 
     def handle(self, message: bytes) -> bytes:
-        """One request's reply bytes; failures become ``{"error": str}``.
+        """One request's reply bytes; failures become ``{"error": str}`` (see ``_admit``)."""
+        outcome = self._admit(message)
+        return self._answer([outcome])[0] if isinstance(outcome, _Pending) else outcome
+
+    def _admit(self, message: bytes) -> Union[bytes, "_Pending"]:
+        """One request's reply bytes, or a ``get_action`` of a seeded session waiting for the model.
 
         Order matters: the size is checked, then msgpack is decoded (plain values: arrays stay bytes), then the
         token is checked, and only then are the arrays decoded (``np.load(allow_pickle=False)``: no code runs)
@@ -404,7 +445,8 @@ class Gr00tLauncher:
             endpoint = request.get("endpoint", "get_action")
             if endpoint not in self.endpoints:
                 raise ValueError(f"Unknown endpoint: {endpoint}")
-            return packb(self.endpoints[endpoint](request, message))
+            reply = self.endpoints[endpoint](request, message)
+            return reply if isinstance(reply, _Pending) else packb(reply)
         except Exception as exc:
             log.exception("request failed")
             return packb({"error": f"{type(exc).__name__}: {exc}"})
@@ -445,14 +487,32 @@ class Gr00tLauncher:
         try:
             while self.running:
                 if poller.poll(poll_ms):
-                    frames = sock.recv_multipart(copy=False)
-                    # [peer, (empty delimiter,) request]: the request is read in place, never copied whole
-                    if len(frames) >= 2:
-                        sock.send_multipart([*(f.bytes for f in frames[:-1]), self.handle(frames[-1].buffer)])
+                    self._serve_ready(sock, poller)
         finally:
             self.running = False
             sock.close(linger=0)
             context.term()
+
+    def _serve_ready(self, sock: Any, poller: Any) -> None:
+        """Answer what arrived; ``get_action`` requests of seeded sessions are gathered for up to ``max_wait_ms``
+        after the first, or until ``max_batch`` wait, and answered together."""
+        batch: List[Tuple[List[bytes], _Pending]] = []
+        deadline = time.monotonic() + self.max_wait_ms / 1000.0
+        while True:
+            frames = sock.recv_multipart(copy=False)
+            # [peer, (empty delimiter,) request]: the request is read in place, never copied whole
+            if len(frames) >= 2:
+                envelope = [f.bytes for f in frames[:-1]]
+                outcome = self._admit(frames[-1].buffer)
+                if isinstance(outcome, _Pending):
+                    batch.append((envelope, outcome))
+                else:
+                    sock.send_multipart([*envelope, outcome])
+            left_ms = (deadline - time.monotonic()) * 1000.0
+            if not batch or len(batch) >= self.max_batch or left_ms <= 0 or not poller.poll(max(1, int(left_ms))):
+                break
+        for (envelope, _), reply in zip(batch, self._answer([p for _, p in batch])):
+            sock.send_multipart([*envelope, reply])
 
     def start(self, timeout_s: float = 10.0) -> int:
         """Serve in a daemon thread; return the bound port."""
@@ -554,7 +614,8 @@ def _build_launcher(args: argparse.Namespace, model: Any, model_info: Mapping[st
     return Gr00tLauncher(model, args.host, args.port, args.serializer, args.api_token or os.environ.get(TOKEN_ENV),
                          model_info, max_sessions=args.max_sessions, session_idle_s=args.session_idle_s,
                          allow_kill=args.allow_kill, max_message_bytes=args.max_message_bytes,
-                         curve_secret_key=curve_secret, state_key=load_state_key(args.state_key_file))
+                         curve_secret_key=curve_secret, state_key=load_state_key(args.state_key_file),
+                         max_batch=getattr(args, "max_batch", 1), max_wait_ms=getattr(args, "max_wait_ms", 0.0))
 
 
 def _check_serve_args(args: argparse.Namespace) -> Optional[str]:
@@ -613,6 +674,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--state-key-file", default=None,
                        help="a file of at least 32 secret bytes that seals session states (branching); without it "
                             "the key is random per start, and a restarted launcher refuses older states")
+    serve.add_argument("--max-batch", type=int, default=1,
+                       help="answer up to this many get_action requests of different sessions with one model call "
+                            "(the model's get_action_batch); 1: one at a time")
+    serve.add_argument("--max-wait-ms", type=float, default=5.0,
+                       help="with --max-batch > 1: how long the first request waits for others")
     serve.add_argument("--deterministic", action="store_true",
                        help="deterministic torch kernels (needed for bitwise-identical actions on GPU)")
     ping = sub.add_parser("ping", help="check that a server answers")
