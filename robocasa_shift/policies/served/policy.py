@@ -284,4 +284,71 @@ class StatefulRemotePolicy(RemotePolicy):
         return np.array(draws, dtype=np.float64)
 
 
-__all__ = ["MODES", "PolicyStateRefused", "StatefulRemotePolicy"]
+
+
+# The session messages of this harness's servers (its openpi serving shim speaks them too).
+SESSION_MESSAGES = {"reset": "__reset__", "get_state": "__get_state__", "set_state": "__set_state__",
+                    "sample": "__sample__"}
+SEEDED_RESET = "seeded_reset"
+
+
+class ServedPolicy(StatefulRemotePolicy):
+    """A policy behind a ``served.connection.Connection``: a protocol writes its payload and its reply parsing.
+
+    Subclasses call :meth:`open` in their constructor with their connection, and write :meth:`payload`
+    (observation -> request), :meth:`actions_of` (reply -> (k, action_dim) chunk, through
+    ``model_io.checked_chunk``) and :meth:`action_dim`. The rest is here: seeding when the server's first
+    message advertises ``seeded_reset`` (``{"__reset__": {"seed", "owner"}}`` answered with a fingerprint),
+    else one warning and an ``unseeded-server`` fingerprint; session state and samples when it advertises
+    ``session_state`` and ``sample``; the client-side chunk buffer (``mode``); deadlines, bounded decoding,
+    reconnects and the circuit breaker of the connection; an identity with the metadata's hash.
+    """
+
+    connection: Any = None
+
+    def open(self, connection: Any, mode: str = "chunk", state_secret: Any = None, api_token: Any = None) -> None:
+        """Connect (the server's first message is read now) and set the mode and the state owner."""
+        self.init_session_state(mode, state_secret, api_token)
+        self.connection = connection
+        connection.connect()
+
+    def reset(self, seed: int) -> None:
+        """Seed this session on the server, or warn once that the server takes no seed."""
+        self.clear_buffer()
+        self.forget_server()
+        if self.capabilities().get(SEEDED_RESET) is not True:
+            self.unseeded(f"{self.endpoint_name()} takes no seed (no '{SEEDED_RESET}' in its first message): paired "
+                          "rollouts cannot be guaranteed on the policy side")
+            return
+        self.seeded(self.connection.exchange({SESSION_MESSAGES["reset"]: {"seed": int(seed), "owner": self._owner}},
+                                             "reset"), self.connection.uri)
+
+    def act(self, obs: Observation) -> np.ndarray:
+        return self.chunked(lambda: self.actions_of(self.connection.exchange(self.payload(obs), "act")))
+
+    def fetch_capabilities(self) -> Mapping[str, Any]:
+        if self.connection.metadata is None:
+            self.connection.connect()
+        metadata = self.connection.metadata if isinstance(self.connection.metadata, dict) else {}
+        return {k: metadata.get(k) is True for k in (SEEDED_RESET, SESSION_STATE, SAMPLE)}
+
+    def state_request(self, op: str, data: Dict[str, Any]) -> Dict[str, Any]:
+        return self.connection.exchange({SESSION_MESSAGES[op]: data}, op)
+
+    def endpoint_name(self) -> str:
+        return f"{self.connection.what} at {self.connection.uri}"
+
+    def identity(self) -> Dict[str, Any]:
+        from robocasa_shift.policies.served.connection import content_hash
+
+        return {"name": self.name, "endpoint": self.connection.uri,
+                "server_metadata_sha256": content_hash(self.connection.metadata),
+                **({"mode": self.mode} if self.mode != "chunk" else {})}
+
+    def close(self) -> None:
+        if self.connection is not None:
+            self.connection.close()
+
+
+__all__ = ["MODES", "SESSION_MESSAGES", "PolicyStateRefused", "RemotePolicy", "ServedPolicy", "StatefulRemotePolicy",
+           "UNSEEDED"]
