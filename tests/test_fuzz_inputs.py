@@ -452,3 +452,63 @@ def test_forged_result_files_of_other_harnesses_import_cleanly_or_are_refused_wi
             n += 1
     assert n > 120
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".run")]  # no staging folder left
+
+
+def _message_mutations(seed: int, data: bytes, n: int = 60):
+    """Byte-level mutations of a msgpack message: cut, flipped, lengths blown up, nested deep, bombs."""
+    rng = random.Random(seed)
+    yield data[: len(data) // 2]
+    yield b"\x91" * 5000 + b"\xc0"  # nested deep
+    yield b"\xdd\x7f\xff\xff\xff" + b"\x90" * 4096  # claims 2^31 empty lists
+    yield b"\xdf\xff\xff\xff\xff"  # a map of 2^32 entries, no bytes
+    yield b"\xc6\xff\xff\xff\xff" + b"x" * 16  # a bin claiming 4 GB
+    for _ in range(n):
+        forged = bytearray(data)
+        for _ in range(rng.randint(1, 4)):
+            i = rng.randrange(len(forged))
+            forged[i] = rng.choice([0x00, 0xC1, 0xDC, 0xDD, 0xDE, 0xDF, 0xC6, 0xDB, 0xFF, rng.randrange(256)])
+        yield bytes(forged)
+
+
+def test_forged_server_messages_and_preauth_launcher_frames_give_a_clean_refusal(tmp_path):
+    """Every decoder of a peer's msgpack (GR00T replies and the launcher's requests before its token, openpi
+    replies and metadata, vla-eval messages, the served base) ends a forged message in a value or a
+    ``ReplyFormatError``, within a bound, and the launcher answers every pre-token frame with an error."""
+    import time
+
+    import msgpack
+    import numpy as np
+
+    from robocasa_shift.policies.gr00t.server import Gr00tLauncher
+    from robocasa_shift.policies.gr00t.standin import CostModel
+    from robocasa_shift.policies.gr00t.wire import packb as gr00t_packb
+    from robocasa_shift.policies.gr00t.wire import unpackb as gr00t_unpackb
+    from robocasa_shift.policies.openpi.wire import unpackb as openpi_unpackb
+    from robocasa_shift.policies.served.codec import ReplyFormatError
+    from robocasa_shift.policies.served.codec import unpackb as codec_unpackb
+    from robocasa_shift.policies.vla_eval.wire import pack_message, unpack_message
+
+    launcher = Gr00tLauncher(CostModel(0.0, 0.0), "127.0.0.1", 0, api_token="a-token")
+    samples = {
+        "gr00t": gr00t_packb({"endpoint": "get_action", "session": "s", "data": {"state.position": np.zeros((1, 3))},
+                              "config": {"__ModalityConfig_class__": True, "as_json": '{"a": [1, 2]}'}}),
+        "openpi": msgpack.packb({b"actions": {b"__ndarray__": True, b"data": np.zeros((2, 3)).tobytes(),
+                                              b"dtype": "<f8", b"shape": [2, 3]}}),
+        "vla-eval": pack_message("hello", {"protocol_version": 1, "capabilities": {"a": [1, {"b": 2}]}}, 1, 0.0),
+    }
+    decoders = {"gr00t": lambda d: gr00t_unpackb(d), "openpi": lambda d: openpi_unpackb(d),
+                "vla-eval": lambda d: unpack_message(d), "codec": lambda d: codec_unpackb(d, 2**20)}
+    cases = 0
+    for seed, (name, data) in enumerate(samples.items()):
+        for forged in _message_mutations(seed, data):
+            for decode in decoders.values():
+                start = time.monotonic()
+                try:
+                    decode(forged)
+                except ReplyFormatError:
+                    pass
+                assert time.monotonic() - start < 2.0, (name, forged[:40])
+                cases += 1
+            reply = msgpack.unpackb(launcher.handle(forged))  # no token: refused, whatever the frame holds
+            assert isinstance(reply, dict) and "error" in reply and "Traceback" not in reply["error"]
+    assert cases >= 600
