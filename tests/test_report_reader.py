@@ -146,3 +146,25 @@ def test_the_grid_and_the_figure_order_factors_alike(matrix_run, tmp_path):
     grid = grid[:grid.index("</table>")]
     assert [f for f in order if f"<td>{f}</td>" in grid] == order
     assert sorted(order, key=lambda f: grid.index(f"<td>{f}</td>")) == order
+
+
+def test_the_first_screen_says_what_the_design_could_and_could_not_show(matrix_run):
+    from robocasa_shift.report.page import _design_reach
+
+    run_dir, _, _ = matrix_run
+    text = (run_dir / "report" / "index.html").read_text()
+    lead = text[text.index("<section class='lead'>"):text.index("</section>")]
+    # 1 task x 2 base episodes: neither decisive verdict is reachable, whatever the outcomes
+    assert "What this study could show</b> (1 task(s) x 2 base episode(s))" in lead
+    # every pair lost: two-sided p = 2 * 0.5**n, times 12 conditions (Holm's first step) below 0.05 from n = 9
+    assert "could have given DEGRADED (it needs at least 9 base episodes per task)" in lead
+    assert "could have given NO CHANGE DETECTED (it needs at least 45 base episodes per task)" in lead
+    # the demo's design, 3 tasks x 10 base episodes under 12 conditions: DEGRADED is within reach, NO CHANGE is not
+    summary = {"tasks": ["Lift", "Stack", "PickPlaceCan"], "verdict_rule": {"min_effect": 0.1},
+               "conditions": {f"c{i}": {"per_task_n_pairs": {"Lift": 10, "Stack": 10, "PickPlaceCan": 10},
+                                        "power": {"mde_dsr": 0.3}} for i in range(12)}}
+    line = _design_reach(summary)
+    assert "DEGRADED" not in line and "NO CHANGE DETECTED (it needs at least 24 base episodes per task)" in line
+    summary["conditions"] = {c: {**v, "per_task_n_pairs": {t: 24 for t in summary["tasks"]}}
+                             for c, v in summary["conditions"].items()}
+    assert "every verdict was within its reach" in _design_reach(summary)

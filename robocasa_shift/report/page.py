@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import pandas as pd
 
 from robocasa_shift.analysis.export import records_frame
+from robocasa_shift.analysis import statistics as stats
 from robocasa_shift.analysis.measures import write_analysis
 from robocasa_shift.checks.audit import LABELS, ZERO_CHECKS, read_audit
 from robocasa_shift.core import kits
@@ -440,6 +441,49 @@ def _stage_story(summary: Dict[str, Any], stage_names: Dict[str, List[str]]) -> 
     return text
 
 
+def _design_reach(summary: Dict[str, Any]) -> str:
+    """What the study's design could and could not have shown, in words, for the first screen.
+
+    Could: the minimum detectable dSR (80% power) across the perturbed conditions. Could not: NO CHANGE
+    DETECTED when even a study in which no pair changed would leave the calibrated interval wider than the
+    margin, and DEGRADED when even every pair lost would not reject after Holm with an interval above 0; then
+    the base episodes per task that would make it reachable.
+    """
+    perturbed = {c: v for c, v in summary["conditions"].items() if c != "clean" and v.get("per_task_n_pairs")}
+    if not perturbed:
+        return ""
+    margin = (summary.get("verdict_rule") or {}).get("min_effect", stats.MIN_EFFECT)
+    pairs = min((min(v["per_task_n_pairs"].values()) for v in perturbed.values()), default=0)
+    n_tasks = len(summary["tasks"])
+    if pairs < 1:
+        return ""
+
+    def no_change_possible(n: int) -> bool:
+        lo, hi = stats.calibrated_interval([[n, 0, 0, 0]] * n_tasks)
+        return max(-lo, hi) <= margin + 1e-12
+
+    def degraded_possible(n: int) -> bool:
+        p = stats.signflip_test([n] * n_tasks, [n] * n_tasks, [0] * n_tasks).p
+        return p * len(perturbed) < stats.ALPHA and stats.calibrated_interval([[0, n, 0, 0]] * n_tasks)[0] > 0
+
+    def first(possible) -> Optional[int]:
+        return next((n for n in range(pairs, 401) if possible(n)), None)
+
+    mdes = [v["power"]["mde_dsr"] for v in perturbed.values() if (v.get("power") or {}).get("mde_dsr") is not None]
+    design = f"{n_tasks} task(s) x {pairs} base episode(s)"
+    could = (f"at its observed discordance, each condition had 80% power to detect a macro dSR of "
+             f"{min(mdes):.2f} to {max(mdes):.2f} (\"min. detectable dSR\" below)" if mdes else
+             "no condition's power could be computed")
+    cannot = []
+    for word, possible in (("DEGRADED", degraded_possible), ("NO CHANGE DETECTED", no_change_possible)):
+        if not possible(pairs):
+            needed = first(possible)
+            cannot.append(f"no outcome of this design could have given {word}" + (
+                f" (it needs at least {needed} base episodes per task)" if needed else ""))
+    tail = ("; " + "; ".join(cannot)) if cannot else "; every verdict was within its reach"
+    return f"<p><b>What this study could show</b> ({esc(design)}): {esc(could)}{esc(tail)}.</p>"
+
+
 def _lead(run_dir: Path, summary: Dict[str, Any], manifest: Mapping[str, Any], audit: Optional[Dict[str, Any]],
           audit_note: Optional[str], stage_names: Dict[str, List[str]], factor_order: Sequence[str],
           formal: pd.DataFrame) -> str:
@@ -462,6 +506,7 @@ def _lead(run_dir: Path, summary: Dict[str, Any], manifest: Mapping[str, Any], a
              f"<span class='{status[1]} badge'>{esc(status[0])}</span>")
     return ("<section class='lead'>"
             f"<p>{facts}</p>"
+            f"{_design_reach(summary)}"
             "<h2>Verdicts: paired macro dSR (clean - perturbed), calibrated 95% CI</h2>"
             f"<div class='scroll'>{_verdict_grid(summary, factor_order)}</div>"
             f"{_coverage_line(summary)}"
