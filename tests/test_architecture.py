@@ -1,6 +1,7 @@
 """The package's shape: no import cycles, documented contracts, layers that import without a simulator."""
 
 import ast
+import re
 import importlib
 import inspect
 import subprocess
@@ -269,3 +270,61 @@ def test_a_run_on_a_backend_whose_env_lacks_a_required_hook_is_refused_before_an
         run_study(tmp_path / "run", ["Reach"], ["clean"], [0], study=StudyConfig(backend="fake", policy="fake"),
                   execution=ExecutionConfig(workers=1, progress=False))
     assert not list((tmp_path / "run").rglob("records/*/*/*.json"))
+
+
+ARCHITECTURE_PAGE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def documented_modules(page: str):
+    """The modules named in the Packages block of docs/architecture.md, as paths relative to the package.
+
+    The block's conventions: a top-level entry starts two spaces in (``errors.py``, ``core/``); a package's
+    modules are named ``name.py`` in its entry; a subpackage is ``sub/ (a, b.py, c: what it is, ...)``, each
+    comma-separated item of its parentheses starting with a module's name (``.py`` optional).
+    """
+    block = page.split("## Packages", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    out = set()
+    for entry in re.split(r"\n(?=  \S)", block):
+        head = entry.strip().split()[0] if entry.strip() else ""
+        if head.endswith(".py"):
+            out.add(head)
+            continue
+        if not head.endswith("/") or head == "robocasa_shift/":
+            continue
+        body, rest = entry.strip()[len(head):], ""
+        while True:  # take the subpackages' parentheses out, leave the package's own text
+            m = re.search(r"(\w+)/\s*\(", body)
+            if not m:
+                break
+            depth, end = 0, m.end() - 1
+            for end in range(m.end() - 1, len(body)):
+                depth += {"(": 1, ")": -1}.get(body[end], 0)
+                if depth == 0:
+                    break
+            for item in body[m.end():end].split(","):
+                name = re.match(r"\s*(\w+)(?:\.py)?\b", item)
+                if name:
+                    out.add(f"{head}{m.group(1)}/{name.group(1)}.py")
+            rest += body[: m.start()] + " "
+            body = body[end + 1:]
+        out |= {f"{head}{name}" for name in re.findall(r"\b(\w+\.py)\b", rest + body) if name != "__init__.py"}
+    return out
+
+
+def package_modules():
+    """Every module of the package (``__init__.py`` files aside), relative to it: read from the package itself, so
+    a module added anywhere must be placed on the page."""
+    return {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+
+
+def test_architecture_md_lists_every_module_of_the_package_and_no_other():
+    documented, actual = documented_modules(ARCHITECTURE_PAGE.read_text()), package_modules()
+    assert sorted(actual - documented) == [], "modules missing from docs/architecture.md's Packages block"
+    assert sorted(documented - actual) == [], "docs/architecture.md names modules that do not exist"
+
+
+def test_the_module_list_reader_finds_packages_subpackages_and_a_missing_module():
+    page = ("## Packages\n\n```text\nrobocasa_shift/\n  errors.py        the tree\n  core/            specs.py and\n"
+            "                   factors.py (kinds); served/ (codec.py bounded, transport, policy: its base)\n```\n")
+    assert documented_modules(page) == {"errors.py", "core/specs.py", "core/factors.py", "core/served/codec.py",
+                                        "core/served/transport.py", "core/served/policy.py"}

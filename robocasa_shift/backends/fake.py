@@ -2,7 +2,7 @@
 
 Registered as ``fake`` like any backend; its policies ``fake`` (image-driven,
 stochastic), ``fake-expert`` (privileged, scripted, deterministic) and
-``fake-random`` (a negative control) live in ``policies/fake.py``. It exists so that the harness's bookkeeping
+``fake-random`` (a negative control) live in ``policies/scripted/fake.py``. It exists so that the harness's bookkeeping
 (runs, resume, shards, merge, retry, audit, report, compare, executors) can be
 tested in milliseconds per rollout, the way Gymnasium's tests use
 ``GenericTestEnv``: it models no physics worth studying, and results on it say

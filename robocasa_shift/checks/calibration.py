@@ -44,7 +44,7 @@ from robocasa_shift.rundir.store import RunStore
 
 MIN_IMAGE_STD = 2.0  # a frame with less spread than this (0-255 scale) is blank
 ROLES = ("third_person", "wrist")
-sharpness = laplacian_variance  # the measure the rollouts record and the audit checks (engine.perturbations)
+sharpness = laplacian_variance  # the measure the rollouts record and the audit checks (core.factors)
 
 
 def policy_image_size(run_dir: Path | str) -> Optional[int]:

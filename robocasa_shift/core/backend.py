@@ -289,7 +289,7 @@ def check_hooks(env: Any, needs: Mapping[str, Sequence[str]], backend: str) -> N
 
     Args:
         env: a live environment.
-        needs: factor name -> hooks its kind requires (see ``engine.perturbations.required_hooks``).
+        needs: factor name -> hooks its kind requires (see ``core.factors.required_hooks``).
         backend: the backend's name, for the message.
 
     Raises:

@@ -115,7 +115,7 @@ class FactorKind:
     draw_kind = "none"
     readback_atol = READBACK_ATOL  # read back vs asked: what the simulator can hold of this kind's values
     level_params: tuple = ()
-    requires: tuple = ()  # backend hooks the kind calls (names in ``backends.base.HOOKS``)
+    requires: tuple = ()  # backend hooks the kind calls (names in ``core.backend.HOOKS``)
 
     def draw(self, spec, rng: np.random.Generator, env=None) -> Dict[str, Any]:
         """The episode's random draw, shared by every level of the factor."""
