@@ -223,6 +223,31 @@ def test_a_judge_run_with_crop_gives_the_judge_crops_and_keeps_its_reasoning(vid
     assert read_predictions(full)["predicted_success"].eq(0).all()
 
 
+def test_the_crop_rendering_ablations_blackout_and_upscaled_beside_the_native_cut(video_set, monkeypatch, tmp_path):
+    """FailBench App. C, Table 9: the same box rendered three ways; each is its own pipeline with its own sidecar."""
+    image = np.arange(6 * 8 * 3, dtype=np.uint8).reshape(6, 8, 3)
+    rect = [2, 1, 6, 4]
+    blackout = decode_png(crops.crop_png(png_bytes(image), rect, mode="blackout"))
+    assert blackout.shape == image.shape and (blackout[1:4, 2:6] == image[1:4, 2:6]).all()
+    outside = np.ones(image.shape[:2], bool)
+    outside[1:4, 2:6] = False
+    assert (blackout[outside] == 0).all()
+    upscaled = decode_png(crops.crop_png(png_bytes(image), rect, mode="upscaled"))
+    assert upscaled.shape == image.shape
+    assert crops.crop_png(png_bytes(image), rect, mode="upscaled") == crops.crop_png(png_bytes(image), rect, mode="upscaled")
+    with pytest.raises(ValueError, match="unknown crop mode 'zoom'"):
+        crops.crop_png(png_bytes(image), rect, mode="zoom")
+    # a blackout judge sees full-size frames (SizeJudge: success only below 40 px), and its sidecar says which mode
+    monkeypatch.setitem(JUDGES._entries, "size-for-test", SizeJudge)
+    out = tmp_path / "blackout.csv"
+    run_judge(video_set / "set", "size-for-test", out, {}, QUIET, crop="blackout")
+    assert read_predictions(out)["predicted_success"].eq(0).all()
+    sidecar = json.loads((tmp_path / "blackout.csv.json").read_text())
+    assert sidecar["crop"] is True and sidecar["crop_mode"] == "blackout"
+    with pytest.raises(RunDirError, match="crop"):  # the native cut into the blackout file: another pipeline
+        run_judge(video_set / "set", "size-for-test", out, {}, QUIET, crop=True)
+
+
 # --------------------------------------------------------------------------- item 15, 16: the OpenAI adapter
 
 

@@ -116,3 +116,45 @@ def test_a_predicted_stage_that_is_not_a_count_is_refused_naming_row_and_field(t
         read_predictions(path)
     path.write_text("sample_id,predicted_success\na,1\n")
     assert read_predictions(path)["predicted_stage"].isna().all()
+
+
+def _record(task, episode, success, depth, n_stages=3, condition="clean"):
+    return {"phase": "formal", "task": task, "episode": episode, "condition": condition, "replicate": 0,
+            "valid": True, "success": success, "stages_completed": depth, "n_stages": n_stages}
+
+
+def test_balanced_sampling_keeps_at_most_n_failures_of_each_type_per_task_and_every_success():
+    from robocasa_shift.judging.export import ExportSettings, select
+
+    records = [_record("A", i, True, 3) for i in range(4)]
+    records += [_record("A", 10 + i, False, 0) for i in range(5)]   # no_subgoal x5
+    records += [_record("A", 20 + i, False, 1) for i in range(3)]   # mid_task x3
+    records += [_record("A", 30, False, 3)]                         # near_success x1
+    records += [_record("B", 40 + i, False, 2) for i in range(4)]   # mid_task x4 of another task
+    chosen = select(records, ExportSettings(per_failure_type=2, seed=1))
+    by = {}
+    for r in chosen:
+        by.setdefault((r["task"], r["success"], r["stages_completed"]), []).append(r["episode"])
+    assert len(by[("A", True, 3)]) == 4  # successes all kept
+    assert len(by[("A", False, 0)]) == 2 and len(by[("A", False, 1)]) == 2 and by[("A", False, 3)] == [30]
+    assert len(by[("B", False, 2)]) == 2
+    assert select(records, ExportSettings(per_failure_type=2, seed=1)) == chosen  # seeded: the same sample
+    assert select(records, ExportSettings(per_failure_type=2, seed=2)) != chosen
+    with pytest.raises(Exception, match="per_failure_type must be at least 1"):
+        ExportSettings(per_failure_type=0)
+
+
+def test_false_success_by_failure_origin_and_a_forged_origin_is_refused():
+    from robocasa_shift.judging.judgeset import row_problem
+
+    table = _table()
+    table["failure_origin"] = [None if s else ("organic" if i % 4 == 1 else "synthetic") for i, s in enumerate(table["success"])]
+    fooled = [sid for sid, s, o in zip(table["sample_id"], table["success"], table["failure_origin"]) if o == "synthetic"]
+    origins = score(table, {"j": _judge(table, fooled)}, n_boot=100)["judges"]["j"]["success_bias"]["origins"]
+    assert origins["synthetic"]["rate"] == 1.0 and origins["organic"]["rate"] == 0.0
+    assert "failure_origin" in row_problem({"sample_id": "a", "failure_origin": "made-up", **{
+        k: v for k, v in {"instruction": "i", "task": "t", "condition": "clean", "factor": "clean", "level": None,
+                          "episode": 0, "replicate": 0, "pair_id": "p", "episode_key": "k", "success": False,
+                          "stratum": "no_subgoal", "n_stages": 1, "stages_completed": 0, "first_incomplete": 1,
+                          "steps": 1, "horizon": 2, "cameras": {"c": "third_person"}, "clip": {"c": ["x"]},
+                          "start": {"c": "x"}, "end": {"c": "x"}, "media_sha256": {}}.items()}})

@@ -33,6 +33,9 @@ def _options(ctx: click.Context, param: click.Parameter, value: Tuple[str, ...])
               help="At most this many samples per (task, condition), the same base episodes in every cell.")
 @click.option("--seed", default=0, show_default=True, help="Which episodes a --max-per-cell sample takes.")
 @click.option("--video", is_flag=True, help="Also write each camera's clip as an MP4 (input mode 'video').")
+@click.option("--per-failure-type", default=None, type=click.IntRange(min=1),
+              help="At most this many failures of each type (no_subgoal, mid_task, near_success) per task, in the "
+                   "--seed order; successes all kept (balanced sampling per failure type).")
 @click.option("--policy-option", "policy_options", multiple=True, metavar="KEY=VALUE", callback=_options,
               help="Policy option for re-running rollouts that have no step log (connection options only from here).")
 @click.option("--trust-run-dir", is_flag=True, help="Take the manifest's connection options for re-runs too.")
@@ -40,7 +43,7 @@ def _options(ctx: click.Context, param: click.Parameter, value: Tuple[str, ...])
 @execution_options
 @handle_errors
 def export_judge_command(run_dir: Path, out: Path, cameras: str, frames: int, size: int, max_per_cell: Optional[int],
-                         seed: int, video: bool, policy_options, trust_run_dir: bool, retry_errors: bool,
+                         seed: int, video: bool, per_failure_type: Optional[int], policy_options, trust_run_dir: bool, retry_errors: bool,
                          execution: ExecutionConfig) -> None:
     """A labelled success-judge benchmark from RUN_DIR: one sample per rollout.
 
@@ -62,7 +65,7 @@ def export_judge_command(run_dir: Path, out: Path, cameras: str, frames: int, si
     from robocasa_shift.judging.export import ExportSettings, export_judge
 
     settings = ExportSettings(cameras=cameras, frames=frames, size=size, max_per_cell=max_per_cell, seed=seed,
-                              video=video)
+                              video=video, per_failure_type=per_failure_type)
     info = export_judge(run_dir, out, settings, execution, policy_options, trust_run_dir, retry_errors)
     strata = {}
     for counts in info["strata"].values():
@@ -84,12 +87,15 @@ def export_judge_command(run_dir: Path, out: Path, cameras: str, frames: int, si
 @click.option("--out", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Predictions CSV [default: JUDGE_SET/predictions/<judge>.csv]; rerunning resumes it.")
 @click.option("--chunk", default=16, show_default=True, type=click.IntRange(min=1), help="Samples per job.")
-@click.option("--crop", is_flag=True,
-              help="Localise and crop: third-person images cut to the box around the task's objects that the export "
-                   "recorded (wrist images whole) [default --out: JUDGE_SET/predictions/<judge>-crop.csv].")
+@click.option("--crop", type=click.Choice(["cut", "blackout", "upscaled"]), is_flag=False, flag_value="cut",
+              default=None,
+              help="Localise and crop: third-person images rendered to the box around the task's objects that the "
+                   "export recorded (wrist images whole): cut (the default of a bare --crop), blackout (the whole "
+                   "frame, black outside the box) or upscaled (the cut resized to the frame) [default --out: "
+                   "JUDGE_SET/predictions/<judge>-crop[-MODE].csv].")
 @execution_options
 @handle_errors
-def judge_command(judge_set: Path, judge_name: str, judge_options, out: Optional[Path], chunk: int, crop: bool,
+def judge_command(judge_set: Path, judge_name: str, judge_options, out: Optional[Path], chunk: int, crop: Optional[str],
                   execution: ExecutionConfig) -> None:
     """Run a success judge over JUDGE_SET (an export-judge directory) into a predictions CSV.
 
@@ -106,7 +112,8 @@ def judge_command(judge_set: Path, judge_name: str, judge_options, out: Optional
     """
     from robocasa_shift.judging.judges import run_judge
 
-    out = out or judge_set / "predictions" / f"{judge_name}{'-crop' if crop else ''}.csv"
+    suffix = "" if crop is None else "-crop" if crop == "cut" else f"-crop-{crop}"
+    out = out or judge_set / "predictions" / f"{judge_name}{suffix}.csv"
     result = run_judge(judge_set, judge_name, out, judge_options, execution, chunk, crop=crop)
     click.echo(f"{result['judged']}/{result['samples']} samples judged ({result['judged_now']} now) -> {out}")
     for error in result["errors"][:10]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import io
 import os
 import tempfile
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
@@ -97,9 +97,26 @@ def box(pixels: Sequence[np.ndarray], size: int) -> Optional[List[int]]:
     return [x0, y0, x1, y1] if x1 > x0 and y1 > y0 else None
 
 
-def crop_png(data: bytes, rect: Sequence[int], max_side: int = 4096) -> bytes:
-    """A PNG cut to ``[x0, y0, x1, y1]`` at its own size (FailBench's native cut); the same input gives the
-    same bytes. An image that is not a PNG or has more than ``max_side`` pixels a side is refused."""
+# How a box is rendered into a judge's input (FailBench App. C, Table 9): the native cut (the main mode),
+# the whole frame with everything outside the box blacked out, and the cut resized to the frame's size.
+CROP_MODES = ("cut", "blackout", "upscaled")
+
+
+def crop_mode(crop: Any) -> Optional[str]:
+    """A crop setting as a mode: False/None -> None (full frames), True -> 'cut', a mode -> itself."""
+    if crop in (None, False):
+        return None
+    if crop is True:
+        return "cut"
+    if crop not in CROP_MODES:
+        raise ValueError(f"unknown crop mode {crop!r}; known: {', '.join(CROP_MODES)}")
+    return crop
+
+
+def crop_png(data: bytes, rect: Sequence[int], max_side: int = 4096, mode: str = "cut") -> bytes:
+    """A PNG rendered to the box ``[x0, y0, x1, y1]``: cut at its own size (FailBench's native cut), the whole
+    frame blacked out outside the box, or the cut resized (bicubic) to the frame's size; the same input gives
+    the same bytes. An image that is not a PNG or has more than ``max_side`` pixels a side is refused."""
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as source:
@@ -109,8 +126,17 @@ def crop_png(data: bytes, rect: Sequence[int], max_side: int = 4096) -> bytes:
     x0, y0, x1, y1 = (int(v) for v in rect)
     if not (0 <= x0 < x1 <= image.shape[1] and 0 <= y0 < y1 <= image.shape[0]):
         raise ValueError(f"box {list(rect)} is not inside a {image.shape[1]}x{image.shape[0]} image")
+    if mode == "blackout":
+        out = np.zeros_like(image)
+        out[y0:y1, x0:x1] = image[y0:y1, x0:x1]
+    else:
+        out = np.ascontiguousarray(image[y0:y1, x0:x1], dtype=np.uint8)
+        if mode == "upscaled":
+            out = np.asarray(Image.fromarray(out).resize((image.shape[1], image.shape[0]), Image.BICUBIC))
+        elif mode != "cut":
+            raise ValueError(f"unknown crop mode {mode!r}; known: {', '.join(CROP_MODES)}")
     buffer = io.BytesIO()
-    Image.fromarray(np.ascontiguousarray(image[y0:y1, x0:x1], dtype=np.uint8)).save(buffer, format="PNG")
+    Image.fromarray(np.ascontiguousarray(out, dtype=np.uint8)).save(buffer, format="PNG")
     return buffer.getvalue()
 
 

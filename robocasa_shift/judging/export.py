@@ -80,10 +80,14 @@ NO_SUBGOAL = "no_subgoal"      # never latched the first subgoal
 MID_TASK = "mid_task"          # latched some subgoals, not all
 NEAR_SUCCESS = "near_success"  # latched every subgoal, yet the official check failed
 STRATA = (SUCCESS, NO_SUBGOAL, MID_TASK, NEAR_SUCCESS)
+# Where a failure came from (FailBench 3.1: 75% of its failures occur naturally): organic, planned, synthetic.
+ORGANIC = "organic"
+FAILURE_ORIGINS = (ORGANIC, "planned", "synthetic")
 SAMPLE_FIELDS = (
     "sample_id", "instruction", "task", "condition", "factor", "level", "phase", "episode", "replicate", "pair_id",
     "episode_key", "success", "stratum", "n_stages", "stages_completed", "first_incomplete", "stage_names", "steps",
-    "horizon", "cameras", "frame_steps", "clip", "start", "end", "media_sha256", "replayed_from", "boxes", "video")
+    "horizon", "cameras", "frame_steps", "clip", "start", "end", "media_sha256", "replayed_from", "boxes", "video",
+    "failure_origin")
 
 
 class ExportError(BadInput):
@@ -102,6 +106,8 @@ class ExportSettings:
             in every cell of a task and phase (a seeded order), so pairs stay whole.
         seed: the order a ``max_per_cell`` sample takes its episodes in.
         video: also write each camera's clip as an MP4 (``judging/crops.py``), an input mode beside the PNGs.
+        per_failure_type: at most this many failures of each type (stratum: no_subgoal, mid_task, near_success)
+            per task, in the seeded order (FailBench's balanced sampling per failure type); successes are kept.
     """
 
     cameras: str = "both"
@@ -110,6 +116,7 @@ class ExportSettings:
     max_per_cell: Optional[int] = None
     seed: int = 0
     video: bool = False
+    per_failure_type: Optional[int] = None
 
     def __post_init__(self):
         if self.cameras not in CAMERA_CHOICES:
@@ -120,6 +127,8 @@ class ExportSettings:
             raise ExportError(f"size must be 16-1024 pixels, got {self.size}")
         if self.max_per_cell is not None and self.max_per_cell < 1:
             raise ExportError(f"max_per_cell must be at least 1, got {self.max_per_cell}")
+        if self.per_failure_type is not None and self.per_failure_type < 1:
+            raise ExportError(f"per_failure_type must be at least 1, got {self.per_failure_type}")
 
 
 def frame_steps(steps: int, frames: int) -> List[int]:
@@ -161,6 +170,8 @@ def select(records: Sequence[Mapping[str, Any]], settings: ExportSettings) -> Li
     """The valid records to export: all, or ``max_per_cell`` per (task, phase, condition), in a seeded order of the
     phase's base episodes shared by its conditions (so pairs stay whole)."""
     valid = [r for r in records if r.get("valid", True) and r.get("success") is not None]
+    if settings.per_failure_type is not None:
+        valid = _balance_failure_types(valid, settings)
     if settings.max_per_cell is None:
         return sorted(valid, key=lambda r: RolloutKey.from_record(r).id)
     chosen: List[Mapping[str, Any]] = []
@@ -176,6 +187,20 @@ def select(records: Sequence[Mapping[str, Any]], settings: ExportSettings) -> Li
                           key=lambda r: rank[(r["episode"], r.get("replicate", 0))])
             chosen += cell[: settings.max_per_cell]
     return sorted(chosen, key=lambda r: RolloutKey.from_record(r).id)
+
+
+def _balance_failure_types(records: List[Mapping[str, Any]], settings: ExportSettings) -> List[Mapping[str, Any]]:
+    """At most ``per_failure_type`` failures of each stratum per task, in a seeded order; successes all kept."""
+    kept = [r for r in records if r["success"]]
+    for task in sorted({r["task"] for r in records}):
+        for name in STRATA[1:]:
+            failures = sorted((r for r in records if r["task"] == task and not r["success"]
+                               and stratum(False, int(r["stages_completed"]), int(r["n_stages"])) == name),
+                              key=lambda r: RolloutKey.from_record(r).id)
+            stream = seeding.derive_seed(settings.seed, stream="judge-export-failure-type", task=task, phase=name)
+            order = np.random.default_rng(stream).permutation(len(failures))
+            kept += [failures[i] for i in order[: settings.per_failure_type]]
+    return kept
 
 
 def png_bytes(image: np.ndarray) -> bytes:
@@ -384,6 +409,9 @@ class ExportStore:
             "clip": clip, "start": {c: paths[0] for c, paths in clip.items()},
             "end": {c: paths[-1] for c, paths in clip.items()}, "media_sha256": hashes,
             "replayed_from": result["replayed_from"], "boxes": result.get("boxes") or {},
+            # where a failure came from: the policy's own rollouts here; planned (staged) or synthetic (constructed)
+            # failures only enter through an imported set
+            "failure_origin": None if record["success"] else ORGANIC,
         }
         if videos:
             row["video"] = videos

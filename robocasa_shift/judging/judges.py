@@ -285,10 +285,11 @@ def _lock_predictions(out: Path) -> int:
 
 
 def run_judge(judge_set: Path | str, name: str, out: Path | str, options: Optional[Mapping[str, Any]] = None,
-              execution: ExecutionConfig = ExecutionConfig(), chunk: int = 16, crop: bool = False) -> Dict[str, Any]:
+              execution: ExecutionConfig = ExecutionConfig(), chunk: int = 16, crop: Any = False) -> Dict[str, Any]:
     """Judge every sample of ``judge_set`` with judge ``name`` into the predictions CSV ``out`` (resumable).
 
-    ``crop``: the localise-and-crop input mode (``JudgeSet.sample(..., crop=True)``); the sidecar records it.
+    ``crop``: the localise-and-crop input mode (True or one of ``crops.CROP_MODES``: cut, blackout, upscaled);
+    the sidecar records it.
 
     ``out`` is locked while the run writes it (a second run on it is refused), and repaired first
     (see :func:`repair_predictions`). Below the judge set, nothing is written through a symbolic link.
@@ -304,12 +305,17 @@ def run_judge(judge_set: Path | str, name: str, out: Path | str, options: Option
 
 
 def _run_judge(judges: JudgeSet, name: str, out: Path, options: Optional[Mapping[str, Any]],
-               execution: ExecutionConfig, chunk: int, crop: bool = False) -> Dict[str, Any]:
+               execution: ExecutionConfig, chunk: int, crop: Any = False) -> Dict[str, Any]:
+    from robocasa_shift.judging.crops import crop_mode
+
     options = dict(options or {})
+    mode = crop_mode(crop)
     probe = make_judge(name, options)  # unknown names and options are refused before anything runs
     try:
         sidecar = {"judge": probe.identity(), "options": redact_options(options), "inputs": probe.inputs,
-                   "crop": bool(crop), "judge_set": str(judges.root), "export_hash": judges.export_hash}
+                   "crop": mode is not None, "judge_set": str(judges.root), "export_hash": judges.export_hash}
+        if mode not in (None, "cut"):  # the native cut's sidecar keeps its shape
+            sidecar["crop_mode"] = mode
     finally:
         probe.close()
     sidecar_path = out.with_name(out.name + SIDECAR_SUFFIX)
@@ -335,7 +341,7 @@ def _judge_locked(judges: JudgeSet, name: str, out: Path, options: Dict[str, Any
                               f"to another --out") from None
         found = found if isinstance(found, dict) else {}
         differ = sorted(k for k in ("judge", "options", "export_hash") if found.get(k) != sidecar.get(k))
-        if bool(found.get("crop", False)) != sidecar["crop"]:
+        if (bool(found.get("crop", False)), found.get("crop_mode")) != (sidecar["crop"], sidecar.get("crop_mode")):
             differ.append("crop")
         if differ:
             raise RunDirError(f"{out} holds predictions of another judge or judge set ({', '.join(differ)} differ); "
@@ -344,7 +350,8 @@ def _judge_locked(judges: JudgeSet, name: str, out: Path, options: Dict[str, Any
     repaired = repair_predictions(out, list(judges.by_id))
     done = {row.get("sample_id") for row in _judged_rows(out)}
     todo = [sid for sid in judges.by_id if sid not in done]
-    jobs = [JudgeJob(name, options, judges.samples(todo[i : i + chunk], probe.inputs, sidecar["crop"]))
+    jobs = [JudgeJob(name, options, judges.samples(todo[i : i + chunk], probe.inputs,
+                                                          sidecar.get("crop_mode") or sidecar["crop"]))
             for i in range(0, len(todo), chunk)]
     errors: List[str] = []
     if jobs:

@@ -19,6 +19,7 @@ import numpy as np
 from robocasa_shift.errors import RunDirError, UnknownNameError
 from robocasa_shift.judging.export import (
     EXPORT_JSON,
+    FAILURE_ORIGINS,
     FORMAT,
     MANIFEST,
     SAMPLE_ID,
@@ -47,6 +48,7 @@ ROW_FIELDS: Dict[str, tuple] = {
     "episode": _INT, "replicate": _INT, "pair_id": _STR, "episode_key": _STR, "success": (bool,), "stratum": _STR,
     "n_stages": _INT, "stages_completed": _INT, "first_incomplete": (int, None), "steps": _INT, "horizon": _INT,
     "cameras": (dict,), "clip": (dict,), "start": (dict,), "end": (dict,), "media_sha256": (dict,),
+    "failure_origin": (str, None),
 }
 
 
@@ -64,6 +66,8 @@ def row_problem(row: Any) -> Optional[str]:
             and any(t is not None and isinstance(value, t) for t in allowed))
         if not ok:
             return f"field {name!r} is {json.dumps(value)[:60]}"
+    if row.get("failure_origin") not in (None, *FAILURE_ORIGINS):
+        return f"field 'failure_origin' is {json.dumps(row['failure_origin'])[:60]}; one of {', '.join(FAILURE_ORIGINS)}"
     if row["stratum"] not in STRATA or row["horizon"] < 1 or min(row["steps"], row["n_stages"], row["stages_completed"]) < 0:
         return "stratum, horizon, steps or stage counts out of range"
     cameras = row["cameras"]
@@ -229,7 +233,7 @@ class JudgeSet:
 
         columns = ["sample_id", "task", "condition", "factor", "level", "episode", "replicate", "pair_id",
                    "episode_key", "success", "stratum", "n_stages", "stages_completed", "first_incomplete", "steps",
-                   "horizon"]
+                   "horizon", "failure_origin"]
         return pd.DataFrame([{c: row.get(c) for c in columns} for row in self.rows], columns=columns)
 
     def image_bytes(self, row: Mapping[str, Any], relative: str) -> bytes:
@@ -250,12 +254,16 @@ class JudgeSet:
             raise JudgeSetError(f"{path}: image changed since it was exported (its hash is not the manifest's)")
         return data
 
-    def sample(self, sample_id: str, inputs: str = "end", crop: bool = False) -> JudgeSample:
+    def sample(self, sample_id: str, inputs: str = "end", crop: Any = False) -> JudgeSample:
         """What a judge that reads ``inputs`` (one of :data:`INPUTS`) is given for ``sample_id``.
 
-        With ``crop`` (localise-and-crop, ``judging/crops.py``), every image of a camera the export gave a box
-        is cut to it (wrist cameras, and cameras without a box, whole); ``video`` cannot be cropped.
+        With ``crop`` (localise-and-crop, ``judging/crops.py``: True or a mode of ``CROP_MODES``), every image of
+        a camera the export gave a box is rendered to it (wrist cameras, and cameras without a box, whole);
+        ``video`` cannot be cropped.
         """
+        from robocasa_shift.judging.crops import crop_mode
+
+        crop = crop_mode(crop)
         if inputs not in INPUTS:
             raise UnknownNameError("judge input", inputs, list(INPUTS))
         row = self.by_id[sample_id]
@@ -285,13 +293,13 @@ class JudgeSet:
                     if rect is None or camera not in by_camera:
                         continue
                     value = by_camera[camera]
-                    by_camera[camera] = [crop_png(d, rect) for d in value] if isinstance(value, list) \
-                        else crop_png(value, rect)
+                    by_camera[camera] = [crop_png(d, rect, mode=crop) for d in value] if isinstance(value, list) \
+                        else crop_png(value, rect, mode=crop)
         cameras = {c: row["cameras"][c] for c in camera_order(row["cameras"])}
         return JudgeSample(sample_id, row["instruction"], row["task"], cameras, images)
 
     def samples(self, sample_ids: Optional[Sequence[str]] = None, inputs: str = "end",
-                crop: bool = False) -> List[JudgeSample]:
+                crop: Any = False) -> List[JudgeSample]:
         return [self.sample(sid, inputs, crop) for sid in (sample_ids if sample_ids is not None else list(self.by_id))]
 
 

@@ -168,6 +168,9 @@ def success_bias(frame: pd.DataFrame) -> Dict[str, Any]:
     for name in FAILURE_STRATA:
         part = failures[failures["stratum"] == name]
         out["strata"][name] = _rate(int(part["predicted"].sum()), len(part))
+    if "failure_origin" in failures.columns:  # organic here; planned and synthetic in an imported set
+        out["origins"] = {str(name): _rate(int(part["predicted"].sum()), len(part))
+                          for name, part in failures.groupby(failures["failure_origin"].fillna("unknown"))}
     for name, part in (("clean", failures[failures["condition"] == "clean"]),
                        ("perturbed", failures[failures["condition"] != "clean"])):
         out[f"false_success_{name}"] = _rate(int(part["predicted"].sum()), len(part))
