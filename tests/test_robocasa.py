@@ -657,6 +657,87 @@ def test_build_kit_writes_a_verified_kit_leaves_an_identical_one_alone_and_never
         standin.build_kit(kit / "fixtures")  # never writes over other content
 
 
+def test_a_rebuild_deletes_only_the_files_of_the_kit_and_never_a_folder_with_a_planted_manifest(tmp_path, monkeypatch):
+    """Defect: with a STANDIN-KIT.json of kind standin planted in DIR, `standin-kit build DIR` removed DIR whole and the
+    user's files with it. A rebuild now swaps the kit folder and deletes only the old kit's own files; a folder
+    holding anything else is refused before anything is written."""
+    from robocasa_shift.backends import robocasa_standin as standin
+
+    generated = {"fixtures/sinks/Sink001/model.xml": f"<!-- {standin.MARKER} -->\n".encode()}
+    monkeypatch.setattr(standin, "generate", lambda: dict(generated))
+    monkeypatch.setattr(standin, "_robocasa_version", lambda: "1.0.1")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "thesis.tex").write_text("years of work")
+    (home / "notes").mkdir()
+    (home / "notes" / "a.txt").write_text("keep")
+    (home / standin.MANIFEST).write_text(json.dumps({"kind": "standin", "version": 1, "n_files": 0, "files": {},
+                                                     "sha256": standin.content_hash({})}))
+    with pytest.raises(standin.KitError, match="holds (notes|thesis.tex), which is not a file of its kit"):
+        standin.build_kit(home)
+    # a planted manifest listing the user's file by name does not make it the kit's (no hash, no marker)
+    listed = {"thesis.tex": "0" * 64}
+    (home / standin.MANIFEST).write_text(json.dumps({"kind": "standin", "version": 1, "n_files": 1, "files": listed,
+                                                     "sha256": standin.content_hash(listed)}))
+    (home / "notes" / "a.txt").unlink()
+    (home / "notes").rmdir()
+    with pytest.raises(standin.KitError, match="holds thesis.tex, which is not a file of its kit"):
+        standin.build_kit(home)
+    assert (home / "thesis.tex").read_text() == "years of work"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home"]  # no staging folder left
+
+    kit = _fake_kit(tmp_path / "kit", {"fixtures/old/model.xml": f"<!-- {standin.MARKER} -->\n",
+                                        "textures/old.png": f"{standin.MARKER} (edited by hand)"})
+    (kit / "textures/old.png").write_text(f"{standin.MARKER} (edited again)")  # altered, still the kit's: replaced
+    (kit / "fixtures/old/123_456_789.xml").write_text(f"<!-- {standin.MARKER} -->")  # MuJoCo's transient copy
+    manifest = standin.build_kit(kit)
+    assert standin.verify_kit(kit) == manifest
+    assert sorted(str(p.relative_to(kit)) for p in kit.rglob("*")) == [
+        "STANDIN-KIT.json", "fixtures", "fixtures/sinks", "fixtures/sinks/Sink001", "fixtures/sinks/Sink001/model.xml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "kit"]  # the old kit's folder is gone too
+
+
+@pytest.mark.parametrize("forge, message", [
+    ("outside", "is not a relative path inside the kit"),
+    ("dev_zero", "cannot be read"),
+    ("fifo", "cannot be read"),
+    ("link_out", "cannot be read"),
+    ("count", "at most 100000 file names"),
+    ("not_json", "not a readable stand-in kit manifest"),
+])
+def test_standin_kit_verify_reads_only_regular_files_inside_the_kit(tmp_path, forge, message):
+    """Defect: verify trusted the manifest's names: a ../ entry hashed a file outside the kit (a hash oracle) and
+    crashed with a KeyError, /dev/zero took 2.7 GB, a FIFO hung. Now: inside, regular, capped, a clean exit 3."""
+    import hashlib
+    import os
+
+    from click.testing import CliRunner
+
+    from robocasa_shift.backends import robocasa_standin as standin
+    from robocasa_shift.cli import main
+
+    kit = _fake_kit(tmp_path / "kit")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("outside")
+    manifest = json.loads((kit / standin.MANIFEST).read_text())
+    rel = "fixtures/sinks/Sink001/model.xml"
+    if forge == "outside":
+        manifest["files"]["../secret.txt"] = hashlib.sha256(b"outside").hexdigest()
+    elif forge == "count":
+        manifest["files"] = {f"f{i}": "0" * 64 for i in range(standin.MAX_KIT_FILES + 1)}
+    elif forge in ("dev_zero", "link_out"):
+        (kit / rel).unlink()
+        (kit / rel).symlink_to("/dev/zero" if forge == "dev_zero" else secret)
+    elif forge == "fifo":
+        (kit / rel).unlink()
+        os.mkfifo(kit / rel)
+    manifest["sha256"] = standin.content_hash(manifest["files"])
+    (kit / standin.MANIFEST).write_text("{" if forge == "not_json" else json.dumps(manifest))
+    result = CliRunner().invoke(main, ["standin-kit", "verify", str(kit)])
+    assert result.exit_code == 3 and message in result.output, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)  # no traceback
+
+
 @pytest.mark.parametrize("escape", ["../escaped.xml", "fixtures/../../escaped.xml", "ABSOLUTE"])
 def test_the_kit_writer_never_writes_outside_the_kit(tmp_path, monkeypatch, escape):
     """Defect: build_kit wrote each file with a plain open() at ``staging / rel``, so a path from RoboCasa's

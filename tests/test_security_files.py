@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from shared_dirs import QUIET, copy_corpus, deadline, make_corpus, register_test_judge
 
-from robocasa_shift.config import StudyConfig
+from robocasa_shift.config import ExecutionConfig, StudyConfig
 from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.core.steplog import StepLog, StepLogError, log_path
 from robocasa_shift.errors import BadInput, PolicyOptionError, PolicyServerError, RunDirError, RunDirLocked
@@ -260,6 +260,25 @@ def test_url_credentials_of_any_option_are_redacted_wherever_options_are_written
     manifest = json.loads(written["manifest.json"])
     assert manifest["policy_options"]["host"] == "ws://alice:<redacted>@127.0.0.1:9/?api_key=<redacted>&x=1"
     assert "alice:<redacted>@" in written["commands.jsonl"] and "x=1" in written["commands.jsonl"]
+
+
+@pytest.mark.parametrize("address", ["ray://alice:PW-3131@10.0.0.5:10001", "alice:PW-3131@10.0.0.5:6379",
+                                     "ray://PW-3131@10.0.0.5:10001"])
+def test_a_ray_address_with_credentials_is_refused_without_showing_them(address, tmp_path):
+    """Defect: a ray://user:PASS@host address was echoed in clear in the error message. Ray takes no credentials
+    in its address; it is refused before anything starts, the password shown as the placeholder."""
+    from click.testing import CliRunner
+
+    from robocasa_shift.cli import main
+
+    with pytest.raises(BadInput, match="must not hold credentials") as refused:
+        ExecutionConfig(executor="ray", address=address)
+    assert "PW-3131" not in str(refused.value) and "<redacted>" in str(refused.value)
+    result = CliRunner().invoke(main, ["run", "--backend", "fake", "--policy", "fake", "--task", "Reach",
+                                       "--condition", "clean", "--episodes", "0", "--executor", "ray", "--address",
+                                       address, "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 2 and "must not hold credentials" in result.output, result.output
+    assert "PW-3131" not in result.output and not (tmp_path / "run").exists()
 
 
 # =========================================================================== 4. paths a trunk file names

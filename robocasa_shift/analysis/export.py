@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
+from typing import Optional, Sequence
 
 import pandas as pd
 
@@ -13,36 +14,48 @@ from robocasa_shift.errors import AnalysisError
 from robocasa_shift.rundir.store import RunStore
 
 
-def read_records_csv(path: Path | str) -> pd.DataFrame:
+def read_records_csv(path: Path | str, columns: Optional[Sequence[str]] = None) -> pd.DataFrame:
     """A records table from a CSV file, every column as text (see ``measures.load_records``).
 
+    Args:
+        columns: read only these columns, where the header has them (all when None): a table with many
+            other columns costs what its needed ones cost.
+
     Raises:
-        AnalysisError: the file cannot be read, is not UTF-8, is empty, or has a row with more
-            fields than the header (the message names the file and the line).
+        AnalysisError: the file cannot be read, is larger than a records table may be (``MAX_FILE_BYTES``), is
+            not UTF-8, is empty, has a header over ``MAX_CSV_HEADER_BYTES`` or ``MAX_CSV_COLUMNS``, or has a row
+            with another number of fields than the header (the message names the file and the line).
     """
+    from robocasa_shift.rundir.files import MAX_FILE_BYTES, csv_header, read_bytes
+
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        data = read_bytes(path, None, MAX_FILE_BYTES, "records table")
+        header = csv_header(data, path)
+        text = data.decode("utf-8")
     except OSError as exc:
-        raise AnalysisError(f"{path}: cannot be read ({exc.strerror})") from None
+        raise AnalysisError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     except UnicodeDecodeError as exc:
         raise AnalysisError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
                             f"save the records table as UTF-8 CSV") from None
+    except ValueError as exc:
+        raise AnalysisError(str(exc)) from None
     if not text.strip():
         raise AnalysisError(f"{path}: empty file; expected a records table with a header row "
                             f"(write one with `robocasa-shift export RUN_DIR --out {path.name}`)")
     # pandas names a ragged row only by a parser message; count the fields per line ourselves first
     rows = csv.reader(io.StringIO(text, newline=""))  # quoted fields may hold newlines (error tracebacks)
     try:
-        header = next(rows)
+        next(rows)
         for row in rows:
             if row and len(row) != len(header):
                 raise AnalysisError(f"{path}, line {rows.line_num}: {len(row)} fields, but the header has "
-                                    f"{len(header)} ({', '.join(header)})")
+                                    f"{len(header)} ({', '.join(header)[:2000]})")
     except csv.Error as exc:
         raise AnalysisError(f"{path}, line {rows.line_num}: not CSV ({exc})") from None
+    wanted = None if columns is None else list(dict.fromkeys(c for c in header if c in set(columns)))
     try:
-        return pd.read_csv(path, dtype=str, keep_default_na=True, encoding="utf-8")
+        return pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=True, usecols=wanted)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
         raise AnalysisError(f"{path}: not a CSV records table ({exc})") from None
 

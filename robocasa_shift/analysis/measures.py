@@ -131,17 +131,20 @@ def _parse_bool(value: Any, column: str) -> Optional[bool]:
 
 
 def _parse_int(value: Any, column: str) -> Optional[int]:
-    """One cell as an int or None (missing); a non-integral value raises AnalysisError."""
+    """One cell as an int or None (missing); a non-integral value, or one outside 64 bits, raises AnalysisError."""
     if _is_missing(value):
         return None
     if isinstance(value, (bool, np.bool_)):
         raise AnalysisError(f"column '{column}': {value!r} is a boolean, expected an integer")
     try:
-        number = float(value)
+        number = int(value.strip()) if isinstance(value, str) and value.strip().lstrip("+-").isdigit() else float(value)
     except (TypeError, ValueError):
-        raise AnalysisError(f"column '{column}': {value!r} is not an integer") from None
-    if not number.is_integer():
-        raise AnalysisError(f"column '{column}': {value!r} is not an integer")
+        raise AnalysisError(f"column '{column}': {str(value)[:80]!r} is not an integer") from None
+    if isinstance(number, float) and not number.is_integer():
+        raise AnalysisError(f"column '{column}': {str(value)[:80]!r} is not an integer")
+    if not -2**63 <= number < 2**63:
+        raise AnalysisError(f"column '{column}': {str(value)[:80]!r} is outside the 64-bit integers a records "
+                            f"table holds")
     return int(number)
 
 
@@ -333,7 +336,7 @@ def load_records(path: Path | str) -> pd.DataFrame:
         read_records_csv,  # names the file and line of a broken CSV
     )
 
-    return normalize(read_records_csv(path))
+    return normalize(read_records_csv(path, REQUIRED_COLUMNS + tuple(OPTIONAL_DEFAULTS) + IDENTITY_COLUMNS))
 
 
 # --------------------------------------------------------------------------- small statistics

