@@ -10,7 +10,7 @@ import click
 from robocasa_shift.analysis.compare import FAIL_ON, compare_many_markdown, default_out, write_comparison, write_many
 from robocasa_shift.analysis.export import export_records
 from robocasa_shift.analysis.measures import load_records, write_analysis
-from robocasa_shift.cli.common import handle_errors, parse_policy_options
+from robocasa_shift.cli.common import REPLAY_POLICY_OPTIONS, handle_errors
 from robocasa_shift.report.page import build_report
 
 
@@ -83,23 +83,12 @@ def analyze_command(records: Path, out_dir: Path, phase: str, bootstrap_seed: in
                        f"{values['verdict'] or '-'}{missing}")
 
 
-def _report_policy_options(ctx: click.Context, param: click.Parameter, value: Tuple[str, ...]) -> Dict[str, Any]:
-    """``report --policy-option`` texts as a dict (a malformed one is a usage error)."""
-    return parse_policy_options(value)
-
-
 @click.command(name="report")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--videos", "videos_per_kind", default=2, show_default=True,
               help="Matched pairs to film per kind (S->F and F->S).")
 @click.option("--seed", "bootstrap_seed", default=0, show_default=True, help="Bootstrap seed (recorded).")
-@click.option("--policy-option", "policy_options", multiple=True, metavar="KEY=VALUE", callback=_report_policy_options,
-              help="Policy option for the video re-runs (repeatable), e.g. host=... port=... api_token=env:NAME. "
-                   "Options that connect, authenticate or load files come only from here (see --trust-run-dir).")
-@click.option("--trust-run-dir", is_flag=True,
-              help="Also take the manifest's connection and file options (host, port, checkpoint, ...) for the "
-                   "re-runs. Only for a run directory you trust; allow_pickle and the torch serializer never "
-                   "come from it.")
+@REPLAY_POLICY_OPTIONS
 @click.option("--min-effect", default=0.10, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True),
               help="Declared margin: NO CHANGE DETECTED needs the calibrated interval inside +-this dSR and the "
                    "equivalence test, Holm-adjusted across conditions, to reject.")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import click
 
@@ -13,10 +13,10 @@ from robocasa_shift.branching.engine import BUDGETS, BranchSettings
 from robocasa_shift.branching.interventions import INTERVENTIONS
 from robocasa_shift.branching.study import SELECTION_KINDS, Selection, branch
 from robocasa_shift.cli.common import (
+    REPLAY_POLICY_OPTIONS,
     RETRY_OPTION,
     execution_options,
     handle_errors,
-    parse_policy_options,
 )
 from robocasa_shift.config import ExecutionConfig
 from robocasa_shift.errors import BadInput
@@ -68,10 +68,7 @@ def _ints(text: Optional[str]) -> Tuple[int, ...]:
               help="inherited: a branch ends at the task's horizon, B(t) = horizon - t; fresh: --fresh-budget "
                    "steps after its checkpoint.")
 @click.option("--fresh-budget", type=click.IntRange(min=1), default=None, help="Steps for --budget fresh.")
-@click.option("--policy-option", "policy_options", multiple=True, metavar="KEY=VALUE",
-              help="Policy option for the re-runs (repeatable); connection and file options come only from here "
-                   "(see --trust-run-dir).")
-@click.option("--trust-run-dir", is_flag=True, help="Also take the manifest's connection and file options.")
+@REPLAY_POLICY_OPTIONS
 @click.option("--dry-run", is_flag=True, help="Count trunks, checkpoints and branch rollouts and estimate the time; run nothing.")
 @RETRY_OPTION
 @execution_options
@@ -104,8 +101,7 @@ def branch_command(run_dir: Path, name: str, kinds, tasks, conditions, keys, max
                               keys=_names(keys), steps=_ints(steps), max_trunks=max_trunks)
     except BadInput as exc:
         raise click.UsageError(str(exc)) from None
-    options: Dict[str, Any] = parse_policy_options(policy_options)
-    result = branch(run_dir, selection, settings, execution, name=name, policy_options=options,
+    result = branch(run_dir, selection, settings, execution, name=name, policy_options=policy_options,
                     trust_run_dir=trust_run_dir, retry_errors=retry_errors, dry_run=dry_run)
     if dry_run:
         click.echo(json.dumps({k: v for k, v in result.items() if k != "trunks"}, indent=1))

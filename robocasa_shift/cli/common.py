@@ -155,12 +155,38 @@ def config_options(cls: type, dest: str, options: Sequence[Tuple[str, Callable]]
     return decorate
 
 
+def key_value_options(ctx: click.Context, param: click.Parameter, value: Tuple[str, ...]) -> Dict[str, Any]:
+    """``--policy-option`` (or ``--judge-option``) texts as a dict (a malformed one is a usage error)."""
+    return parse_policy_options(value)
+
+
+# --policy-option and --trust-run-dir, declared once. A command that re-runs a run directory's rollouts (report,
+# branch, export-judge) takes both: REPLAY_POLICY_OPTIONS.
+POLICY_OPTION_HELP = "Policy option KEY=VALUE (repeatable, YAML values; a secret as env:NAME)."
+TRUST_RUN_DIR_OPTION = click.option(
+    "--trust-run-dir", is_flag=True,
+    help="Also take the manifest's options that connect, authenticate or load files (host, port, checkpoint, ...) "
+         "for the re-runs. Only for a run directory you trust; allow_pickle and the torch serializer never come "
+         "from it.")
+
+
+def policy_option(help: str = POLICY_OPTION_HELP) -> Callable:
+    """The ``--policy-option KEY=VALUE`` option, passed to the command as ``policy_options`` (a dict)."""
+    return click.option("--policy-option", "policy_options", multiple=True, metavar="KEY=VALUE",
+                        callback=key_value_options, help=help)
+
+
+def REPLAY_POLICY_OPTIONS(fn: Callable) -> Callable:
+    """``--policy-option`` for re-runs of a run directory's rollouts, and ``--trust-run-dir``."""
+    fn = TRUST_RUN_DIR_OPTION(fn)
+    return policy_option("Policy option for the re-runs (repeatable), e.g. host=... port=... api_token=env:NAME. "
+                         "Options that connect, authenticate or load files come only from here (see "
+                         "--trust-run-dir).")(fn)
+
+
 def study_options(policy_help: Optional[str] = None, render_profile: bool = False, log_steps: bool = False) -> Callable:
     """--policy, --backend, --policy-option, --stock-simulator (and --render-profile, --log-steps): the command gets
     ``study: StudyConfig``."""
-
-    def policy_options(ctx: click.Context, param: click.Parameter, value: Tuple[str, ...]) -> Dict[str, Any]:
-        return parse_policy_options(value)
 
     options = [
         ("policy", config_option(StudyConfig, "policy", show_default=True,
@@ -171,7 +197,7 @@ def study_options(policy_help: Optional[str] = None, render_profile: bool = Fals
         options.append(("render_profile", config_option(StudyConfig, "render_profile", show_default=True,
                                                         type=click.Choice(["fast", "default"]))))
     options.append(("policy_options", config_option(StudyConfig, "policy_options", "--policy-option", multiple=True,
-                                                    metavar="KEY=VALUE", callback=policy_options)))
+                                                    metavar="KEY=VALUE", callback=key_value_options)))
     if log_steps:
         options.append(("log_steps", config_option(StudyConfig, "log_steps", "--log-steps/--no-log-steps",
                                                    show_default=True)))
@@ -227,6 +253,7 @@ ASSET_KIT_OPTION = config_option(StudyConfig, "asset_kit", type=click.Choice(lis
 RUN_DIR_OPTION = click.option("--run-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
                               help="Run directory the outputs go into.")
 
-__all__ = ["ASSET_KIT_OPTION", "BACKEND_OPTION", "FORCE_OPTION", "RETRY_OPTION", "RUN_DIR_OPTION", "SHARD_OPTION", "TASK_OPTION", "checked",
-           "config_option", "config_options", "execution_options", "fail", "finish", "handle_errors",
-           "parse_policy_options", "report_run", "split_names", "study_options", "tasks_of"]
+__all__ = ["ASSET_KIT_OPTION", "BACKEND_OPTION", "FORCE_OPTION", "REPLAY_POLICY_OPTIONS", "RETRY_OPTION",
+           "RUN_DIR_OPTION", "SHARD_OPTION", "TASK_OPTION", "TRUST_RUN_DIR_OPTION", "checked", "config_option",
+           "config_options", "execution_options", "fail", "finish", "handle_errors", "key_value_options",
+           "parse_policy_options", "policy_option", "report_run", "split_names", "study_options", "tasks_of"]

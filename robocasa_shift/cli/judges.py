@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Optional
 
 import click
 
 from robocasa_shift.cli.common import (
+    REPLAY_POLICY_OPTIONS,
     execution_options,
     handle_errors,
-    parse_policy_options,
+    key_value_options,
 )
 from robocasa_shift.config import ExecutionConfig
-
-
-def _options(ctx: click.Context, param: click.Parameter, value: Tuple[str, ...]) -> Dict[str, Any]:
-    return parse_policy_options(value)
 
 
 @click.command(name="export-judge")
@@ -36,9 +33,7 @@ def _options(ctx: click.Context, param: click.Parameter, value: Tuple[str, ...])
 @click.option("--per-failure-type", default=None, type=click.IntRange(min=1),
               help="At most this many failures of each type (no_subgoal, mid_task, near_success) per task, in the "
                    "--seed order; successes all kept (balanced sampling per failure type).")
-@click.option("--policy-option", "policy_options", multiple=True, metavar="KEY=VALUE", callback=_options,
-              help="Policy option for re-running rollouts that have no step log (connection options only from here).")
-@click.option("--trust-run-dir", is_flag=True, help="Take the manifest's connection options for re-runs too.")
+@REPLAY_POLICY_OPTIONS
 @click.option("--retry-errors", is_flag=True, help="Also redo samples left out because their replay differed.")
 @execution_options
 @handle_errors
@@ -81,7 +76,7 @@ def export_judge_command(run_dir: Path, out: Path, cameras: str, frames: int, si
 @click.argument("judge_set", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--judge", "judge_name", default="end-state", show_default=True,
               help="Registered judge (entry-point group robocasa_shift.judges): end-state, openai, or a plug-in.")
-@click.option("--judge-option", "judge_options", multiple=True, metavar="KEY=VALUE", callback=_options,
+@click.option("--judge-option", "judge_options", multiple=True, metavar="KEY=VALUE", callback=key_value_options,
               help="Option for the judge, repeatable, e.g. model=... base_url=http://127.0.0.1:8000/v1 "
                    "api_key=env:OPENAI_API_KEY (a key is read from the variable, never written).")
 @click.option("--out", default=None, type=click.Path(dir_okay=False, path_type=Path),
