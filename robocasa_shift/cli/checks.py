@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import click
 
@@ -21,6 +21,7 @@ from robocasa_shift.cli.common import (
     config_option,
     finish,
     handle_errors,
+    policy_option,
     split_names,
     tasks_of,
 )
@@ -211,5 +212,38 @@ def check_backend_command(backend: str, task_opts: Tuple[str, ...], episodes: st
         sys.exit(1)
 
 
+@click.command(name="check-policy")
+@click.argument("policy")
+@BACKEND_OPTION
+@click.option("--task", default=None, help="The task it runs on [default: the backend's first].")
+@policy_option()
+@click.option("--boundaries", type=click.IntRange(min=2), default=4, show_default=True,
+              help="Chunk boundaries of the base episode the checks run over.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the result as JSON here.")
+@ASSET_KIT_OPTION
+@handle_errors
+def check_policy_command(policy: str, backend: str, task: Optional[str], policy_options: Dict[str, Any],
+                         boundaries: int, out: Optional[Path], asset_kit: Optional[str]) -> None:
+    """Run the policy checklist on POLICY; exit 1 when it breaks it.
+
+    On a base episode of a backend whose embodiment it speaks: its declared cameras and image size, an unknown
+    option refused, finite (k, action_dim) chunks, one seed giving one fingerprint and one action sequence (and a
+    stochastic policy another for another seed), get_state/set_state continuing bit for bit through an .npz round
+    trip (or "not offered" with the reason), sample_actions leaving its state as it was, act_batch agreeing with
+    act. Run it on a new policy before its first study:
+
+      robocasa-shift check-policy my_vla --backend robosuite --task Lift
+    """
+    from robocasa_shift.checks.policy_check import check_policy
+
+    result = check_policy(policy, backend, task, policy_options, boundaries, asset_kit=asset_kit)
+    click.echo(result.markdown)
+    if out is not None:
+        atomic_write_text(out, json.dumps(result.to_json(), indent=1, sort_keys=True) + "\n")
+    if not result.passed:
+        sys.exit(1)
+
+
 COMMANDS = [validate_stages_command, validate_pairing_command, calibrate_command, audit_command, diff_runs_command,
-            check_backend_command]
+            check_backend_command, check_policy_command]
