@@ -283,6 +283,9 @@ def test_the_report_shows_a_branching_section_when_a_summary_exists(study_dir):
     run_dir = study_dir.parent.parent
     assert branching_sections(run_dir) == []  # no summary yet: no section
     write_outputs(study_dir)
+    from robocasa_shift.rundir.store import RunStore
+
+    RunStore(run_dir).ensure_manifest({"backend": "fake", "policy": {"name": "fake"}})  # report needs a run directory
     page = build_report(run_dir, videos_per_kind=0, n_boot=100).read_text()
     assert "<h2>Counterfactual branching</h2>" in page
     assert "Replay fidelity: 14/15 restored checkpoints reproduced their trunk" in page
