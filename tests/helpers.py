@@ -46,13 +46,20 @@ with open(os.environ["ROBOCASA_SHIFT_TEST_RESULT"], "w") as f:
 """
 
 
-def cli_measured(*args: str, kill_after_s: float = 120.0):
+def _address_space_cap(limit: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def cli_measured(*args: str, kill_after_s: float = 120.0, address_space: int = 4 * 2**30):
     """Run the CLI in a fresh interpreter: ``(exit status, seconds the command took, peak RSS in bytes, output)``.
 
     The seconds start once the command line is parsed (imports excluded); the peak RSS is the process's own
     (``VmHWM``, imports included; Linux).
     The exit status is None when the command ended without one (an uncaught exception: its traceback is in the
-    output) or was killed after ``kill_after_s``.
+    output) or was killed after ``kill_after_s``. The process's address space is capped at ``address_space``, so a
+    regression that reads ``/dev/zero`` or inflates a bomb ends in a MemoryError instead of taking the machine.
     """
     with tempfile.TemporaryDirectory() as folder:
         result, output = Path(folder) / "result.json", Path(folder) / "output.txt"
@@ -60,7 +67,7 @@ def cli_measured(*args: str, kill_after_s: float = 120.0):
                "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
         with open(output, "wb") as sink:
             proc = subprocess.Popen([sys.executable, "-c", _MEASURED, *args], stdout=sink, stderr=subprocess.STDOUT,
-                                    cwd=ROOT, env=env)
+                                    cwd=ROOT, env=env, preexec_fn=lambda: _address_space_cap(address_space))
         deadline = time.monotonic() + kill_after_s
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
