@@ -328,3 +328,17 @@ def test_the_module_list_reader_finds_packages_subpackages_and_a_missing_module(
             "                   factors.py (kinds); served/ (codec.py bounded, transport, policy: its base)\n```\n")
     assert documented_modules(page) == {"errors.py", "core/specs.py", "core/factors.py", "core/served/codec.py",
                                         "core/served/transport.py", "core/served/policy.py"}
+
+
+def test_no_module_of_analysis_draws_a_figure_or_imports_a_plotting_library():
+    drawing = []
+    for path in (PACKAGE / "analysis").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            drawing += [f"{path.name}: {n}" for n in names if n.split(".")[0] in ("matplotlib", "cv2", "PIL")]
+            if isinstance(node, ast.Attribute) and node.attr in ("save_figure", "savefig"):
+                drawing.append(f"{path.name}: {node.attr}")
+            if isinstance(node, ast.alias) and node.name in ("save_figure",):
+                drawing.append(f"{path.name}: imports {node.name}")
+    assert drawing == []

@@ -11,7 +11,6 @@ from robocasa_shift.analysis.branching import (
     condition_frame,
     fidelity_tally,
     load_branch_study,
-    plot_condition,
     sensitivity_frame,
     sign_test,
     trunk_frame,
@@ -19,6 +18,7 @@ from robocasa_shift.analysis.branching import (
 )
 from robocasa_shift.analysis.recoverability import jeffreys_lower
 from robocasa_shift.errors import AnalysisError
+from robocasa_shift.report.branching import plot_condition, write_branch_outputs
 
 PICK = ["reach_cube", "grasp_cube", "lift_cube"]
 MANIFEST = {"settings": {"interventions": {"continue": None, "recover": "sha-r"}, "k_initial": 4, "k_expanded": 16,
@@ -216,7 +216,8 @@ def test_fidelity_tally_counts_checked_checkpoints_and_the_largest_deviation(stu
 
 
 def test_write_outputs_writes_a_parsable_summary_markdown_and_one_png_per_task_and_condition(study_dir):
-    summary = write_outputs(study_dir)
+    assert write_outputs(study_dir)["figures"] == [] and not (study_dir / "figures").exists()  # analysis draws none
+    summary = write_branch_outputs(study_dir)
     parsed = json.loads((study_dir / "summary.json").read_text())
     assert parsed == json.loads(json.dumps(summary))
     assert parsed["fidelity"]["ok"] == 14 and parsed["tau"] == 0.5 and parsed["interventions"] == ["continue", "recover"]
@@ -282,7 +283,7 @@ def test_the_report_shows_a_branching_section_when_a_summary_exists(study_dir):
 
     run_dir = study_dir.parent.parent
     assert branching_sections(run_dir) == []  # no summary yet: no section
-    write_outputs(study_dir)
+    write_branch_outputs(study_dir)
     from robocasa_shift.rundir.store import RunStore
 
     RunStore(run_dir).ensure_manifest({"backend": "fake", "policy": {"name": "fake"}})  # report needs a run directory

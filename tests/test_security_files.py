@@ -122,8 +122,8 @@ def test_report_monitors_and_analysis_never_write_through_planted_links(mine):
 
 
 def test_score_judge_and_the_branch_summary_never_write_through_planted_links(mine):
-    from robocasa_shift.analysis.branching import write_outputs
     from robocasa_shift.judging.scoring import score_files
+    from robocasa_shift.report.branching import write_branch_outputs
 
     outside = mine["outside"]
     (mine["set"] / "scores").symlink_to(outside, target_is_directory=True)
@@ -133,7 +133,7 @@ def test_score_judge_and_the_branch_summary_never_write_through_planted_links(mi
     (study / "summary.json").symlink_to(outside / "summary.json")
     (study / "figures").symlink_to(outside, target_is_directory=True)
     with pytest.raises(RunDirError, match="symbolic link"):
-        write_outputs(study)
+        write_branch_outputs(study)
     assert snapshot_of(outside) == {}
 
 

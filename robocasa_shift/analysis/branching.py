@@ -27,7 +27,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
@@ -47,7 +47,6 @@ from robocasa_shift.rundir.files import (
     atomic_write_text,
     confined,
     read_bytes,
-    save_figure,
 )
 
 KEY_FIELDS = ("phase", "task", "episode", "condition", "replicate")
@@ -61,8 +60,6 @@ CONTINUE, RECOVER = "continue", "recover"
 # The written estimate must equal the lower Jeffreys quantile of its own k, n; hand-written
 # studies round to three decimals, so the tolerance is a little above half of 0.001.
 ESTIMATE_TOLERANCE = 1e-3
-MAX_TRUNKS_PLOTTED = 8
-INTERVENTION_COLORS = {CONTINUE: "#1f77b4", RECOVER: "#e07000"}
 
 
 # --------------------------------------------------------------------------- loading
@@ -232,7 +229,7 @@ def load_branch_study(branch_dir: Path | str) -> BranchStudy:
 # --------------------------------------------------------------------------- frames
 
 
-def _key(record: Mapping[str, Any]) -> Tuple[Any, ...]:
+def record_key(record: Mapping[str, Any]) -> Tuple[Any, ...]:
     return tuple(record[f] for f in KEY_FIELDS)
 
 
@@ -286,10 +283,10 @@ def checkpoint_frame(study: BranchStudy) -> pd.DataFrame:
     return frame.sort_values([*KEY_FIELDS, "step", "intervention"], kind="stable").reset_index(drop=True)
 
 
-def _checkpoints_by_trunk(study: BranchStudy) -> Dict[Tuple[Any, ...], List[Dict[str, Any]]]:
+def checkpoints_by_trunk(study: BranchStudy) -> Dict[Tuple[Any, ...], List[Dict[str, Any]]]:
     out: Dict[Tuple[Any, ...], List[Dict[str, Any]]] = {}
     for c in study.checkpoints:
-        out.setdefault(_key(c), []).append(c)
+        out.setdefault(record_key(c), []).append(c)
     for checkpoints in out.values():
         checkpoints.sort(key=lambda c: c["step"])
     return out
@@ -302,8 +299,8 @@ def trunk_series(study: BranchStudy, trunk: Mapping[str, Any],
 
     ``by_trunk`` (from one pass over the checkpoints) saves regrouping them for every trunk.
     """
-    by_trunk = _checkpoints_by_trunk(study) if by_trunk is None else by_trunk
-    usable = [c for c in by_trunk.get(_key(trunk), []) if _usable(c)]
+    by_trunk = checkpoints_by_trunk(study) if by_trunk is None else by_trunk
+    usable = [c for c in by_trunk.get(record_key(trunk), []) if _usable(c)]
     names = study.interventions
     steps = [int(c["step"]) for c in usable]
     series: Dict[str, List[Optional[float]]] = {name: [] for name in names}
@@ -326,7 +323,7 @@ def _last_latched(trunk: Mapping[str, Any], step: int) -> Tuple[Optional[str], O
     return best
 
 
-def _included(trunk: Mapping[str, Any]) -> bool:
+def is_included(trunk: Mapping[str, Any]) -> bool:
     return bool(trunk.get("valid")) and trunk.get("reproduced") is True
 
 
@@ -354,12 +351,12 @@ def trunk_frame(study: BranchStudy, tau: Optional[float] = None) -> pd.DataFrame
     """
     tau = study.tau if tau is None else float(tau)
     names = [*study.interventions, COMBINED]
-    by_trunk = _checkpoints_by_trunk(study)
+    by_trunk = checkpoints_by_trunk(study)
     rows = []
     for t in study.trunks:
-        if not _included(t):
+        if not is_included(t):
             continue
-        own = by_trunk.get(_key(t), [])
+        own = by_trunk.get(record_key(t), [])
         steps, series = trunk_series(study, t, by_trunk)
         stage_names = t.get("stage_names") or []
         first = t.get("first_incomplete")
@@ -511,7 +508,7 @@ def fidelity_tally(study: BranchStudy) -> Dict[str, Any]:
                     "same_stages": c["fidelity"].get("same_stages"), "same_outcome": c["fidelity"].get("same_outcome")}
                    for c in failed],
         "trunks": len(study.trunks), "trunks_valid": sum(1 for t in study.trunks if t.get("valid")),
-        "trunks_reproduced": sum(1 for t in study.trunks if _included(t)),
+        "trunks_reproduced": sum(1 for t in study.trunks if is_included(t)),
     }
 
 
@@ -594,12 +591,12 @@ def nonmonotone_frame(study: BranchStudy, tau: Optional[float] = None, n_boot: i
     :func:`nonmonotone_test` on the branch counts (the fixed-K reference's where it exists), ``significant``
     at ``alpha``."""
     tau = study.tau if tau is None else float(tau)
-    by_trunk = _checkpoints_by_trunk(study)
+    by_trunk = checkpoints_by_trunk(study)
     rows = []
     for t in study.trunks:
-        if not _included(t):
+        if not is_included(t):
             continue
-        usable = [c for c in by_trunk.get(_key(t), []) if _usable(c)]
+        usable = [c for c in by_trunk.get(record_key(t), []) if _usable(c)]
         for name in study.interventions:
             cells = [(int(c["step"]), c["interventions"][name]) for c in usable if name in (c.get("interventions") or {})]
             if len(cells) < 3:
@@ -790,116 +787,12 @@ def cost_summary(frame: pd.DataFrame) -> List[Dict[str, Any]]:
     return out
 
 
-# --------------------------------------------------------------------------- figures
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _color(name: str, index: int) -> str:
-    if name in INTERVENTION_COLORS:
-        return INTERVENTION_COLORS[name]
-    palette = ["#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
-    return palette[index % len(palette)]
-
-
-def plot_condition(study: BranchStudy, task: str, condition: str, out_path: Path | str, tau: Optional[float] = None,
-                   max_trunks: int = MAX_TRUNKS_PLOTTED) -> Path:
-    """Fig. 2 of RESCUE for one (task, condition): estimate per checkpoint, per intervention, per trunk.
-
-    One small axis per trunk (the first ``max_trunks`` by episode): a line with markers per
-    intervention, the criterion ``tau`` dashed, the subgoal latch steps as labelled grey lines, the
-    combined horizon as a green line, each intervention's horizon as a ringed marker, and
-    checkpoints left out by the fidelity check as red crosses at the bottom.
-    """
-    plt = _plt()
-    tau = study.tau if tau is None else float(tau)
-    out_path = Path(out_path)
-    frame = trunk_frame(study, tau)
-    frame = frame[(frame["task"] == task) & (frame["condition"] == condition)]
-    trunks = {trunk_label(t): t for t in study.trunks if _included(t)}
-    by_trunk = _checkpoints_by_trunk(study)
-    shown = frame.head(max_trunks)
-    names = study.interventions
-    n = max(len(shown), 1)
-    ncols = min(4, n)
-    nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.7 * nrows + 0.6), squeeze=False, sharey=True)
-    for ax in axes.flat[len(shown):]:
-        ax.axis("off")
-    if shown.empty:
-        axes[0][0].text(0.5, 0.5, "no valid, reproduced trunk", ha="center", va="center",
-                        transform=axes[0][0].transAxes)
-    for ax, (_, row) in zip(axes.flat, shown.iterrows()):
-        trunk = trunks[row["trunk"]]
-        steps, series = trunk_series(study, trunk, by_trunk)
-        for i, name in enumerate(names):
-            points = [(s, e) for s, e in zip(steps, series[name]) if e is not None]
-            if not points:
-                continue
-            xs, ys = zip(*points)
-            ax.plot(xs, ys, marker="o", ms=3.5, lw=1.2, color=_color(name, i), label=name)
-            horizon = row[f"{name}_horizon"]
-            if not pd.isna(horizon):
-                ax.plot([horizon], [series[name][steps.index(int(horizon))]], marker="o", ms=9, mfc="none",
-                        mec=_color(name, i), mew=1.5)
-        dropped = [int(c["step"]) for c in by_trunk.get(_key(trunk), [])
-                   if (c.get("fidelity") or {}).get("ok") is False]
-        if dropped:
-            ax.plot(dropped, [0.02] * len(dropped), "x", color="#c00000", ms=6, label="fidelity failed")
-        ax.axhline(tau, color="black", ls="--", lw=0.9, label=f"tau = {tau:g}")
-        for goal, latched in zip(trunk.get("stage_names") or [], trunk.get("stage_steps") or []):
-            if latched is not None:
-                ax.axvline(latched, color="grey", ls=":", lw=0.9)
-                ax.text(latched, 0.98, f" {goal}", rotation=90, va="top", ha="right", fontsize=6.5, color="#555")
-        combined = row[f"{COMBINED}_horizon"]
-        if not pd.isna(combined):
-            ax.axvline(int(combined), color="#2a9d2a", lw=1.6, alpha=0.8, label="horizon (combined)")
-        end = max([*steps, int(row["steps"]) if not pd.isna(row["steps"]) else 0, 1])
-        ax.set_xlim(-0.03 * end, end * 1.03)
-        ax.set_ylim(-0.03, 1.03)
-        failed = "all subgoals latched" if pd.isna(row["failed_subgoal"]) else f"failed at {row['failed_subgoal']}"
-        horizon_text = "none" if pd.isna(combined) else f"step {int(combined)}"
-        ax.set_title(f"ep {row['episode']} r{row['replicate']}: {failed}\ncombined horizon {horizon_text}", fontsize=8)
-        ax.tick_params(labelsize=7)
-    for ax in axes[-1]:
-        ax.set_xlabel("control step", fontsize=8)
-    for ax in axes[:, 0]:
-        ax.set_ylabel(f"estimate (q={study.q:g})", fontsize=8)
-    handles, labels = {}, []
-    for ax in axes.flat:
-        for h, label in zip(*ax.get_legend_handles_labels()):
-            if label not in handles:
-                handles[label] = h
-                labels.append(label)
-    if handles:
-        from matplotlib.lines import Line2D
-
-        handles["horizon (per intervention)"] = Line2D([], [], ls="none", marker="o", ms=9, mfc="none", mec="grey")
-        labels.append("horizon (per intervention)")
-        fig.legend([handles[label] for label in labels], labels, loc="upper center", fontsize=8, frameon=False,
-                   ncol=min(len(labels), 2 * ncols + 1), bbox_to_anchor=(0.5, 0.0))
-    more = f" (first {len(shown)} of {len(frame)} trunks)" if len(frame) > len(shown) else ""
-    fig.suptitle(f"{task}, {condition}: recoverability per checkpoint{more}", fontsize=10)
-    fig.tight_layout()
-    # the legend sits below the axes; bbox_inches="tight" keeps it inside the image (as report._save)
-    save_figure(fig, out_path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return out_path
+# --------------------------------------------------------------------------- outputs
 
 
 def figure_name(task: str, condition: str) -> str:
     """``<task>__<condition>.png`` with ':' as '-' (as the run store names records)."""
     return f"{_slug(task)}__{_slug(condition)}.png"
-
-
-# --------------------------------------------------------------------------- outputs
 
 
 def _json_value(value: Any) -> Any:
@@ -1055,7 +948,7 @@ def extended_outputs(study: BranchStudy, trunks: pd.DataFrame, tau: float,
         "events": {"summary": event_summary(trunks),
                    "definitions": {e: EVENT_TEXT[e] for e in EVENTS},
                    "trunks_with_events": int(sum(isinstance(t.get("events"), Mapping) and "error" not in t["events"]
-                                                 for t in study.trunks if _included(t)))},
+                                                 for t in study.trunks if is_included(t)))},
         "expected_cost": {"summary": cost_summary(costs), "checkpoints": _records(costs),
                           "workload": [{"task": k[0], "condition": k[1], **v} for k, v in sorted(workload.items())],
                           "definition": "Q(s_t, a) = mean over a's branches of c L + (R + A) [failed]; Q(s_t, stop) "
@@ -1091,9 +984,15 @@ def _study_sections(summary: Mapping[str, Any]) -> List[str]:
     return lines
 
 
+# (study, branch_dir, tau) -> [{"task", "condition", "file"}]: draws the figures (report/branching.py)
+FigureWriter = Callable[["BranchStudy", Path, float], List[Dict[str, Any]]]
+
+
 def write_outputs(branch_dir: Path | str, tau: Optional[float] = None,
-                  workload: Optional[Mapping[Tuple[str, str], Mapping[str, Any]]] = None) -> Dict[str, Any]:
-    """Write ``summary.json``, ``summary.md`` and ``figures/<task>__<condition>.png`` into ``branch_dir``.
+                  workload: Optional[Mapping[Tuple[str, str], Mapping[str, Any]]] = None,
+                  figures: Optional[FigureWriter] = None) -> Dict[str, Any]:
+    """Write ``summary.json`` and ``summary.md`` into ``branch_dir``, and the figures ``figures`` draws (the report's
+    ``report/branching.py``: ``figures/<task>__<condition>.png``; None: no figure, this module draws none).
 
     ``workload`` prices the expected costs (:func:`workload_costs`); None: from the records of the run the
     study lies in (``RUN_DIR/branching/<name>``), when it lies in one.
@@ -1107,7 +1006,7 @@ def write_outputs(branch_dir: Path | str, tau: Optional[float] = None,
     with confined(branch_dir.parent.parent if branch_dir.parent.name == "branching" else branch_dir):
         if workload is None and branch_dir.parent.name == "branching":
             workload = _run_workload(branch_dir.parent.parent)
-        return _write_outputs(branch_dir, tau, workload or {})
+        return _write_outputs(branch_dir, tau, workload or {}, figures)
 
 
 def _run_workload(run_dir: Path) -> Dict[Tuple[str, str], Dict[str, Any]]:
@@ -1120,17 +1019,12 @@ def _run_workload(run_dir: Path) -> Dict[Tuple[str, str], Dict[str, Any]]:
     return workload_costs(store.records())
 
 
-def _write_outputs(branch_dir: Path, tau: Optional[float],
-                   workload: Mapping[Tuple[str, str], Mapping[str, Any]]) -> Dict[str, Any]:
+def _write_outputs(branch_dir: Path, tau: Optional[float], workload: Mapping[Tuple[str, str], Mapping[str, Any]],
+                   figures: Optional[FigureWriter]) -> Dict[str, Any]:
     study = load_branch_study(branch_dir)
     tau = study.tau if tau is None else float(tau)
     trunks = trunk_frame(study, tau)
     conditions = condition_frame(trunks, study.interventions)
-    figures = []
-    for (task, condition), _ in trunks.groupby(["task", "condition"], sort=True):
-        name = figure_name(task, condition)
-        plot_condition(study, task, condition, branch_dir / "figures" / name, tau)
-        figures.append({"task": task, "condition": condition, "file": f"figures/{name}"})
     summary = {
         "name": branch_dir.name,
         "settings": _json_value({**study.settings, "selection": study.manifest.get("selection")}),
@@ -1143,7 +1037,7 @@ def _write_outputs(branch_dir: Path, tau: Optional[float],
         "closing": closing_sentences(trunks),
         "sensitivity": _records(sensitivity_frame(study)),
         **extended_outputs(study, trunks, tau, workload),
-        "figures": figures,
+        "figures": figures(study, branch_dir, tau) if figures is not None else [],
     }
     # allow_nan=False: a NaN that slipped through is a bug, not a number to publish.
     atomic_write_text(branch_dir / "summary.json", json.dumps(summary, indent=2, allow_nan=False) + "\n")
@@ -1156,6 +1050,6 @@ __all__ = ["ALL_TASKS", "COMBINED", "EVENTS", "BranchStudy", "antitonic_fit", "c
            "fixed_k_summary", "has_pattern", "monotone_statistic", "nonmonotone_frame", "nonmonotone_summary",
            "nonmonotone_test", "workload_costs",
            "condition_frame",
-           "excluded_trunks", "figure_name", "fidelity_tally", "load_branch_study", "markdown_table",
-           "plot_condition", "sensitivity_frame", "sign_test", "summary_markdown", "trunk_frame", "trunk_label",
+           "excluded_trunks", "figure_name", "fidelity_tally", "FigureWriter", "load_branch_study", "markdown_table",
+           "sensitivity_frame", "sign_test", "summary_markdown", "trunk_frame", "trunk_label",
            "trunk_series", "write_outputs"]

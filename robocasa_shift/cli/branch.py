@@ -108,9 +108,9 @@ def branch_command(run_dir: Path, name: str, kinds, tasks, conditions, keys, max
         for trunk in result["trunks"]:
             click.echo(f"  {trunk['key']}  ({trunk['selection']})")
         return
-    from robocasa_shift.analysis.branching import write_outputs
+    from robocasa_shift.report.branching import write_branch_outputs
 
-    summary = write_outputs(Path(result["branch_dir"]))
+    summary = write_branch_outputs(Path(result["branch_dir"]))
     fidelity = summary.get("fidelity", {})
     click.echo(f"{result['trunks_selected']} trunks ({result['trunks_reproduced']} reproduced), "
                f"{result['checkpoints_run']} checkpoints run ({result['checkpoints_invalid']} invalid, "
