@@ -157,15 +157,28 @@ clean-venv:
 	rm -rf $(VENV)
 
 # Performance: the harness against the simulator's own limit, side by side (~10 min on 2 cores).
-bench: setup
-	$(CLI) bench --out build/bench.json
+# BACKEND=libero and BACKEND=robocasa (the stand-in kit) run in their own environments; each run replaces its
+# backend's entry in build/bench.json and keeps the others'.
+BENCH_CLI = $(if $(filter libero,$(BACKEND)),$(LIBERO_VENV),$(if $(filter robocasa,$(BACKEND)),$(ROBOCASA_VENV),$(VENV)))/bin/robocasa-shift
+bench: $(if $(filter libero,$(BACKEND)),setup-libero,$(if $(filter robocasa,$(BACKEND)),setup-robocasa-standin,setup))
+	$(DEMO_ENV) $(BENCH_CLI) bench --backend $(BACKEND) $(DEMO_KIT) --out build/bench.json
 
 # The golden reference run (recorded with the code from before the robosuite fast path, on each renderer
 # tests/data/golden/renderers.json names) reproduced record for record (~1 min on 2 cores).
-GOLDEN_RUN ?= runs/golden
-golden: setup
-	$(CLI) run --task Lift,Stack --condition all --episodes 0-1 --policy reference --workers $(WORKERS) --run-dir $(GOLDEN_RUN)
+# BACKEND=libero and BACKEND=robocasa (the stand-in kit): the scripted expert's golden runs (tests/data/golden/backends,
+# recorded with the code from before their fast paths). GOLDEN_ARGS=--stock-simulator with another GOLDEN_RUN runs
+# the stock simulator instead: the same records.
+GOLDEN_RUN ?= runs/golden$(if $(filter robosuite,$(BACKEND)),,-$(BACKEND))
+GOLDEN_ARGS ?=
+BACKEND_PY = $(dir $(BENCH_CLI))python
+golden: $(if $(filter libero,$(BACKEND)),setup-libero,$(if $(filter robocasa,$(BACKEND)),setup-robocasa-standin,setup))
+ifeq ($(BACKEND),robosuite)
+	$(CLI) run --task Lift,Stack --condition all --episodes 0-1 --policy reference --workers $(WORKERS) $(GOLDEN_ARGS) --run-dir $(GOLDEN_RUN)
 	reference=$$($(VENV)/bin/python tests/golden.py) && $(CLI) diff-runs --ignore spec_hash $$reference $(GOLDEN_RUN)
+else
+	$(DEMO_ENV) $(BENCH_CLI) run $$($(BACKEND_PY) tests/golden.py --run-args $(BACKEND)) --workers $(WORKERS) $(GOLDEN_ARGS) --run-dir $(GOLDEN_RUN)
+	reference=$$($(BACKEND_PY) tests/golden.py --backend $(BACKEND)) && $(CLI) diff-runs --ignore spec_hash $$reference $(GOLDEN_RUN)
+endif
 
 # Coverage of the dSR intervals on the simulation grid (kept out of CI; 924 cells: 27 min with WORKERS=2 on shared cores).
 check-coverage: setup

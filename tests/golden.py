@@ -49,8 +49,51 @@ def golden_digest() -> Tuple[Optional[Path], str]:
                   "To add one, see docs/performance.md (the golden reference run)")
 
 
+# The other backends' golden runs: the scripted expert, which reads simulator state and no pixels, so a run depends on
+# the simulator and on numpy's BLAS kernels (robosuite's controllers multiply with them; OpenBLAS picks its kernels
+# for the CPU), not on the renderer. index.json names, per backend, the run's arguments, its digest and the BLAS
+# kernels it was recorded with.
+BACKENDS_DIR = GOLDEN_DIR / "backends"
+
+
+def blas_architecture() -> str:
+    """The kernels numpy's OpenBLAS chose on this CPU (``Zen``, ``SkylakeX``, ...)."""
+    from threadpoolctl import threadpool_info
+
+    found = [f"{i['internal_api']} {i.get('architecture')}" for i in threadpool_info() if i["user_api"] == "blas"]
+    return found[0] if found else "no BLAS"
+
+
+def backend_golden(backend: str) -> Tuple[Optional[Path], dict, str]:
+    """(the digest of ``backend``'s golden run or None, its index entry, why None)."""
+    entry = json.loads((BACKENDS_DIR / "index.json").read_text())[backend]
+    here = blas_architecture()
+    if here != entry["blas"]:
+        return None, entry, (f"the {backend} golden run was recorded with {entry['blas']}'s kernels, this machine's numpy "
+                             f"uses {here}'s: record one here (docs/performance.md, the golden runs)")
+    return BACKENDS_DIR / entry["digest"], entry, ""
+
+
+def assert_reproduced(digest: Path, run_dir: Path, count: int) -> None:
+    """Each of the ``count`` records of ``run_dir`` equals the golden run's record of its key, field for field."""
+    from robocasa_shift.checks.reproduction import run_digest
+
+    golden, fresh = run_digest(digest), run_digest(run_dir)
+    assert len(fresh) == count and set(fresh) <= set(golden), sorted(fresh)
+    for key, rec in fresh.items():
+        assert set(rec) == set(golden[key]), key
+        assert {k: v for k, v in rec.items() if k not in NOT_COMPARED} == \
+            {k: v for k, v in golden[key].items() if k not in NOT_COMPARED}, key
+
+
 if __name__ == "__main__":
-    digest, why = golden_digest()
+    if len(sys.argv) == 3 and sys.argv[1] in ("--backend", "--run-args"):
+        digest, entry, why = backend_golden(sys.argv[2])
+        if sys.argv[1] == "--run-args":
+            print(" ".join(entry["run_args"]))
+            sys.exit(0)
+    else:
+        digest, why = golden_digest()
     if digest is None:
         sys.exit(why)
     print(digest)

@@ -194,3 +194,23 @@ def liberoplus_wheel(extra=None, paraphrase_edit=None, version="0.1.5"):
         for name, data in (extra or {}).items():
             z.writestr(name, data)
     return buffer.getvalue()
+
+
+def trajectory(env, protocol, key, actions):
+    """After every control step of ``actions`` from ``key``: the integration state, every numeric attribute of
+    every controller, the robot's observables' clocks and values, and the delivered proprioception, as bytes (what
+    the fast path's identity tests compare with stock stepping)."""
+    import numpy as np
+
+    from robocasa_shift.engine.rollout import inject, prepare_episode
+
+    prepare_episode(env, protocol, key)
+    inject(env, protocol, key)
+    steps = []
+    for action in actions:
+        env.step(action)
+        state = env.get_state(full=True, observations=True)  # the object observables are off on the fast path
+        state = {k: v for k, v in state.items() if not k.startswith("observation.") or ".robot0_" in k}
+        steps.append({**{k: np.asarray(v).tobytes() for k, v in state.items()},
+                      **{f"proprio.{k}": v.tobytes() for k, v in env.proprio().items()}})
+    return steps

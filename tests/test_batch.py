@@ -59,6 +59,29 @@ def test_batched_run_writes_the_records_of_an_unbatched_run(tmp_path):
     assert manifest["executions"][0]["batch"] == 3
 
 
+def test_each_backends_bench_result_goes_beside_the_others_in_one_file(tmp_path):
+    from robocasa_shift.bench import merged
+    from robocasa_shift.errors import BadInput
+
+    out = tmp_path / "bench.json"
+    assert merged(out, {"backend": "libero", "figures": {}}) == {"backends": {"libero": {"backend": "libero", "figures": {}}}}
+    out.write_text(json.dumps({"task": "Lift", "figures": {"physics_sps": {}}}))  # a result of one backend, from before
+    document = merged(out, {"backend": "robocasa", "figures": {"x": 1}})
+    assert sorted(document["backends"]) == ["robocasa", "robosuite"]
+    assert document["backends"]["robosuite"]["task"] == "Lift"
+    out.write_text(json.dumps(document))
+    again = merged(out, {"backend": "robocasa", "figures": {"x": 2}})  # the backend's own entry is replaced
+    assert again["backends"]["robocasa"]["figures"] == {"x": 2} and again["backends"]["robosuite"]["task"] == "Lift"
+    for text in ("[1, 2]", "{not json", '{"figures": 3}'):
+        out.write_text(text)
+        with pytest.raises(BadInput, match="bench.json: not a bench result"):
+            merged(out, {"backend": "libero"})
+    proc = cli("bench", "--backend", "libero", "--out", str(out), check=False)  # refused before anything is measured
+    assert proc.returncode == 2 and "not a bench result" in proc.stderr and out.read_text() == '{"figures": 3}'
+    proc = cli("bench", "--backend", "fake", "--out", str(tmp_path / "new.json"), check=False)
+    assert proc.returncode == 2 and "not 'fake'" in proc.stderr and not (tmp_path / "new.json").exists()
+
+
 @pytest.mark.sim
 def test_bench_compares_like_with_like(lift_env):
     """The bare loop the overhead is measured against ends in the harness rollout's exact state."""

@@ -2,28 +2,14 @@
 
 import numpy as np
 import pytest
+from helpers import trajectory
 
 pytest.importorskip("robosuite")
 pytestmark = pytest.mark.sim
 
 from robocasa_shift.backends import get_backend, robosuite_fastpath  # noqa: E402
 from robocasa_shift.core.records import RolloutKey  # noqa: E402
-from robocasa_shift.engine.rollout import inject, prepare_episode  # noqa: E402
-
-
-def trajectory(env, protocol, key, actions):
-    """After every control step of ``actions`` from ``key``: the integration state, every numeric attribute of
-    every controller, the robot's observables' clocks and values, and the delivered proprioception, as bytes."""
-    prepare_episode(env, protocol, key)
-    inject(env, protocol, key)
-    steps = []
-    for action in actions:
-        env.step(action)
-        state = env.get_state(full=True, observations=True)  # the object observables are off on the fast path
-        state = {k: v for k, v in state.items() if not k.startswith("observation.") or ".robot0_" in k}
-        steps.append({**{k: np.asarray(v).tobytes() for k, v in state.items()},
-                      **{f"proprio.{k}": v.tobytes() for k, v in env.proprio().items()}})
-    return steps
+from robocasa_shift.engine.rollout import prepare_episode  # noqa: E402
 
 
 def test_the_shortcuts_are_pinned_to_the_robosuite_they_were_verified_on():

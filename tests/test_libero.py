@@ -5,12 +5,13 @@ in the main virtual environment they skip with that reason.
 """
 
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
-from helpers import save_libero_act
+from helpers import cli, save_libero_act
 
 from robocasa_shift.backends.libero_stages import stage_spec_content, write_stage_spec
 from robocasa_shift.backends.libero_tasks import (
@@ -114,6 +115,72 @@ def test_resets_are_exact_and_undo_every_edit(env):
     assert env.steps == 0 and env.base_offset() == {"forward_m": 0.0, "side_m": 0.0, "yaw_deg": 0.0}
     with pytest.raises(BadInput, match="needs the base episode"):
         env.reset(11)
+
+
+@needs_libero
+@pytest.mark.parametrize("condition", ["clean", "arm_init:L3"])
+def test_the_elided_forward_step_changes_no_bit_of_stock_stepping(env, protocol, condition):
+    """One evaluation of the dynamics per substep instead of three: every state, controller attribute and observation
+    equals robosuite 1.4's own step's, byte for byte, the gripper opening and closing on the way."""
+    from helpers import trajectory
+
+    from robocasa_shift.backends import libero_fastpath
+    from robocasa_shift.core.records import RolloutKey
+
+    assert env.fastpath == {"enabled": True, "robosuite": "1.4.0", "elided_forward": True}
+    key = RolloutKey("formal", "spatial-0", 1, condition)
+    actions = np.clip(np.random.default_rng(4).normal(0.0, 0.6, (20, 7)), -1, 1)
+    actions[:, 6] = np.sign(actions[:, 6])
+    fast = trajectory(env, protocol, key, actions)
+    libero_fastpath.disable(env.raw)
+    try:
+        stock = trajectory(env, protocol, key, actions)
+    finally:
+        libero_fastpath.enable(env.raw, env._before_integration)
+    assert len(fast[0]) > 20  # physics, the controller's attributes, observables, proprioception
+    for i, (f, s) in enumerate(zip(fast, stock)):
+        assert f.keys() == s.keys(), i
+        assert [k for k in s if f[k] != s[k]] == [], f"control step {i}"
+    assert len({f["integration"] for f in fast}) == 20  # the robot moved
+
+
+@needs_libero
+def test_a_state_mujoco_would_reset_is_stepped_stock(env, tmp_path, monkeypatch):
+    """A NaN velocity makes mj_step reset the simulation; the elided step then runs that substep stock."""
+    from robocasa_shift.backends import libero_fastpath
+    from robocasa_shift.core.backend import BaseEpisode
+
+    monkeypatch.chdir(tmp_path)  # MuJoCo writes its warning into MUJOCO_LOG.TXT there
+    ends = []
+    for fast in (True, False):
+        env.reset(5, BaseEpisode("formal", 0))
+        if not fast:
+            libero_fastpath.disable(env.raw)
+        try:
+            env.data.qvel[0] = np.nan
+            env.step(np.zeros(7))
+            ends.append(env._integration().tobytes())
+        finally:
+            libero_fastpath.enable(env.raw, env._before_integration)
+    assert ends[0] == ends[1] and np.all(np.isfinite(np.frombuffer(ends[0])))
+
+
+@needs_libero
+@pytest.mark.parametrize("stock", [False, True])
+def test_the_libero_golden_run_is_reproduced_with_and_without_the_fast_path(tmp_path, stock):
+    """Two rollouts of the expert's golden run (recorded with the code from before the fast path), field for field."""
+    from golden import assert_reproduced, backend_golden
+
+    digest, _, why = backend_golden("libero")
+    if digest is None:
+        pytest.skip(why)
+    run = tmp_path / "run"
+    cli("run", "--backend", "libero", "--task", "spatial-1", "--condition", "base:L2,arm_init:L2", "--episodes", "0-1",
+        "--policy", "expert", "--workers", "1", "--no-progress", "--run-dir", str(run),
+        *(["--stock-simulator"] if stock else []))
+    assert_reproduced(digest, run, count=4)
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["simulator"]["fastpath"]["enabled"] is not stock
 
 
 @needs_libero

@@ -172,3 +172,27 @@ def test_two_local_workers_write_the_records_of_one(tmp_path):
     assert {r["success"] for r in one.values()} == {True, False}  # outcomes differ between keys, and still agree
     executions = json.loads((tmp_path / "two" / "manifest.json").read_text())["executions"]
     assert [e["workers"] for e in executions] == [2]
+
+
+def test_a_dry_run_probes_the_tasks_it_has_no_rollouts_of_and_says_how_workers_scale_it(tmp_path):
+    from robocasa_shift.config import StudyConfig
+    from robocasa_shift.core.records import RolloutKey
+    from robocasa_shift.study.pipeline import estimate
+
+    run = tmp_path / "run"
+    cli("run", "--backend", "fake", "--task", "Reach", "--episodes", "0", "--condition", "clean", "--policy", "fake",
+        "--workers", "1", "--no-progress", "--run-dir", str(run))
+    keys = [RolloutKey("formal", t, e, "clean") for t in ("Reach", "PickPlace") for e in range(1, 5)]
+    est = estimate(run, keys, 2, StudyConfig(backend="fake", policy="fake"))
+    assert list(est["measured_s_per_rollout"]) == ["Reach"] and list(est["probed"]) == ["PickPlace"]
+    probe = est["probed"]["PickPlace"]
+    assert probe["horizon"] == 40 and probe["rollout_s"] >= probe["reset_s"] + 40 * probe["step_s"] > 0
+    start_up = probe["make_s"] + probe["reset_s"]
+    one, two, four = (est["scaling"][n] - start_up for n in (1, 2, 4))
+    assert one == pytest.approx(est["serial_s"]) and two == pytest.approx(one / 2) and four == pytest.approx(one / 4)
+    assert est["eta_s"] == est["scaling"][2]
+    assert estimate(run, keys, 2)["probed"] == {}  # without the study: measured times only, nothing built
+    dry = cli("screen", "--backend", "fake", "--policy", "fake", "--run-dir", str(tmp_path / "new"), "--dry-run",
+              "--workers", "2").stdout
+    assert "rollouts to run at least (first batches)" in dry and "probed here" in dry and "by workers (1: " in dry
+    assert not (tmp_path / "new").exists()  # a dry run writes nothing

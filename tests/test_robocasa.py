@@ -514,6 +514,35 @@ def test_kitchen_snapshot_round_trip_is_bit_exact(kitchen):
     assert state_equal(kitchen.get_state(), snap) and kitchen.fingerprint() == fp
 
 
+@pytest.mark.parametrize("condition", ["clean", "base:L2"])
+def test_the_kitchen_fast_path_changes_no_bit_of_stock_stepping(kitchen, protocol, condition):
+    """RoboCasa's robot gets robosuite's fused step and compiled substeps (its part controllers come in another order
+    and its base is a subclass): every state, controller attribute and observation equals stock robosuite's."""
+    from helpers import trajectory
+
+    from robocasa_shift.backends import robosuite_fastpath
+    from robocasa_shift.core.records import RolloutKey
+
+    key = RolloutKey("formal", "PreSoakPan", 1, condition)
+    actions = np.clip(np.random.default_rng(3).normal(0.0, 0.6, (12, kitchen.action_dim)), -1, 1)
+    actions[4:8, 11] = 1.0  # base mode for a while
+    fast = trajectory(kitchen, protocol, key, actions)
+    assert kitchen.fastpath["fused_step"] and kitchen.fastpath["compiled_substeps"], kitchen.fastpath
+    assert kitchen.raw.step.__self__.problem is None  # the fused step ran, not the stock one
+    assert kitchen.simulator_info()["fastpath"]["fused_step"]
+    kitchen.stock_simulator = True
+    robosuite_fastpath.disable(kitchen.raw)
+    try:
+        stock = trajectory(kitchen, protocol, key, actions)
+        assert "step" not in vars(kitchen.raw) and not kitchen.simulator_info()["fastpath"]["enabled"]
+    finally:
+        kitchen.stock_simulator = False
+    for i, (f, s) in enumerate(zip(fast, stock)):
+        assert f.keys() == s.keys(), i
+        assert [k for k in s if f[k] != s[k]] == [], f"control step {i}"
+    assert len({f["integration"] for f in fast}) == 12  # the robot moved
+
+
 def test_kitchen_perturbation_hooks(kitchen, protocol):
     from robocasa_shift.core.factors import applied_perturbation, factor_kind
     from robocasa_shift.seeding import draw_rng

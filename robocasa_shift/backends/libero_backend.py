@@ -39,6 +39,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
+from robocasa_shift.backends import libero_fastpath
 from robocasa_shift.backends.libero_tasks import (
     DEFAULT_SUITES,
     SETTLE_STEPS,
@@ -210,6 +211,7 @@ class LiberoEnv(CameraPoseHooks, ArmJointHooks, MujocoEnv):
         self.goal = [list(state) for state in self.raw.parsed_problem["goal_state"]]
         self.task = _task_info(task, record, f"LIBERO's BDDL goal {self.goal}")
         self.bind()
+        self.set_stock_simulator(self.stock_simulator)  # one evaluation of the dynamics per substep unless stock
         self.action_dim = int(self.raw.action_spec[0].shape[0])
         self._context = None
         self._obs: Dict[str, np.ndarray] = {}
@@ -248,6 +250,12 @@ class LiberoEnv(CameraPoseHooks, ArmJointHooks, MujocoEnv):
         """LIBERO-Plus's pivot (:data:`ORBIT_PIVOT_M`)."""
         return np.array(ORBIT_PIVOT_M, dtype=float)
 
+
+    def _enable_fastpath(self) -> Dict[str, Any]:
+        return libero_fastpath.enable(self.raw, self._before_integration)
+
+    def _disable_fastpath(self) -> None:
+        libero_fastpath.disable(self.raw)
 
     # ------------------------------------------------------------------ reset (step and success: MujocoEnv)
 

@@ -68,6 +68,8 @@ class MujocoEnv(PerturbableModel):
     # True: the simulator's own code only (no frame culling here; no fused step where a subclass has one). Records are
     # identical either way; a switch to rule the shortcuts out. Read at every render, so it may be flipped between them.
     stock_simulator = False
+    # what the subclass's fast path did (its module's enable()), or why none ran
+    fastpath: Dict[str, Any] = {"enabled": False, "reason": "no fast path for this backend"}
     action_layout = LAYOUT  # PandaOmron's 12-D action (robosuite, RoboCasa); LIBERO's fixed Panda has its own
     BASE_JOINTS: Sequence[str] = BASE_JOINTS  # the mobile base's joints (none on a fixed base)
 
@@ -108,20 +110,28 @@ class MujocoEnv(PerturbableModel):
             original = getattr(type(self.sim), name).__get__(self.sim)
 
             def integrate(*args, _original=original, **kwargs):
-                if self._substep is not None:
-                    self._substep += 1
-                    if self._substep == self._substeps:
-                        self._before_last = (self.steps + 1, self._integration())
+                self._before_integration()
                 return _original(*args, **kwargs)
 
             setattr(self.sim, name, integrate)
 
+    def _before_integration(self) -> None:
+        """Called just before each substep's integration (a fast path that integrates by itself calls it too)."""
+        if self._substep is not None:
+            self._substep += 1
+            if self._substep == self._substeps:
+                self._before_last = (self.steps + 1, self._integration())
+
     def step(self, action: np.ndarray) -> None:
         """One control step of robosuite's ``env.step`` (the embodiment's action: 12-D PandaOmron, 7-D Panda)."""
-        # a copy: robosuite 1.5's mobile-base controller rotates the base command of the array it is given in
-        # place (and keeps it as its goal), which would change the caller's action, and the step log's
-        self._obs, _, _, _ = self._raw_step(np.array(action, dtype=np.float64))
+        self._obs, _, _, _ = self._raw_step(self.raw_action(action))
         self.steps += 1
+
+    def raw_action(self, action: np.ndarray) -> np.ndarray:
+        """The array ``self.raw.step`` takes for the harness's ``action``: a copy, since robosuite 1.5's mobile-base
+        controller rotates the base command of the array it is given in place (and keeps it as its goal), which
+        would change the caller's action, and the step log's."""
+        return np.array(action, dtype=np.float64)
 
     def is_success(self) -> bool:
         """The environment's own success check: the official outcome (LIBERO's: every conjunct of the BDDL goal)."""
@@ -168,9 +178,34 @@ class MujocoEnv(PerturbableModel):
         """Whether frames leave out the geoms that cannot show (the profile allows it and the simulator is not stock)."""
         return bool(RENDER_PROFILES[self.render_profile]["cull"]) and not self.stock_simulator
 
+    def set_stock_simulator(self, stock: bool) -> None:
+        """Turn the backend's shortcuts off (``stock``) or on, between rollouts: records are identical either way."""
+        self.stock_simulator = bool(stock)
+        if stock:
+            self._disable_fastpath()
+            self.fastpath = {"enabled": False, "reason": "stock simulator requested"}
+        else:
+            self.fastpath = self._enable_fastpath()
+
+    def _enable_fastpath(self) -> Dict[str, Any]:
+        """The subclass's fast path applied to ``self.raw``: what it did (for the manifest)."""
+        return {"enabled": False, "reason": "no fast path for this backend"}
+
+    def _disable_fastpath(self) -> None:
+        """The subclass's fast path taken off ``self.raw``."""
+
     def simulator_info(self) -> Dict[str, Any]:
-        """What ran of the harness's bit-identical shortcuts, for manifests (none when ``stock_simulator``)."""
-        return {"stock_simulator": self.stock_simulator, "culling": self.culling}
+        """What ran of the harness's bit-identical shortcuts, for manifests (none when ``stock_simulator``): culling,
+        the fast path (fused step, compiled substeps, or why not) and numba's version."""
+        from importlib import metadata
+
+        versions = {}
+        for package in ("numba", "llvmlite"):
+            try:
+                versions[package] = metadata.version(package)
+            except metadata.PackageNotFoundError:
+                versions[package] = None
+        return {"stock_simulator": self.stock_simulator, "culling": self.culling, "fastpath": self.fastpath, **versions}
 
     def _renderer(self) -> CulledRenderer:
         """The renderer of the current render context (mujoco_render: out-of-view and hidden geoms left out)."""

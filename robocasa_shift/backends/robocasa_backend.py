@@ -84,6 +84,7 @@ from robocasa_shift.core.stages import predicate
 from robocasa_shift.embodiments.panda_omron import ACTION_DIM, MODE
 from robocasa_shift.embodiments.panda_omron import PART_RANGES as HARNESS_ACTION_LAYOUT
 from robocasa_shift.backends import robocasa_standin as standin
+from robocasa_shift.backends import robosuite_fastpath
 from robocasa_shift.config import ASSET_KITS  # the kinds a study may opt into; None: RoboCasa's own assets
 from robocasa_shift.errors import BackendUnavailable, BadInput, UnknownNameError
 
@@ -558,6 +559,7 @@ class RobocasaEnv(MujocoEnv):
         if RENDER_PROFILES[render_profile]["offsamples"] is not None:
             self.raw.set_xml_processor(_quality_processor(RENDER_PROFILES[render_profile]["offsamples"]))
         self.action_dim = ACTION_DIM
+        self.fastpath = {"enabled": False, "reason": "applied at every reset (kitchens rebuild the robot)"}
         self._context = None
         self._seed: Optional[int] = None
         self._success = False
@@ -593,6 +595,8 @@ class RobocasaEnv(MujocoEnv):
         for cam in THIRD_PERSON_CAMERAS + WRIST_CAMERAS:
             if f"{cam}_image" in self.raw._observables:
                 self.raw.modify_observable(f"{cam}_image", "enabled", False)
+        # and their robot and controllers: the fast path is applied again (it checks the stack at every step too)
+        self.set_stock_simulator(self.stock_simulator)
         self.bind()
         self._obs = obs
         self._success = False
@@ -608,12 +612,16 @@ class RobocasaEnv(MujocoEnv):
 
     def step(self, action: np.ndarray) -> None:
         """One control step of RoboCasa's ``env.step``; ``action`` in the harness's PandaOmron layout."""
+        self._obs, reward, _, _ = self._raw_step(self.raw_action(action))
+        self._success = bool(reward > 0)
+        self.steps += 1
+
+    def raw_action(self, action: np.ndarray) -> np.ndarray:
+        """The harness's PandaOmron action in the kitchen controller's layout (a new array)."""
         action = np.asarray(action, dtype=np.float64).reshape(-1)
         if action.shape != (self.action_dim,):
             raise ValueError(f"expected a {self.action_dim}-D action, got shape {action.shape}")
-        self._obs, reward, _, _ = self._raw_step(action[self._action_index])
-        self._success = bool(reward > 0)
-        self.steps += 1
+        return action[self._action_index]
 
     def is_success(self) -> bool:
         """The task's ``_check_success`` as RoboCasa's step computed it (no extra call)."""
@@ -631,6 +639,12 @@ class RobocasaEnv(MujocoEnv):
         self.set_physics_state(integration)
         self._success = bool(self.raw.reward() > 0)
         self.raw.update_state()
+
+    def _enable_fastpath(self) -> Dict[str, Any]:
+        return robosuite_fastpath.enable(self.raw)
+
+    def _disable_fastpath(self) -> None:
+        robosuite_fastpath.disable(self.raw)
 
     # ------------------------------------------------------------------ observations
 

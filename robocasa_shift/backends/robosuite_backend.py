@@ -90,26 +90,18 @@ class RobosuiteEnv(CameraPoseHooks, ArmJointHooks, MujocoEnv):
             seed=MAKE_SEED,
         )
         self.bind()
-        # bit-identical shortcuts (see that module), unless the stock simulator was asked for
-        self.fastpath = ({"enabled": False, "reason": "stock simulator requested"} if self.stock_simulator
-                         else robosuite_fastpath.enable(self.raw))
+        self.set_stock_simulator(self.stock_simulator)  # bit-identical shortcuts (see robosuite_fastpath) unless stock
         self.action_dim = int(self.raw.action_spec[0].shape[0])
         self._context = None
         self._obs: Dict[str, np.ndarray] = {}
         self._nominal = self.model_values()
         self.steps = 0
 
-    def simulator_info(self) -> Dict[str, Any]:
-        """What ran of the shortcuts: culling, the fast path (fused step, compiled substeps, or why not), numba's version."""
-        from importlib import metadata
+    def _enable_fastpath(self) -> Dict[str, Any]:
+        return robosuite_fastpath.enable(self.raw)
 
-        versions = {}
-        for package in ("numba", "llvmlite"):
-            try:
-                versions[package] = metadata.version(package)
-            except metadata.PackageNotFoundError:
-                versions[package] = None
-        return {**super().simulator_info(), "fastpath": self.fastpath, **versions}
+    def _disable_fastpath(self) -> None:
+        robosuite_fastpath.disable(self.raw)
 
     # ------------------------------------------------------------------ reset (step and success: MujocoEnv)
 

@@ -48,6 +48,8 @@ VERIFIED_ROBOSUITE = "1.5.2"
 _clip = np.core.umath.clip
 # observable modalities nothing in the harness reads (robot0_* proprioception is delivered to policies)
 UNREAD_MODALITIES = ("object",)
+# the part controllers FusedStep mirrors, in the order robosuite_kernels.substep_controls takes their actuators
+KERNEL_PARTS = ("right", "torso", "base", "right_gripper")
 
 
 def applicable() -> bool:
@@ -76,7 +78,10 @@ def enable(raw) -> Dict[str, Any]:
     problem = fused_step_problem(raw)
     compiled = None
     if problem is None:
-        fused = FusedStep(raw)
+        # enabled again after a reset that rebuilt robots and observables (RoboCasa's kitchens): the step stays
+        fused = getattr(vars(raw).get("step"), "__self__", None)
+        if not isinstance(fused, FusedStep):
+            fused = FusedStep(raw)
         raw.step = fused.step  # an instance attribute: the class's own step is untouched
         compiled = fused.compiled_problem
     return {"enabled": True, "robosuite": VERIFIED_ROBOSUITE, "action_dim_cached": True,
@@ -135,11 +140,17 @@ def fused_step_problem(raw) -> Optional[str]:
     expected = {"right": OperationalSpaceController, "torso": JointPositionController,
                 "base": MobileBaseJointVelocityController, "right_gripper": SimpleGripController}
     parts = composite.part_controllers
-    if list(parts) != list(expected) or any(type(parts[p]) is not cls for p, cls in expected.items()):
+    # in any order (RoboCasa's robot lists the gripper second): the parts write disjoint actuators. The base may be a
+    # subclass that overrides only what the first substep runs stock (RoboCasa's legacy base controller re-reads the
+    # forward axis in set_goal): the methods written out below must be the mirrored class's own.
+    exact = lambda part: type(parts[part]) is expected[part] or (  # noqa: E731
+        part == "base" and isinstance(parts[part], expected[part]))
+    if set(parts) != set(expected) or not all(exact(p) for p in expected):
         return f"part controllers {[(p, type(c).__name__) for p, c in parts.items()]}, not {list(expected)}"
     for part, base in (("right", Controller), ("torso", Controller), ("base", MobileBaseController),
                        ("right_gripper", GripperController)):
         mirrored[f"{part}.update"] = (type(parts[part]).update, base.update)
+        mirrored[f"{part}.run_controller"] = (type(parts[part]).run_controller, expected[part].run_controller)
     if not all(robot._enabled_parts.get(p, False) for p in parts):
         return "a part controller is disabled"
     osc, torso, base, gripper = (parts[p] for p in expected)
@@ -222,6 +233,7 @@ class FusedStep:
         self.base_qpos, self.base_qvel = index(self.base.qpos_index), index(self.base.qvel_index)
         self.grip_qpos, self.grip_qvel = index(self.gripper.qpos_index), index(self.gripper.qvel_index)
         # WheeledRobot.control: each part's actuators and their control range (model constants)
+        self.part_order = list(parts)
         self.actuation = []
         for part in parts:
             idx = index(self.robot._ref_actuators_indexes_dict[part])
@@ -239,7 +251,9 @@ class FusedStep:
         d = self.data
         self.qM = d.qM
         self.data_arrays = (d.site_xpos, d.site_xmat, d.qpos, d.qvel, d.qfrc_bias, d.ctrl)
-        self.actuator_ranges = tuple((idx, low, high) for _, idx, low, high in self.actuation)
+        # the kernel's fixed order (arm, torso, base, gripper), whatever the robot's
+        ranges = {part: (idx, low, high) for part, idx, low, high in self.actuation}
+        self.actuator_ranges = tuple(ranges[part] for part in KERNEL_PARTS)
 
     @staticmethod
     def _affine(ctrl):
@@ -301,11 +315,17 @@ class FusedStep:
         # Controller.update's mass matrix: the arm's and the torso's come from the same qM (nothing moves between)
         full = self.full
         self._mj.mj_fullM(self.model, full, d.qM)
-        applied["right"] = self._osc(full)
-        applied["torso"] = self._torso(full)
-        applied["base"] = self._velocity(self.base, self.base_qpos, self.base_qvel, self.base_bias, self.base_weight)
-        applied["right_gripper"] = self._velocity(self.gripper, self.grip_qpos, self.grip_qvel, self.grip_bias,
-                                                  self.grip_weight)
+        for part in self.part_order:  # CompositeController.run_controller's order, which the dict keeps
+            if part == "right":
+                applied[part] = self._osc(full)
+            elif part == "torso":
+                applied[part] = self._torso(full)
+            elif part == "base":
+                applied[part] = self._velocity(self.base, self.base_qpos, self.base_qvel, self.base_bias,
+                                               self.base_weight)
+            else:
+                applied[part] = self._velocity(self.gripper, self.grip_qpos, self.grip_qvel, self.grip_bias,
+                                               self.grip_weight)
         ctrl = d.ctrl
         for part, idx, low, high in self.actuation:
             ctrl[idx] = _clip(applied[part], low, high)

@@ -7,6 +7,7 @@ from typing import Optional, Tuple
 
 import click
 
+from robocasa_shift.checks.screening import load_pool
 from robocasa_shift.checks.screening import screen as run_screen
 from robocasa_shift.cli.common import (
     FORCE_OPTION,
@@ -82,9 +83,10 @@ def run_command(task_opts, condition_opts, episodes: str, run_dir: Path, phase: 
 @execution_options
 @SHARD_OPTION
 @RETRY_OPTION
+@click.option("--dry-run", is_flag=True, help="Print the rollout count and an ETA (measured rollouts or a short probe).")
 @handle_errors
 def screen_command(run_dir: Path, pool_path: Optional[Path], study: StudyConfig, execution: ExecutionConfig,
-                   shard: Optional[Tuple[int, int]], retry_errors: bool) -> None:
+                   shard: Optional[Tuple[int, int]], retry_errors: bool, dry_run: bool) -> None:
     """Clean-competence screening (paper Table IV) from the frozen candidate pool.
 
     \b
@@ -95,6 +97,18 @@ def screen_command(run_dir: Path, pool_path: Optional[Path], study: StudyConfig,
     """
     if shard:
         raise click.UsageError("screening decides as it goes: run it unsharded")
+    if dry_run:
+        pool = load_pool(study.backend, pool_path)
+        workers = execution.resolved().workers
+        first = plan_keys(pool.candidates[: pool.initial], range(pool.first_batch), ["clean"], phase="screening")
+        every = plan_keys(pool.candidates, range(pool.extended), ["clean"], phase="screening")
+        probed: dict = {}
+        least, most = (estimate(run_dir, keys, workers, study, probed) for keys in (first, every))
+        click.echo(f"screening {pool.initial} candidates (+{pool.reserve} in reserve): {least['pending']} rollouts to "
+                   f"run at least (first batches), ETA {format_eta(least, workers)}; at most {most['pending']} (every "
+                   f"candidate extended), ETA {format_eta(most, workers)}")
+        echo_estimate(most)
+        return
     result = run_screen(run_dir, study, execution, pool_path, retry_errors=retry_errors)
     for task, d in result["screening"].items():
         click.echo(f"  {task:<18} {d['successes']:>2}/{d['rollouts']:<2} {d['decision']}")
@@ -114,7 +128,7 @@ def screen_command(run_dir: Path, pool_path: Optional[Path], study: StudyConfig,
 @RUN_DIR_OPTION
 @click.option("--replicates", default="0", show_default=True,
               help="Policy-seed replicates; 0-1 adds a clean-vs-clean noise floor (use with --condition clean).")
-@click.option("--dry-run", is_flag=True, help="Print the rollout count and an ETA from measured rollout times.")
+@click.option("--dry-run", is_flag=True, help="Print the rollout count and an ETA (measured rollouts or a short probe).")
 @study_options(log_steps=True)
 @execution_options
 @SHARD_OPTION
@@ -135,13 +149,10 @@ def formal_command(task_opts, condition_opts, episodes: str, run_dir: Path, repl
     if dry_run:
         keys = shard_keys(plan_keys(tasks, episode_list, conditions, "formal", replicate_list, force=force), shard)
         workers = execution.resolved().workers
-        est = estimate(run_dir, keys, workers)
-        eta = "unknown (no rollouts measured in this run directory yet)" if est["eta_s"] is None else \
-            f"{est['eta_s'] / 60:.1f} min with {workers} worker(s)"
+        est = estimate(run_dir, keys, workers, study)
         click.echo(f"{est['planned']} rollouts planned ({len(tasks)} tasks x {len(episode_list)} episodes x "
-                   f"{len(conditions)} conditions), {est['pending']} to run; ETA {eta}")
-        for task, s in est["measured_s_per_rollout"].items():
-            click.echo(f"  {task:<18} {s:.1f} s per rollout (measured)")
+                   f"{len(conditions)} conditions), {est['pending']} to run; ETA {format_eta(est, workers)}")
+        echo_estimate(est)
         note = one_action_note(study, run_dir, keys)
         if note:
             click.echo(note)
@@ -149,6 +160,28 @@ def formal_command(task_opts, condition_opts, episodes: str, run_dir: Path, repl
     result = run_study(run_dir, tasks, conditions, episode_list, study, execution, phase="formal",
                        replicates=replicate_list, retry_errors=retry_errors, shard=shard, force=force)
     report_run(result, run_dir)
+
+
+def format_eta(est, workers: int) -> str:
+    """The ETA of an :func:`estimate` with ``workers`` workers, in words."""
+    if est["eta_s"] is None:
+        return "unknown (no rollouts measured in this run directory yet)"
+    return f"{est['eta_s'] / 60:.1f} min with {workers} worker(s)"
+
+
+def echo_estimate(est) -> None:
+    """Where an estimate's times come from, and how the ETA scales with workers and a Ray cluster."""
+    for task, s in est["measured_s_per_rollout"].items():
+        click.echo(f"  {task:<18} {s:.1f} s per rollout (measured)")
+    for task, p in est["probed"].items():
+        click.echo(f"  {task:<18} at most {p['rollout_s']:.1f} s per rollout (probed here: build {p['make_s']:.1f} s, "
+                   f"reset {p['reset_s']:.2f} s, step {1000 * p['step_s']:.1f} ms, two frames "
+                   f"{1000 * p['frames_s']:.1f} ms, horizon {p['horizon']}; policy time not included)")
+    if est["serial_s"] is not None and est["pending"]:
+        scaled = ", ".join(f"{n}: {s / 60:.1f} min" for n, s in est["scaling"].items())
+        click.echo(f"  by workers ({scaled}): rollouts spread over the workers, each building its environment "
+                   f"first; on a Ray cluster (--executor ray) count its CPUs as workers, one per core as locally "
+                   f"(the machine's other load slows each)")
 
 
 def one_action_note(study: StudyConfig, run_dir: Path, keys) -> Optional[str]:

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from robocasa_shift.config import StudyConfig
 from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.core.steplog import MAX_LOG_BYTES, log_path
 from robocasa_shift.errors import RunDirError
@@ -21,19 +22,81 @@ def formal_suite(run_dir: Path | str) -> Optional[List[str]]:
     return json.loads(path.read_text())["tasks"] if path.exists() else None
 
 
-def estimate(run_dir: Path | str, keys: Sequence[RolloutKey], workers: int) -> Dict[str, Any]:
-    """Rollouts left and an ETA from the per-rollout wall times already measured in ``run_dir``."""
+PROBE_STEPS = 10  # control steps a dry run's probe times per task (after two resets)
+
+
+def probe(study: StudyConfig, task: str, steps: int = PROBE_STEPS) -> Dict[str, float]:
+    """What a rollout of ``task`` costs this machine on the simulator's side, from a short probe in this process: the
+    environment's build, a reset between rollouts (the second: the first compiles and caches), a control step with
+    zero actions and one 128 px frame of each camera. ``rollout_s`` is at most a reset and the full horizon of steps,
+    both cameras rendered at every step (a policy reading once per chunk of k steps renders k times fewer; its own
+    inference time is not in it)."""
+    import time
+
+    import numpy as np
+
+    from robocasa_shift.backends import get_backend
+    from robocasa_shift.core.backend import BaseEpisode
+
+    backend = get_backend(study.backend, asset_kit=study.asset_kit)
+    t0 = time.perf_counter()
+    env = backend.make(task, render_profile=study.render_profile, stock_simulator=study.stock_simulator)
+    make_s = time.perf_counter() - t0
+    try:
+        episode = BaseEpisode("formal", 0)
+        env.reset(0, episode)
+        t0 = time.perf_counter()
+        env.reset(0, episode)
+        reset_s = time.perf_counter() - t0
+        zeros = np.zeros(env.action_dim)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            env.step(zeros)
+        step_s = (time.perf_counter() - t0) / steps
+        cameras = list(env.third_person_cameras[:1]) + list(env.wrist_cameras[:1])
+        for camera in cameras:  # the first frame of a camera builds its context and buffers
+            env.render(camera, 128)
+        t0 = time.perf_counter()
+        for camera in cameras:
+            env.render(camera, 128)
+        frames_s = time.perf_counter() - t0
+    finally:
+        env.close()
+    horizon = backend.task(task).horizon
+    return {"make_s": make_s, "reset_s": reset_s, "step_s": step_s, "frames_s": frames_s, "horizon": horizon,
+            "rollout_s": reset_s + horizon * (step_s + frames_s)}
+
+
+def estimate(run_dir: Path | str, keys: Sequence[RolloutKey], workers: int, study: Optional[StudyConfig] = None,
+             probed: Optional[Dict[str, Dict[str, float]]] = None) -> Dict[str, Any]:
+    """Rollouts left and an ETA: per task, from the wall times already measured in ``run_dir``, or else (given the
+    ``study``) from a short :func:`probe` on this machine (kept in ``probed`` for the next estimate). ``scaling``
+    says what other worker counts would take: rollouts spread over the workers (a Ray cluster's CPUs alike), each
+    worker building its environment first."""
     store = RunStore(run_dir)
     todo = pending_keys(store, keys)
     walls: Dict[str, List[float]] = {}
     for rec in store.records():
         walls.setdefault(rec["task"], []).append(float(rec.get("wall_s") or 0.0))
     per_task = {t: sum(v) / len(v) for t, v in walls.items() if v}
+    probed = {} if probed is None else probed
+    probes: Dict[str, Dict[str, float]] = {}
+    if study is not None:
+        for task in sorted({k.task for k in todo} - set(per_task)):
+            probes[task] = probed[task] = probed.get(task) or probe(study, task)
+    known = {**per_task, **{t: p["rollout_s"] for t, p in probes.items()}}
     fallback = sum(per_task.values()) / len(per_task) if per_task else None
-    seconds = None
-    if fallback is not None:
-        seconds = sum(per_task.get(k.task, fallback) for k in todo) / max(1, workers)
-    return {"planned": len(keys), "pending": len(todo), "eta_s": seconds, "measured_s_per_rollout": per_task}
+    serial = None
+    if all(k.task in known for k in todo) or fallback is not None:
+        serial = sum(known.get(k.task, fallback) for k in todo)
+    start_up = max((p["make_s"] + p["reset_s"] for p in probes.values()), default=0.0)
+
+    def eta(n: int) -> Optional[float]:
+        return None if serial is None else serial / max(1, min(n, len(todo) or 1)) + start_up
+
+    return {"planned": len(keys), "pending": len(todo), "eta_s": eta(workers), "measured_s_per_rollout": per_task,
+            "probed": probes, "serial_s": serial,
+            "scaling": {n: eta(n) for n in sorted({1, 2, 4, 8, 16, 64, workers})}}
 
 
 def merge(out: Path | str, sources: Sequence[Path | str]) -> Dict[str, Any]:
