@@ -218,6 +218,8 @@ class InProcess:
         integrate, render = getattr(owner, name), env.render
         setattr(owner, name, lambda: (controls.append(raw.sim.data.ctrl.copy()), integrate())[1])
         env.render = lambda cam, size: (frames.append((env._integration(), cam, size)), render(cam, size))[1]
+        reset = env.reset  # LIBERO's and RoboCasa's resets step to settle: only the rollout's own substeps count
+        env.reset = lambda *args, **kwargs: (reset(*args, **kwargs), controls.clear(), frames.clear())[0]
         try:
             prepare_episode(env, self.protocol, self.key(condition))
             start = env._integration()
@@ -227,7 +229,7 @@ class InProcess:
                 delattr(owner, name)
             else:
                 setattr(owner, name, own)
-            del env.render
+            del env.render, env.reset
         return start, np.array(controls), frames, qpos
 
     def bare_physics(self, start: np.ndarray, controls: np.ndarray) -> tuple:
@@ -456,13 +458,23 @@ def run_bench(repeats: int = 5, steps: int = 200, rollouts: int = 8, policy: str
     batch = BatchBench(local.env, conditions) if embedded else None
     conditions_keys = [local.key(c) for c in conditions]
     shapes = ((1, 1), (2, 1), (1, 2))  # workers x threads; 2x1 is the default on 2 cores
-    if embedded:
-        pools = [Pool(w, t, policy) for w, t in shapes]
-    else:
-        pools = [FixedPool(w, t, backend, asset_kit, task, steps) for w, t in shapes]
     warm_keys = formal_keys(task, [100, 101]) if embedded else formal_keys(task, [0])[:2]
+    pools = [Pool(w, t, policy) for w, t in shapes] if embedded else []
     for pool in pools:  # start workers, build environments, load networks
         pool.run(warm_keys)
+
+    def warm_pools():
+        """The pools, warm: the embedded backend's kept for the whole run; the others' started and warmed in each
+        repeat and closed after it, one at a time (a kitchen worker holds about 1.5 GB)."""
+        yield from pools
+        for w, t in shapes if not embedded else ():
+            pool = FixedPool(w, t, backend, asset_kit, task, steps)
+            try:
+                pool.run(warm_keys)
+                yield pool
+            finally:
+                pool.close()
+
     m: Dict[str, List[float]] = {}
     add = lambda name, value: m.setdefault(name, []).append(float(value))  # noqa: E731
     parts: List[float] = []
@@ -505,7 +517,7 @@ def run_bench(repeats: int = 5, steps: int = 200, rollouts: int = 8, policy: str
             single, lock = batch.lockstep(local, conditions_keys, horizon=40)
             add("lockstep_speedup_13", single / lock)
         keys = formal_keys(task, range(r * rollouts, (r + 1) * rollouts))[:rollouts]
-        for pool in pools:
+        for pool in warm_pools():
             rate, results = pool.run(keys)
             add(f"throughput_{pool.label}", rate)
             for res in results:

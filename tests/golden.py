@@ -66,7 +66,9 @@ def blas_architecture() -> str:
 
 def backend_golden(backend: str) -> Tuple[Optional[Path], dict, str]:
     """(the digest of ``backend``'s golden run or None, its index entry, why None)."""
-    entry = json.loads((BACKENDS_DIR / "index.json").read_text())[backend]
+    entry = json.loads((BACKENDS_DIR / "index.json").read_text()).get(backend)
+    if entry is None:
+        return None, {}, f"no golden run of {backend} on record"
     here = blas_architecture()
     if here != entry["blas"]:
         return None, entry, (f"the {backend} golden run was recorded with {entry['blas']}'s kernels, this machine's numpy "

@@ -184,6 +184,22 @@ def test_the_libero_golden_run_is_reproduced_with_and_without_the_fast_path(tmp_
 
 
 @needs_libero
+def test_the_bench_retraces_a_libero_rollout_with_bare_mj_step_and_stock_stepping(env):
+    """The physics limit's bare mj_step replays the rollout's own substep controls, not those of the settling steps
+    of LIBERO's resets, and ends in its exact state; the stock rollout ends there too."""
+    from robocasa_shift.bench import InProcess
+
+    local = InProcess(env, steps=8, backend="libero")
+    start, controls, frames, harness_qpos = local.limits(4)
+    _, physics_qpos = local.bare_physics(start, controls)
+    assert len(controls) == 8 * 25 and len(frames) == 2 * 2 and np.array_equal(physics_qpos, harness_qpos)
+    _, stock_qpos = local.stock(4, cameras=False)
+    assert np.array_equal(stock_qpos, harness_qpos) and env.fastpath["enabled"]
+    parts = local.profile(4)
+    assert parts["physics"] > 0 and parts["controller"] > 0
+
+
+@needs_libero
 def test_culled_frames_equal_full_frames_on_libero_s_robosuite(env):
     """The fast profile leaves out geoms that cannot show (backends/mujoco_render.py): on robosuite 1.4's render
     context and LIBERO's scenes too, every pixel is the full scene's (the stock simulator's)."""

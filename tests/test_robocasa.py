@@ -543,6 +543,22 @@ def test_the_kitchen_fast_path_changes_no_bit_of_stock_stepping(kitchen, protoco
     assert len({f["integration"] for f in fast}) == 12  # the robot moved
 
 
+def test_the_kitchen_golden_run_is_reproduced_on_the_fast_path(tmp_path):
+    """The expert's golden kitchen rollout (recorded with the code from before the fast path), field for field."""
+    from golden import assert_reproduced, backend_golden
+
+    if _kit_opt_in() is None:
+        pytest.skip("the kitchen golden run was recorded on the stand-in kit")
+    digest, _, why = backend_golden("robocasa")
+    if digest is None:
+        pytest.skip(why)
+    run = tmp_path / "run"
+    cli("run", "--backend", "robocasa", "--asset-kit", "standin", "--task", "RinseSinkBasin", "--condition", "clean",
+        "--episodes", "0", "--policy", "expert", "--workers", "1", "--no-progress", "--run-dir", str(run), timeout=1800)
+    assert_reproduced(digest, run, count=1)
+    assert json.loads((run / "manifest.json").read_text())["simulator"]["fastpath"]["fused_step"]
+
+
 def test_kitchen_perturbation_hooks(kitchen, protocol):
     from robocasa_shift.core.factors import applied_perturbation, factor_kind
     from robocasa_shift.seeding import draw_rng
