@@ -58,6 +58,7 @@ BACKENDS_DIR = GOLDEN_DIR / "backends"
 
 def blas_architecture() -> str:
     """The kernels numpy's OpenBLAS chose on this CPU (``Zen``, ``SkylakeX``, ...)."""
+    import numpy  # noqa: F401  (loads the BLAS library whose kernels are asked for)
     from threadpoolctl import threadpool_info
 
     found = [f"{i['internal_api']} {i.get('architecture')}" for i in threadpool_info() if i["user_api"] == "blas"]
