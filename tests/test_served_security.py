@@ -179,3 +179,16 @@ def test_a_hello_or_metadata_nested_a_thousand_deep_is_a_clean_server_error(wher
     message = message.replace(b"\xa7payload\x80", b"\xa7payload\x81\xa1y" + deep)
     with pytest.raises(PolicyServerError, match="deeper than"):
         unpack_message(message)
+
+
+def test_a_gr00t_client_says_in_seconds_that_nothing_listens():
+    """Before: 3 tries x timeout_s of silence (90 s here) before a timeout; now a TCP probe says it at once."""
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        port = probe.getsockname()[1]  # closed again below: nothing listens there
+    client = Gr00tClient(HOST, port, timeout_s=30.0, retries=2)
+    start = time.monotonic()
+    with pytest.raises(PolicyServerTimeout, match="nothing listens at tcp://127.0.0.1"):
+        client.call("ping", requires_input=False)
+    assert time.monotonic() - start < 5.0
+    client.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 import uuid
 from typing import Any, Dict, Mapping, Optional, Union
 
@@ -106,6 +107,7 @@ class Gr00tClient:
             self._curve = (curve_server_key.encode("ascii"), public, secret)
         self.sockets_created = 0
         self._seq = 0
+        self._probe = True  # ask TCP whether anything listens before the next wait (first call, after a timeout)
         # the process-wide context: a private one would block in term() if it were garbage-collected
         # while a socket of it is still open
         self._context = zmq.Context.instance()
@@ -147,6 +149,8 @@ class Gr00tClient:
         if self._api_token:
             request["api_token"] = self._api_token.reveal()
         message = self.serializer.dumps(request)
+        if self._probe:
+            self._refuse_if_nothing_listens(endpoint)
         tries = self.retries + 1
         for attempt in range(tries):
             try:
@@ -155,6 +159,7 @@ class Gr00tClient:
                 break
             except self._zmq.Again:
                 self._connect()
+                self._refuse_if_nothing_listens(endpoint)
                 if attempt + 1 < tries:
                     log.warning("no reply from %s to %r within %.3g s; retrying on a new socket", self.endpoint, endpoint, self.timeout_s)
         else:
@@ -167,6 +172,7 @@ class Gr00tClient:
                 f"timeout_s covers the model's slowest call (the first one warms up).",
                 endpoint=endpoint,
             )
+        self._probe = False
         try:
             response = self.serializer.loads(reply)
         except Exception as exc:
@@ -182,6 +188,25 @@ class Gr00tClient:
                 server_message=str(response["error"]),
             )
         return response
+
+    def _refuse_if_nothing_listens(self, endpoint: str) -> None:
+        """A TCP connect to the server's port (at most 2 s): a refused or unreachable port is said at once, instead
+        of after ``timeout_s`` x tries of ZeroMQ waiting for a peer that is not there (it reconnects silently).
+
+        Raises:
+            PolicyServerTimeout: nothing accepts connections there.
+        """
+        self._probe = True
+        try:
+            socket.create_connection((self.host, self.port), timeout=min(2.0, self.timeout_s)).close()
+        except socket.timeout:
+            return  # filtered or slow: ZeroMQ's own timeout decides
+        except OSError as exc:
+            raise PolicyServerTimeout(
+                f"nothing listens at {self.endpoint} ({exc.strerror or type(exc).__name__}): start the server "
+                f"(`python -m robocasa_shift.policies.gr00t serve --port {self.port} ...` or GR00T's "
+                "scripts/inference_service.py --server), or check host and port (firewall, SSH tunnel)",
+                endpoint=endpoint) from None
 
     def ping(self) -> bool:
         """True when the server answers ``ping``; False on a timeout."""
