@@ -52,3 +52,63 @@ def test_the_batch_path_is_the_one_that_draws_each_sessions_noise_from_its_own_g
 def test_the_launcher_refuses_a_batch_below_one():
     with pytest.raises(ValueError, match="max_batch"):
         Gr00tLauncher(CostModel(), "127.0.0.1", 0, max_batch=0)
+
+
+class OpenpiBatchPolicy:
+    """openpi's policy interface with ``infer_batch``: noise from torch's global generator (the shim installs
+    the connection's), drawn alike alone or in a batch."""
+
+    metadata = {"name": "batch-standin"}
+
+    def __init__(self):
+        self.batch_sizes = []
+
+    @staticmethod
+    def _noise():
+        import torch
+
+        return torch.randn(4, 3, dtype=torch.float64).numpy()
+
+    def infer(self, obs):
+        self.batch_sizes.append(1)
+        return {"actions": np.asarray(obs["state"])[None] * 0.1 + 0.01 * self._noise()}
+
+    def infer_batch(self, observations, rngs):
+        noises = [rng.run(self._noise) for rng in rngs]
+        self.batch_sizes.append(len(observations))
+        return [{"actions": np.asarray(o["state"])[None] * 0.1 + 0.01 * n} for o, n in zip(observations, noises)]
+
+
+def test_the_openpi_shim_batches_connections_and_each_keeps_its_own_actions():
+    pytest.importorskip("openpi_client")
+    import threading
+
+    from robocasa_shift.policies.openpi.client import make_client
+    from robocasa_shift.policies.openpi.server import OpenpiShim
+
+    def actions(max_batch, seeds):
+        shim = OpenpiShim(OpenpiBatchPolicy(), "127.0.0.1", 0, max_batch=max_batch, max_wait_ms=200.0)
+        shim.start()
+        out = {}
+
+        def worker(name, seed):
+            client = make_client("127.0.0.1", shim.port, timeout_s=10.0)
+            client.reset_seed(seed)
+            out[name] = [np.asarray(client.infer({"state": np.full(3, step, np.float64)})["actions"])
+                         for step in range(3)]
+            client.close()
+
+        threads = [threading.Thread(target=worker, args=item) for item in seeds.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        shim.stop()
+        return out, shim.policy.batch_sizes
+
+    alone, _ = actions(1, {"a": 7, "b": 8})
+    together, sizes = actions(2, {"a": 7, "b": 8})
+    assert 2 in sizes  # the two connections were answered by one call
+    for name in ("a", "b"):
+        assert all(np.array_equal(x, y) for x, y in zip(alone[name], together[name]))
+    assert not np.array_equal(together["a"][0], together["b"][0])

@@ -225,6 +225,10 @@ class OpenpiShim:
         rng: ``auto``, ``key``, ``torch`` or ``numpy`` (see the module docstring).
         state_key: seals session states; random per process when None.
         max_message_bytes: longer frames close the connection (1009).
+        max_batch: observations of seeded connections answered by one call of the policy's
+            ``infer_batch(observations, rngs)`` at most (each observation's noise drawn inside
+            ``rngs[i].run(...)``, so a connection's actions do not depend on the batch); 1: one at a time.
+        max_wait_ms: how long the first observation of a batch waits for more.
 
     Raises:
         ValueError: a non-loopback host without a key, an unknown rng kind.
@@ -232,7 +236,8 @@ class OpenpiShim:
 
     def __init__(self, policy: Any, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                  api_key: Optional[Union[str, Secret]] = None, metadata: Optional[Mapping[str, Any]] = None,
-                 rng: str = "auto", state_key: Optional[bytes] = None, max_message_bytes: int = MAX_REQUEST_BYTES):
+                 rng: str = "auto", state_key: Optional[bytes] = None, max_message_bytes: int = MAX_REQUEST_BYTES,
+                 max_batch: int = 1, max_wait_ms: float = 0.0):
         from openpi_client import msgpack_numpy
 
         from robocasa_shift.policies.openpi.wire import SEEDED_RESET_KEY, unpackb
@@ -244,6 +249,10 @@ class OpenpiShim:
                              "openpi-style policy")
         self.policy, self.host, self.port = policy, str(host), int(port)
         self.max_message_bytes = int(max_message_bytes)
+        if int(max_batch) < 1 or float(max_wait_ms) < 0:
+            raise ValueError(f"max_batch must be at least 1 and max_wait_ms at least 0, got {max_batch}, {max_wait_ms}")
+        self.max_batch, self.max_wait_ms = int(max_batch), float(max_wait_ms)
+        self._queue: Optional[asyncio.Queue] = None
         self._new_rng = make_rng_factory(policy, rng)
         self._packer = msgpack_numpy.Packer()
         self._unpackb = unpackb
@@ -336,7 +345,12 @@ class OpenpiShim:
                 raw = await websocket.recv()
                 if not isinstance(raw, bytes):
                     raise ValueError("requests are binary msgpack frames")
-                reply = self.handle(conn, self._unpackb(raw, self.max_message_bytes))
+                request = self._unpackb(raw, self.max_message_bytes)
+                if self._queue is not None and conn.rng is not None and isinstance(request, dict) and not any(
+                        k in request for k in CONTROL):
+                    reply = await self._in_batch(conn, request)
+                else:
+                    reply = self.handle(conn, request)
                 await websocket.send(self._packer.pack(reply))
             except websockets.ConnectionClosed:
                 break
@@ -347,10 +361,49 @@ class OpenpiShim:
                                       reason="Internal server error. Traceback included in previous frame.")
                 return
 
+    async def _in_batch(self, conn: _Connection, request: Dict[str, Any]) -> Dict[str, Any]:
+        future = asyncio.get_running_loop().create_future()
+        await self._queue.put((conn, request, future))
+        return await future
+
+    async def _batcher(self) -> None:
+        """Gather observations for up to ``max_wait_ms`` after the first, or until ``max_batch``; answer them."""
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self._queue.get()]
+            deadline = loop.time() + self.max_wait_ms / 1000.0
+            while len(batch) < self.max_batch and deadline > loop.time():
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), deadline - loop.time()))
+                except asyncio.TimeoutError:
+                    break
+            self._infer_batch(batch)
+
+    def _infer_batch(self, batch: list) -> None:
+        """One policy call for the batch when the policy takes batches, else one each; replies to the futures."""
+        start = time.monotonic()
+        try:
+            if len(batch) > 1 and callable(getattr(self.policy, "infer_batch", None)):
+                replies = list(self.policy.infer_batch([r for _, r, _ in batch], [c.rng for c, _, _ in batch]))
+                if len(replies) != len(batch):
+                    raise ValueError(f"infer_batch answered {len(replies)} of {len(batch)} observations")
+            else:
+                replies = [c.rng.run(lambda r=r: self.policy.infer(r)) for c, r, _ in batch]
+        except Exception as exc:
+            for _, _, future in batch:
+                future.set_exception(exc)
+            return
+        for (_, _, future), reply in zip(batch, replies):
+            future.set_result({**dict(reply), "server_timing": {"infer_ms": (time.monotonic() - start) * 1000,
+                                                                "batch": len(batch)}})
+
     async def _main(self) -> None:
         import websockets.asyncio.server
 
         self._loop, self._stop_event = asyncio.get_running_loop(), asyncio.Event()
+        if self.max_batch > 1:
+            self._queue = asyncio.Queue()
+            batcher = asyncio.create_task(self._batcher())
         async with websockets.asyncio.server.serve(self._handler, self.host, self.port, compression=None,
                                                    max_size=self.max_message_bytes,
                                                    process_request=self._process_request) as server:
@@ -358,6 +411,8 @@ class OpenpiShim:
             self._ready.set()
             log.info("openpi shim listening on ws://%s:%d", self.host, self.port)
             await self._stop_event.wait()
+        if self.max_batch > 1:
+            batcher.cancel()
 
     def serve_forever(self) -> None:
         """Serve until ``stop``."""
@@ -412,6 +467,11 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
                        help="a file of at least 32 secret bytes sealing session states; without it the key is random "
                             "per start, and a restarted shim refuses older states")
     serve.add_argument("--max-message-bytes", type=int, default=MAX_REQUEST_BYTES)
+    serve.add_argument("--max-batch", type=int, default=1,
+                       help="answer up to this many seeded connections' observations with one call of the policy's "
+                            "infer_batch; 1: one at a time")
+    serve.add_argument("--max-wait-ms", type=float, default=5.0,
+                       help="with --max-batch > 1: how long the first observation waits for others")
     args = parser.parse_args(list(argv) if argv is not None else None)
     api_key = args.api_key or os.environ.get(KEY_ENV)
     if not is_loopback(args.host) and not api_key:
@@ -429,7 +489,8 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     policy = factory(**options)
     try:
         shim = OpenpiShim(policy, args.host, args.port, api_key, rng=args.rng, state_key=state_key,
-                          max_message_bytes=args.max_message_bytes)
+                          max_message_bytes=args.max_message_bytes, max_batch=args.max_batch,
+                          max_wait_ms=args.max_wait_ms)
     except (ImportError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
