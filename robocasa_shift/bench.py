@@ -42,10 +42,12 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import platform
+import threading
 import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -529,6 +531,9 @@ def run_bench(repeats: int = 5, steps: int = 200, rollouts: int = 8, policy: str
         add("scaling_2_workers", m["throughput_2x1"][-1] / m["throughput_1x1"][-1])
         for name, value in (served_batching() if embedded else {}).items():  # the GR00T launcher: main venv
             add(name, value)
+        for image_format in ("png", "raw") if embedded else ():  # robosuite's PandaOmron: the robocasa365 preset
+            for name, value in vla_eval_parts(local, image_format).items():
+                add(name, value)
         bar.update(1)
     bar.close()
     for pool in pools:
@@ -570,8 +575,6 @@ def served_batching(workers: int = 4, requests: int = 25, c0_s: float = 0.040, c
     Raises:
         RuntimeError: a session's actions differ between the two launchers (batching must not change them).
     """
-    import threading
-
     from robocasa_shift.policies.gr00t.client import Gr00tClient
     from robocasa_shift.policies.gr00t.server import Gr00tLauncher
     from robocasa_shift.policies.gr00t.standin import ACTION_KEY, STATE_KEY, CostModel
@@ -633,6 +636,71 @@ def merged(out: Path | str, result: Dict) -> Dict:
                            f"another --out")
     document["backends"][result["backend"]] = result
     return document
+
+
+class VlaEvalStandin:
+    """A loopback server of vla-eval's protocol whose model answers at once with a zero action: what is left of
+    a step's time is the client's (encoding the images, decoding the reply) and the simulator's. ``busy_s``:
+    the time the server spent on the messages it answered."""
+
+    def __init__(self, action_dim: int = 12):
+        from websockets.sync.server import serve
+
+        self.action_dim, self.busy_s = action_dim, 0.0
+        self.server = serve(self._handle, "127.0.0.1", 0, max_size=64 * 2**20, compression=None)
+        self.port = self.server.socket.getsockname()[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def _handle(self, ws) -> None:
+        import msgpack
+
+        from robocasa_shift.policies.vla_eval.wire import pack_message
+
+        for data in ws:
+            start = time.perf_counter()
+            message = msgpack.unpackb(data)  # the client's own messages (PNG images in them), read as vla-eval does
+            kind, seq = message["type"], message["seq"]
+            if kind == "hello":
+                reply = pack_message("hello", {"protocol_version": 1, "model_server": "bench-standin",
+                                               "capabilities": {}}, seq)
+            elif kind == "observation":
+                reply = pack_message("action", {"actions": np.zeros(self.action_dim)}, seq)
+            else:
+                reply = None
+            self.busy_s += time.perf_counter() - start
+            if reply is not None:
+                ws.send(reply)
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def vla_eval_parts(local: "InProcess", image_format: str = "png",
+                   image_size: Optional[int] = None) -> Dict[str, float]:
+    """One rollout of the ``vla-eval`` client (preset ``robocasa365``: three 256 px cameras, PNG, every step) against
+    ``VlaEvalStandin``: wall time per step over its parts (the simulator's physics and renders, the server's
+    time), and the client's share of the wall time (the policy's time less the server's); ``image_format="raw"``
+    sends the images as arrays (vla-eval's option), the figures' names then end in ``_raw``."""
+    from robocasa_shift.policies.vla_eval.client import VlaEvalPolicy
+
+    server = VlaEvalStandin()
+    policy = VlaEvalPolicy(host="127.0.0.1", port=server.port, preset="robocasa365", image_size=image_size,
+                           image_format=image_format)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the stand-in takes no seed
+            record = run_rollout(local.env, policy, local.key(), local.protocol, local.stage_spec, "robosuite",
+                                 horizon=local.steps)
+    finally:
+        policy.close()
+        server.close()
+    if not record.valid:
+        raise RuntimeError(f"the vla-eval rollout failed: {record.error}")
+    timing = record.timing
+    parts = timing["physics_s"] + timing["render_s"] + server.busy_s
+    suffix = "" if image_format == "png" else f"_{image_format}"
+    return {f"vla_eval_wall_vs_parts{suffix}": record.wall_s / parts,
+            f"vla_eval_client_share{suffix}": (timing["policy_s"] - server.busy_s) / record.wall_s}
 
 
 def table(result: Dict) -> str:

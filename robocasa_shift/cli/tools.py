@@ -181,6 +181,9 @@ def bench_command(repeats: int, steps: int, rollouts: int, policy: str, backend:
     served_*             4 workers against one GR00T launcher serving a stand-in costing 40 ms + 5 ms x batch:
                          get_action throughput unbatched and with --max-batch 4, their ratio (goal >= 2.5),
                          the mean batch; every session's actions bit-identical both ways
+    vla_eval_*           one rollout of the vla-eval client (robocasa365 preset, PNG images every step) against a
+                         loopback server answering at once: wall / (physics + renders + server), and the client's
+                         share of the wall time
     """
     from robocasa_shift.bench import BENCH_TASKS, merged
     from robocasa_shift.errors import BadInput
