@@ -29,7 +29,8 @@ from robocasa_shift.errors import DuplicateNameError, UnknownNameError
 T = TypeVar("T")
 
 
-def _resolve(target: str) -> Any:
+def resolve_target(target: str) -> Any:
+    """The object a lazy ``"module:attr"`` target names (the module imported now)."""
     module, _, attr = target.partition(":")
     obj = importlib.import_module(module)
     for part in attr.split(".") if attr else []:
@@ -84,7 +85,7 @@ class Registry(Generic[T]):
             raise UnknownNameError(self.kind, name, self.names())
         entry = self._entries[name]
         if isinstance(entry, str):
-            entry = _resolve(entry)
+            entry = resolve_target(entry)
             self._entries[name] = entry
         return entry
 

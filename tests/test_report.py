@@ -208,3 +208,36 @@ def test_report_escapes_run_directory_strings_and_checks_conditions(tmp_path):
     assert "contact_sheet_blur%22%27%3E%3Cscript%3Ealert%281%29.png" in text  # the src, percent-encoded
     summary = json.loads((run_dir / "analysis" / "summary.json").read_text())
     assert list(summary["conditions"]) == ["clean", "blur:L3"]  # the unknown condition never reached the analysis
+
+
+def pair_count_block(summary, out):
+    """The toy section's report block."""
+    return f"<h2>Pairs counted by a plug-in</h2><p>{summary['pair_count']['total']} pairs</p>"
+
+
+def test_an_analysis_registered_once_appears_in_summary_json_the_tables_and_the_report(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from robocasa_shift.analysis.sections import SECTIONS, Section, register_section
+    from robocasa_shift.config import ExecutionConfig, StudyConfig
+    from robocasa_shift.report.page import build_report
+    from robocasa_shift.study.runner import run
+
+    def count(data):
+        return {"pair_count": {"total": int(sum(c.get("n_pairs") or 0 for c in data.summary_conditions.values()))}}
+
+    SECTIONS.names()  # the built-in sections first, then the toy one
+    monkeypatch.setattr(SECTIONS, "_entries", dict(SECTIONS._entries))  # registered for this test only
+    register_section(Section("pair_count", count,
+                             tables=lambda s: {"pair_count": pd.DataFrame([s["pair_count"]]).astype(object)},
+                             report=f"{__name__}:pair_count_block"))
+    run_dir = tmp_path / "run"
+    run(run_dir, ["Reach"], ["clean", "blur:L3"], [0, 1], StudyConfig(backend="fake", policy="fake-expert"),
+        ExecutionConfig(workers=1, progress=False))
+    text = build_report(run_dir, videos_per_kind=0, n_boot=100).read_text()
+    summary = json.loads((run_dir / "analysis" / "summary.json").read_text())
+    assert summary["pair_count"] == {"total": 2}
+    assert (run_dir / "analysis" / "pair_count.csv").read_text().splitlines() == ["total", "2"]
+    assert "<h2>Pairs counted by a plug-in</h2><p>2 pairs</p>" in text
+    assert "<h2>Severity: does a higher level ever hurt less?</h2>" in text  # the built-in sections still there
+    assert {"trend", "interactions", "noise_floor", "unpaired_variants"} <= set(summary)

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from robocasa_shift.analysis import statistics as stats
+from robocasa_shift.analysis.sections import Section, register_section
 from robocasa_shift.core.conditions import CLEAN, Condition
 
 # The interval of each of the two paired differences: 97.5%, so that their difference covers 95% (union bound).
@@ -302,6 +303,15 @@ def coverage_grid(studies: int = 2000, seed: int = 0, clean: Sequence[float] = (
                                             "n": n, "dependence": d,
                                             "coverage": coverage_cell(c, da, db, i, k, n, d, studies, rng)})
     return out
+
+
+register_section(Section(
+    "interactions",
+    lambda d: {"interactions": interactions(d.paired_rows, d.conditions, d.tasks, d.summary_conditions, d.min_effect),
+               "interaction_method": {"estimate": METHOD, "coverage": MEASURED_COVERAGE}},
+    tables=lambda summary: {"interactions": pd.DataFrame(interaction_rows(summary),
+                                                         columns=list(INTERACTION_COLUMNS)).astype(object)},
+    report="robocasa_shift.report.page:interaction_section", order=20))
 
 
 __all__ = ["COMPONENT_LEVEL", "INTERACTION_COLUMNS", "MEASURED_COVERAGE", "METHOD", "additivity_test",

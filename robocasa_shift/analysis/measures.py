@@ -63,7 +63,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
-from robocasa_shift.analysis import interactions
+from robocasa_shift.analysis.sections import Section, StudyData, compute_sections, register_section, section_tables
 from robocasa_shift.analysis import statistics as stats
 from robocasa_shift.analysis.statistics import (
     holm_adjust,
@@ -488,6 +488,9 @@ def analyze(
     _add_verdicts(summary_conditions, perturbed, tasks, min_effect)
 
     hashes = [h for h in rows["spec_hash"] if h is not None]
+    data = StudyData(rows=rows, paired_rows=paired_rows, tasks=tasks, conditions=conditions,
+                     summary_conditions=summary_conditions, valid_pairs=valid_pairs, factor_order=factor_order,
+                     min_effect=min_effect, n_boot=n_boot, bootstrap_seed=bootstrap_seed, variant_of=variant_of or {})
     return {
         "tasks": tasks,
         "conditions": summary_conditions,
@@ -557,14 +560,10 @@ def analyze(
                 "unit": "base episodes per task (equal across tasks) from which the verdict is reachable",
             },
         },
-        "trend": severity_trend(summary_conditions, valid_pairs, tasks, factor_order),
         "invalid_pair_reasons": list(INVALID_PAIR_REASONS),
         "wilson_z": stats.Z95,
-        "noise_floor": _noise_floor(rows, tasks),
-        "unpaired_variants": _unpaired_variants(paired_rows, variant_of or {}, n_boot, bootstrap_seed),
-        # combined conditions: dSR(A+B) - dSR(A) - dSR(B) pair by pair (analysis/interactions.py)
-        "interactions": interactions.interactions(paired_rows, conditions, tasks, summary_conditions, min_effect),
-        "interaction_method": {"estimate": interactions.METHOD, "coverage": interactions.MEASURED_COVERAGE},
+        # the registered analyses (analysis/sections.py): severity trend, noise floor, scene variants, interactions
+        **compute_sections(data),
     }
 
 
@@ -1060,7 +1059,8 @@ def _interval_parts(interval: Optional[Sequence[float]]) -> Tuple[Optional[float
 
 
 def tables(summary: Mapping[str, Any]) -> Dict[str, pd.DataFrame]:
-    """The summary as tidy tables: ``sr``, ``dsr``, ``transitions``, ``stages``, ``first_incomplete``, ``trend``.
+    """The summary as tidy tables: ``sr``, ``dsr``, ``transitions``, ``stages``, ``first_incomplete``, and every
+    registered section's (``trend``, ``interactions``, ...).
 
     Args:
         summary: the dict :func:`analyze` returns.
@@ -1156,15 +1156,6 @@ def tables(summary: Mapping[str, Any]) -> Dict[str, pd.DataFrame]:
             for subgoal, count in counts.items():
                 first_rows.append({"condition": condition, "task": task, "subgoal": subgoal, "count": count})
 
-    trend_rows = [
-        {"factor": factor, "low": c["low"], "high": c["high"], "n_pairs": c["n_pairs"],
-         "higher_level_only_success": c["higher_level_only_success"],
-         "lower_level_only_success": c["lower_level_only_success"], "p_reversal": c["p_reversal"],
-         "factor_p": value["p"], "factor_p_holm": value["p_holm"], "flag": value["flag"],
-         "trend_p": value.get("trend_p"), "trend_p_holm": value.get("trend_p_holm"), "trend": value.get("trend")}
-        for factor, value in (summary.get("trend") or {}).items() for c in value["comparisons"]
-    ]
-
     def frame(rows: List[Dict[str, Any]], columns: Sequence[str]) -> pd.DataFrame:
         return pd.DataFrame(rows, columns=list(columns)).astype(object)
 
@@ -1191,10 +1182,7 @@ def tables(summary: Mapping[str, Any]) -> Dict[str, pd.DataFrame]:
             ],
         ),
         "first_incomplete": frame(first_rows, ["condition", "task", "subgoal", "count"]),
-        "trend": frame(trend_rows, ["factor", "low", "high", "n_pairs", "higher_level_only_success",
-                                    "lower_level_only_success", "p_reversal", "factor_p", "factor_p_holm", "flag",
-                                    "trend_p", "trend_p_holm", "trend"]),
-        "interactions": frame(interactions.interaction_rows(summary), interactions.INTERACTION_COLUMNS),
+        **section_tables(summary),  # the registered analyses' tables (trend, interactions, ...)
     }
 
 
@@ -1220,3 +1208,30 @@ def write_analysis(df: pd.DataFrame, out_dir: Path | str, **kwargs: Any) -> Dict
     for name, table in tables(summary).items():
         write_csv(table, out / f"{name}.csv")
     return summary
+
+
+def _trend_tables(summary: Mapping[str, Any]) -> Dict[str, pd.DataFrame]:
+    """The severity tests as a table: one row per (factor, level pair)."""
+    rows = [
+        {"factor": factor, "low": c["low"], "high": c["high"], "n_pairs": c["n_pairs"],
+         "higher_level_only_success": c["higher_level_only_success"],
+         "lower_level_only_success": c["lower_level_only_success"], "p_reversal": c["p_reversal"],
+         "factor_p": value["p"], "factor_p_holm": value["p_holm"], "flag": value["flag"],
+         "trend_p": value.get("trend_p"), "trend_p_holm": value.get("trend_p_holm"), "trend": value.get("trend")}
+        for factor, value in (summary.get("trend") or {}).items() for c in value["comparisons"]
+    ]
+    return {"trend": pd.DataFrame(rows, columns=["factor", "low", "high", "n_pairs", "higher_level_only_success",
+                                                 "lower_level_only_success", "p_reversal", "factor_p", "factor_p_holm",
+                                                 "flag", "trend_p", "trend_p_holm", "trend"]).astype(object)}
+
+
+register_section(Section(
+    "trend", lambda d: {"trend": severity_trend(d.summary_conditions, d.valid_pairs, d.tasks, d.factor_order)},
+    tables=_trend_tables, report="robocasa_shift.report.page:trend_section", order=10))
+register_section(Section(
+    "unpaired_variants",
+    lambda d: {"unpaired_variants": _unpaired_variants(d.paired_rows, d.variant_of, d.n_boot, d.bootstrap_seed)},
+    report="robocasa_shift.report.page:unpaired_section", order=30))
+register_section(Section(
+    "noise_floor", lambda d: {"noise_floor": _noise_floor(d.rows, d.tasks)},
+    report="robocasa_shift.report.page:noise_floor_section", order=40))

@@ -275,6 +275,41 @@ def _invalid_section(summary: Dict[str, Any]) -> str:
     return f"<details{' open' if any_invalid else ''}><summary>{title}</summary><div class='scroll'>{table}</div>{note}</details>"
 
 
+def _analysis_sections(summary: Dict[str, Any], out: Path) -> List[str]:
+    """The blocks of the registered analyses (``analysis/sections.py``), in their order."""
+    from robocasa_shift.analysis.sections import sections
+    from robocasa_shift.registry import resolve_target
+
+    return [resolve_target(s.report)(summary, out) for s in sections() if s.report]
+
+
+def unpaired_section(summary: Dict[str, Any], out: Path) -> str:
+    """Scene variants against their originals, unpaired (analysis section ``unpaired_variants``)."""
+    if not summary.get("unpaired_variants"):
+        return ""
+    return ("<h2>Scene variants against their originals (UNPAIRED)</h2>"
+            "<p class='small'>A scene variant has its own objects or positions and its own initial states, "
+            "so none of its rollouts has a twin: clean success rates are compared as two samples, with a "
+            "two-sample percentile bootstrap. The perturbation tables above stay paired within each task.</p>"
+            + html_table(["variant", "original", "SR variant (n)", "SR original (n)", "difference", "95% CI"],
+                         [[r["task"], r["original"], f"{r['sr_variant']:.3f} ({r['n_variant']})",
+                           f"{r['sr_original']:.3f} ({r['n_original']})", f"{r['difference']:+.3f}",
+                           ci(r["ci95"])] for r in summary["unpaired_variants"]]))
+
+
+def noise_floor_section(summary: Dict[str, Any], out: Path) -> str:
+    """The clean-vs-clean flip rate (analysis section ``noise_floor``), when the run has replicate-1 clean rollouts."""
+    nf = summary.get("noise_floor")
+    if not nf or nf["macro_flip_rate"] is None:
+        return ""
+    return f"<p>Clean-vs-clean flip rate (noise floor, replicate 1): macro {nf['macro_flip_rate']:.3f}</p>"
+
+
+def trend_section(summary: Dict[str, Any], out: Path) -> str:
+    """The severity tests' block (analysis section ``trend``)."""
+    return "<h2>Severity: does a higher level ever hurt less?</h2>" + _trend_html(summary)
+
+
 def _trend_html(summary: Dict[str, Any]) -> str:
     trend = summary.get("trend") or {}
     if not trend:
@@ -355,10 +390,12 @@ def interaction_rows(summary: Dict[str, Any]) -> List[List[Any]]:
     return rows
 
 
-def _interaction_section(summary: Dict[str, Any]) -> str:
-    """The interaction table and figure, and how to read them; empty when the run has no combination."""
+def interaction_section(summary: Dict[str, Any], out: Path) -> str:
+    """The interaction table and figure (analysis section ``interactions``), and how to read them; empty when the
+    run has no combination."""
     if not summary.get("interactions"):
         return ""
+    fig_interactions(summary, out / "interactions.png")
     method = summary.get("interaction_method") or {}
     per_task = [[c, t, p["n"], num(p["dsr_a"]), num(p["dsr_b"]), num(p["dsr_ab"]), num(p["interaction"]),
                  ci(p["interval"])] for c, v in summary["interactions"].items() for t, p in v["per_task"].items()]
@@ -720,8 +757,6 @@ def _build_report(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, n_bo
         fig_task_dsr(summary, out / "task_dsr.png")
         fig_transitions(summary, out / "transitions.png")
         fig_stage_depth(summary, stage_names, out / "stage_depth.png")
-        if summary.get("interactions"):
-            fig_interactions(summary, out / "interactions.png")
         parts += [
             _lead(run_dir, summary, manifest, audit, audit_note, stage_names, factor_order, formal),
             "<h2>Paired degradation (macro over tasks)</h2>",
@@ -731,9 +766,7 @@ def _build_report(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, n_bo
             "<h2>Success rate per condition and task</h2>",
             f"<div class='scroll'>{frame_table(sr_table(summary))}</div>",
             _invalid_section(summary),
-            "<h2>Severity: does a higher level ever hurt less?</h2>",
-            _trend_html(summary),
-            _interaction_section(summary),
+            *_analysis_sections(summary, out),
             "<h2>Where the lost pairs stopped (stage depth of S->F pairs)</h2>",
             "<figure><img src='stage_depth.png' alt='first incomplete subgoal'></figure>",
             _subgoal_legend(stage_names),
@@ -745,18 +778,6 @@ def _build_report(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, n_bo
             "sign-flip test of the macro.</p>",
             _family_section(summary),
         ]
-        if summary.get("unpaired_variants"):
-            parts += ["<h2>Scene variants against their originals (UNPAIRED)</h2>",
-                      "<p class='small'>A scene variant has its own objects or positions and its own initial states, "
-                      "so none of its rollouts has a twin: clean success rates are compared as two samples, with a "
-                      "two-sample percentile bootstrap. The perturbation tables above stay paired within each task.</p>",
-                      html_table(["variant", "original", "SR variant (n)", "SR original (n)", "difference", "95% CI"],
-                                 [[r["task"], r["original"], f"{r['sr_variant']:.3f} ({r['n_variant']})",
-                                   f"{r['sr_original']:.3f} ({r['n_original']})", f"{r['difference']:+.3f}",
-                                   ci(r["ci95"])] for r in summary["unpaired_variants"]])]
-        if summary.get("noise_floor") and summary["noise_floor"]["macro_flip_rate"] is not None:
-            nf = summary["noise_floor"]
-            parts.append(f"<p>Clean-vs-clean flip rate (noise floor, replicate 1): macro {nf['macro_flip_rate']:.3f}</p>")
         videos = make_videos(run_dir, df, out, videos_per_kind, policy_options, trust_run_dir, progress)
         external = bool((manifest.get("policy") or {}).get("driver")) if isinstance(manifest.get("policy"), dict) else False
         parts += _video_section(videos, videos_per_kind, external)
