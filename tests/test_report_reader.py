@@ -168,3 +168,34 @@ def test_the_first_screen_says_what_the_design_could_and_could_not_show(matrix_r
     summary["conditions"] = {c: {**v, "per_task_n_pairs": {t: 24 for t in summary["tasks"]}}
                              for c, v in summary["conditions"].items()}
     assert "every verdict was within its reach" in _design_reach(summary)
+
+
+def test_a_report_made_again_keeps_its_videos_and_a_forged_list_costs_a_re_run(matrix_run, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(matrix_run[0], copy)  # a copy of a reported run, as a reader receives it
+    videos = copy / "report" / "videos.json"
+    first = json.loads(videos.read_text())
+    assert first and all(not v["kept"] and len(v["records_sha256"]) == 64 for v in first)
+    films = {v["file"]: (copy / "report" / v["file"]).read_bytes() for v in first}
+    again = cli("report", str(copy), "--videos", "1")
+    assert "pair videos" not in again.stderr  # nothing re-run
+    kept = json.loads(videos.read_text())
+    assert [v["file"] for v in kept] == [v["file"] for v in first] and all(v["kept"] for v in kept)
+    assert all(v["reproduced"] == w["reproduced"] for v, w in zip(kept, first))
+    assert {f: (copy / "report" / f).read_bytes() for f in films} == films
+    assert "kept from the previous report of these same two records" in (copy / "report" / "index.html").read_text()
+    # forged lists: a wrong records hash, wrong types, not JSON, a link instead of a file -> filmed again
+    forged = [[{**v, "records_sha256": "0" * 64} for v in first],
+              [{**v, "episode": str(v["episode"]), "reproduced": "yes"} for v in first], "not json {"]
+    for text in forged:
+        videos.write_text(text if isinstance(text, str) else json.dumps(text))
+        proc = cli("report", str(copy), "--videos", "1")
+        assert "pair videos (2 rollouts re-run each)" in proc.stderr
+        entries = json.loads(videos.read_text())
+        assert not any(v["kept"] for v in entries) and all(v["reproduced"] for v in entries)
+    videos.unlink()
+    videos.symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "elsewhere.json").write_text(json.dumps(first))
+    proc = cli("report", str(copy), "--videos", "1", check=False)
+    assert proc.returncode in (0, 4) and "Traceback" not in proc.stderr
+    assert json.loads((tmp_path / "elsewhere.json").read_text()) == first  # never written through the link

@@ -671,6 +671,8 @@ def _video_section(videos: List[Dict[str, Any]], videos_per_kind: int, external_
     for v in videos:
         status = "re-run reproduced the recorded outcome and subgoal steps exactly" if v["reproduced"] else \
             "<b>re-run did NOT reproduce the record</b>: " + esc("; ".join(v["problems"]))
+        if v.get("kept"):
+            status = "kept from the previous report of these same two records (not re-run); its " + status
         parts.append(f"<h3>{esc(v['kind'])}: {esc(v['task'])} episode {esc(v['episode'])}, {esc(v['condition'])}</h3>"
                      f"<video controls preload='metadata' src='{src(v['file'])}'></video><p class='small'>{status}. "
                      f"Subgoal steps, clean: {esc(stage_steps_text(v['subgoals'], v['clean_stage_steps']))}; "

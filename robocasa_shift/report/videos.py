@@ -7,6 +7,8 @@ completion steps exactly, and the page says so when it does not.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -133,12 +135,47 @@ def select_pairs(df: pd.DataFrame, per_kind: int = 2) -> List[Tuple[str, Dict[st
     return chosen
 
 
+def records_digest(clean: Mapping[str, Any], perturbed: Mapping[str, Any]) -> str:
+    """SHA-256 of a pair's two stored records (canonical JSON): a kept video belongs to exactly these records."""
+    text = json.dumps([clean, perturbed], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# A kept entry of report/videos.json: these fields, these types (anything else and the pair is filmed again).
+KEPT_FIELDS = {"file": str, "kind": str, "task": str, "episode": int, "condition": str, "reproduced": bool,
+               "problems": list, "records_sha256": str}
+
+
+def _earlier_videos(run_dir: Path, out: Path) -> Dict[str, Dict[str, Any]]:
+    """The previous report's video entries by file name, each checked field by field; {} when there is none or
+    it is not one (the file is data from the run directory: a forged one costs a re-run, never a wrong video)."""
+    from robocasa_shift.errors import RunDirError
+    from robocasa_shift.rundir.files import MAX_JSON_BYTES, is_regular_file, read_json
+
+    path = out / "videos.json"
+    if not is_regular_file(path, run_dir):
+        return {}
+    try:
+        entries = read_json(path, run_dir, MAX_JSON_BYTES, "earlier report's video list")
+    except RunDirError:
+        return {}
+    kept = {}
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, dict) and all(isinstance(entry.get(k), t) and not (t is int and isinstance(entry.get(k), bool))
+                                           for k, t in KEPT_FIELDS.items()) \
+                and all(isinstance(p, str) for p in entry["problems"]) and is_regular_file(out / entry["file"], run_dir):
+            kept[entry["file"]] = {k: entry[k] for k in KEPT_FIELDS}
+    return kept
+
+
 def make_videos(run_dir: Path, df: pd.DataFrame, out: Path, per_kind: int = 2,
                 policy_options: Optional[Mapping[str, Any]] = None, trust_run_dir: bool = False,
                 progress: bool = False) -> List[Dict[str, Any]]:
     """Re-run the selected pairs with frame capture and write one side-by-side MP4 per pair.
 
-    ``progress``: a bar on stderr with the pairs done and the time left (each pair re-runs two rollouts).
+    A pair the previous report already filmed from the same two records (``records_sha256``) keeps its video:
+    a report made again, or of a copied run, re-runs nothing it has. ``progress``: a bar on stderr with the
+    pairs filmed and the time left (each pair re-runs two rollouts).
     """
     from tqdm import tqdm
 
@@ -150,22 +187,34 @@ def make_videos(run_dir: Path, df: pd.DataFrame, out: Path, per_kind: int = 2,
     if (manifest.get("policy") or {}).get("driver"):  # an external loop (robocasa_shift.gym): nothing to re-run
         return []
     stored = {RolloutKey.from_record(r): r for r in store.records()}
-    videos = []
-    bar = tqdm(total=len(pairs), desc="pair videos (2 rollouts re-run each)", unit="pair", disable=not progress,
-               dynamic_ncols=True)
-    with Replayer(manifest, policy_options, trust_run_dir) as replayer, bar:
-        for n, (kind, clean_row, pert_row) in enumerate(pairs, start=1):
-            task, ep = clean_row["task"], int(clean_row["episode"])
-            keys = [RolloutKey("formal", task, ep, cond) for cond in ("clean", pert_row["condition"])]
-            clean, perturbed = replayer.replay_all(keys, stored)
-            goals = load_stage_spec(manifest["backend"], task).names
-            name = f"pair_{n}_{task}_{ep:04d}_{pert_row['condition'].replace(':', '-').replace('+', '_')}.mp4"
-            compose_video(out / name, clean.capture, perturbed.capture, ("clean", pert_row["condition"]), goals,
-                          (bool(clean.record.success), bool(perturbed.record.success)))
-            videos.append({"file": name, "kind": kind, "task": task, "episode": ep, "condition": pert_row["condition"],
-                           "reproduced": clean.reproduced and perturbed.reproduced,
-                           "problems": clean.problems + perturbed.problems,
-                           "clean_stage_steps": clean.record.stage_steps,
-                           "perturbed_stage_steps": perturbed.record.stage_steps, "subgoals": goals})
-            bar.update(1)
-    return videos
+    earlier = _earlier_videos(run_dir, out)
+    plan = []
+    for n, (kind, clean_row, pert_row) in enumerate(pairs, start=1):
+        task, ep, cond = clean_row["task"], int(clean_row["episode"]), pert_row["condition"]
+        keys = [RolloutKey("formal", task, ep, c) for c in ("clean", cond)]
+        digest = records_digest(stored[keys[0]], stored[keys[1]])
+        name = f"pair_{n}_{task}_{ep:04d}_{cond.replace(':', '-').replace('+', '_')}.mp4"
+        entry = {"file": name, "kind": kind, "task": task, "episode": ep, "condition": cond, "records_sha256": digest,
+                 "clean_stage_steps": stored[keys[0]].get("stage_steps"),
+                 "perturbed_stage_steps": stored[keys[1]].get("stage_steps"),
+                 "subgoals": load_stage_spec(manifest["backend"], task).names}
+        before = earlier.get(name)
+        same = before is not None and all(before[k] == entry[k] for k in ("kind", "task", "episode", "condition",
+                                                                           "records_sha256"))
+        plan.append((keys, {**entry, **({"reproduced": before["reproduced"], "problems": before["problems"],
+                                         "kept": True} if same else {})}))
+    todo = [(keys, entry) for keys, entry in plan if not entry.get("kept")]
+    if todo:
+        bar = tqdm(total=len(todo), desc="pair videos (2 rollouts re-run each)", unit="pair", disable=not progress,
+                   dynamic_ncols=True)
+        with Replayer(manifest, policy_options, trust_run_dir) as replayer, bar:
+            for keys, entry in todo:
+                clean, perturbed = replayer.replay_all(keys, stored)
+                compose_video(out / entry["file"], clean.capture, perturbed.capture, ("clean", entry["condition"]),
+                              entry["subgoals"], (bool(clean.record.success), bool(perturbed.record.success)))
+                entry.update({"reproduced": clean.reproduced and perturbed.reproduced,
+                              "problems": clean.problems + perturbed.problems, "kept": False,
+                              "clean_stage_steps": clean.record.stage_steps,
+                              "perturbed_stage_steps": perturbed.record.stage_steps})
+                bar.update(1)
+    return [entry for _, entry in plan]
