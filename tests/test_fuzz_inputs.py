@@ -703,3 +703,33 @@ def test_every_bomb_ends_in_a_clean_error_within_its_caps(corpus, tmp_path, case
         assert not list((tmp_path / "run" / "branching" / "default" / "checkpoints").rglob("s1*.json"))
     after = outside_state(tmp_path)
     assert after["victim.txt"] == before["victim.txt"] and after.get("secret.txt") == before.get("secret.txt")
+
+
+def test_forged_localiser_boxes_files_are_read_or_refused_by_name(tmp_path):
+    """A judge set's boxes/NAME.json (written by `localise`, read by `judge --boxes`): every mutation is a
+    boxes file this set can use or a JudgeSetError naming the file, never a traceback."""
+    from robocasa_shift.judging.export import ExportSettings, export_judge
+    from robocasa_shift.judging.judgeset import JudgeSet, JudgeSetError
+    from robocasa_shift.judging.localiser import read_boxes
+    from robocasa_shift.config import ExecutionConfig, StudyConfig
+    from robocasa_shift.study.runner import run
+
+    quiet = ExecutionConfig(workers=1, progress=False)
+    run(tmp_path / "run", ["Reach"], ["clean"], range(2), StudyConfig(backend="fake", policy="fake", log_steps=True),
+        quiet)
+    export_judge(tmp_path / "run", tmp_path / "set", ExportSettings(size=32, frames=2), quiet)
+    js = JudgeSet(tmp_path / "set")
+    boxes = {sid: {c: [1, 2, 20, 30] for c, role in row["cameras"].items() if role == "third_person"}
+             for sid, row in js.by_id.items()}
+    text = json.dumps({"export_hash": js.export_hash, "boxes": boxes})
+    (tmp_path / "set" / "boxes").mkdir()
+    for k, data in enumerate(_mutations(7, text, n=60)):
+        (tmp_path / "set" / "boxes" / "f.json").write_bytes(data)
+        try:
+            read_boxes(js, "f")
+        except JudgeSetError as exc:
+            assert "boxes" in str(exc) or "not valid JSON" in str(exc) or "f.json" in str(exc)
+        except Exception as exc:  # the harness's own errors only
+            from robocasa_shift.errors import Error
+
+            assert isinstance(exc, Error), f"mutation {k}: {type(exc).__name__}: {exc}"

@@ -339,3 +339,91 @@ def test_the_report_shows_the_scores_of_a_judge_set_exported_into_the_run(tmp_pa
     html = "".join(judge_sections(tmp_path))
     assert "<h2>Success judges</h2>" in html and "<h3>judge-set: Success judges on judge set 0123abcd</h3>" in html and "Pipelines on the same samples" in html
     assert "<td>3</td>" in html
+
+
+# --------------------------------------------------------------------------- a VLM localiser
+
+
+class Localiser(BaseHTTPRequestHandler):
+    """A stand-in VLM localiser: answers a box of 10 x 12 px at (5, 6), garbage for the instruction 'garble'."""
+
+    requests = []
+    answer = '{"box": [5, 6, 15, 18]}'
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Localiser.requests.append(body)
+        reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": Localiser.answer}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_vlm_localisers_boxes_crop_any_detectors_input(video_set, tmp_path, monkeypatch):
+    """FailBench Sec. 4.4 / App. C: localiser and detector as two halves; here the localiser is a stand-in server."""
+    import shutil
+
+    from robocasa_shift.judging.localiser import localise_set, parse_box, read_boxes
+
+    js_dir = tmp_path / "set"
+    shutil.copytree(video_set / "set", js_dir)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Localiser)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Localiser.requests, Localiser.answer = [], '{"box": [5, 6, 15, 18]}'
+    monkeypatch.setenv("LOCALISER_KEY", "sk-test")
+    try:
+        options = {"base_url": f"http://127.0.0.1:{server.server_address[1]}/v1", "api_key": "env:LOCALISER_KEY"}
+        result = localise_set(js_dir, "standin", options)
+    finally:
+        server.shutdown()
+    js = JudgeSet(js_dir)
+    third = {sid: [c for c, role in row["cameras"].items() if role == "third_person"] for sid, row in js.by_id.items()}
+    assert len(Localiser.requests) == sum(len(v) for v in third.values())  # one request per third-person view
+    first = Localiser.requests[0]["messages"][1]["content"]
+    assert first[0]["text"].startswith("Task instruction:") and "48x48 pixels" in first[1]["text"]
+    assert all(box == [5, 6, 15, 18] for by in result["boxes"].values() for box in by.values())
+    assert read_boxes(js, "standin")["export_hash"] == js.export_hash
+    # any detector crops to them: SizeJudge sees 10 px wide images (success below 40 px)
+    monkeypatch.setitem(JUDGES._entries, "size-for-test", SizeJudge)
+    out = tmp_path / "p.csv"
+    run_judge(js_dir, "size-for-test", out, {}, QUIET, boxes="standin")
+    assert read_predictions(out)["reasoning"].str.contains("first camera 10 px wide").any()
+    sidecar = json.loads((tmp_path / "p.csv.json").read_text())
+    assert sidecar["boxes"]["name"] == "standin" and len(sidecar["boxes"]["sha256"]) == 64
+    # replies without a usable box leave the camera whole; a box is clipped to the image
+    assert parse_box("I cannot see it", 48, 48) is None and parse_box('{"box": null}', 48, 48) is None
+    assert parse_box('thinking... {"box": [-3, 2, 60, 20.4]}', 48, 48) == [0, 2, 48, 20]
+    assert parse_box('{"box": [30, 2, 10, 20]}', 48, 48) is None and parse_box('{"box": [1, true, 3, 4]}', 48, 48) is None
+
+
+def test_a_forged_boxes_file_is_refused_naming_the_file_and_the_field(video_set, tmp_path):
+    import shutil
+
+    from robocasa_shift.judging.localiser import read_boxes
+
+    js_dir = tmp_path / "set"
+    shutil.copytree(video_set / "set", js_dir)
+    js = JudgeSet(js_dir)
+    sid, row = next(iter(js.by_id.items()))
+    camera = next(c for c, role in row["cameras"].items() if role == "third_person")
+    wrist = next(c for c, role in row["cameras"].items() if role == "wrist")
+    (js_dir / "boxes").mkdir()
+    cases = [
+        ({"export_hash": "0" * 64, "boxes": {}}, "made for judge set"),
+        ({"export_hash": js.export_hash, "boxes": {"../x": {}}}, "is not in the judge set"),
+        ({"export_hash": js.export_hash, "boxes": {sid: {wrist: [0, 0, 5, 5]}}}, "no third-person camera"),
+        ({"export_hash": js.export_hash, "boxes": {sid: {camera: [5, 5, 1, 1]}}}, "not \\[x0, y0, x1, y1\\]"),
+        ({"export_hash": js.export_hash, "boxes": {sid: {camera: [0, 0, 10**9, 5]}}}, "not \\[x0, y0, x1, y1\\]"),
+        ([1, 2], "not a boxes file"),
+    ]
+    for data, message in cases:
+        (js_dir / "boxes" / "forged.json").write_text(json.dumps(data))
+        with pytest.raises(JudgeSetError, match=message):
+            read_boxes(js, "forged")
+    with pytest.raises(BadInput, match="localiser output name"):
+        read_boxes(js, "../escape")

@@ -88,10 +88,13 @@ def export_judge_command(run_dir: Path, out: Path, cameras: str, frames: int, si
                    "export recorded (wrist images whole): cut (the default of a bare --crop), blackout (the whole "
                    "frame, black outside the box) or upscaled (the cut resized to the frame) [default --out: "
                    "JUDGE_SET/predictions/<judge>-crop[-MODE].csv].")
+@click.option("--boxes", default=None, metavar="NAME",
+              help="Crop to the boxes `robocasa-shift localise --name NAME` wrote (a VLM localiser) instead of the "
+                   "export's simulator boxes [default --out: JUDGE_SET/predictions/<judge>-crop-NAME.csv].")
 @execution_options
 @handle_errors
 def judge_command(judge_set: Path, judge_name: str, judge_options, out: Optional[Path], chunk: int, crop: Optional[str],
-                  execution: ExecutionConfig) -> None:
+                  boxes: Optional[str], execution: ExecutionConfig) -> None:
     """Run a success judge over JUDGE_SET (an export-judge directory) into a predictions CSV.
 
     The CSV has sample_id, predicted_success (0/1), confidence (P(success))
@@ -107,9 +110,9 @@ def judge_command(judge_set: Path, judge_name: str, judge_options, out: Optional
     """
     from robocasa_shift.judging.judges import run_judge
 
-    suffix = "" if crop is None else "-crop" if crop == "cut" else f"-crop-{crop}"
-    out = out or judge_set / "predictions" / f"{judge_name}{suffix}.csv"
-    result = run_judge(judge_set, judge_name, out, judge_options, execution, chunk, crop=crop)
+    suffix = "" if crop is None and boxes is None else "-crop" if crop in (None, "cut") else f"-crop-{crop}"
+    out = out or judge_set / "predictions" / f"{judge_name}{suffix}{f'-{boxes}' if boxes else ''}.csv"
+    result = run_judge(judge_set, judge_name, out, judge_options, execution, chunk, crop=crop, boxes=boxes)
     click.echo(f"{result['judged']}/{result['samples']} samples judged ({result['judged_now']} now) -> {out}")
     for error in result["errors"][:10]:
         click.echo(f"  no verdict for {error}")
@@ -125,6 +128,36 @@ def _prior(ctx: click.Context, param: click.Parameter, value: Optional[str]):
     if len(parts) != 2 or not all(p.strip().isdigit() for p in parts) or sum(int(p) for p in parts) == 0:
         raise click.BadParameter(f"expected FAILURES:SUCCESSES, two counts such as 960:244, got {value!r}")
     return int(parts[0]), int(parts[1])
+
+
+@click.command(name="localise")
+@click.argument("judge_set", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--name", required=True, help="Name of the boxes (JUDGE_SET/boxes/NAME.json), used by judge --boxes.")
+@click.option("--localiser-option", "options", multiple=True, metavar="KEY=VALUE", callback=key_value_options,
+              help="Option of the OpenAI-compatible endpoint, as the openai judge's: model=... "
+                   "base_url=http://127.0.0.1:8000/v1 api_key=env:NAME timeout_s=... prompt_file=...")
+@handle_errors
+def localise_command(judge_set: Path, name: str, options) -> None:
+    """Ask a VLM behind an OpenAI-compatible endpoint where each sample's outcome is decided (a box per
+    third-person camera), for localise-and-crop with any detector (FailBench Sec. 4.4, App. C).
+
+    \b
+    Example:
+      robocasa-shift localise runs/judge-set --name qwen --localiser-option model=Qwen2.5-VL-7B-Instruct
+      robocasa-shift judge runs/judge-set --judge openai --boxes qwen   # -> predictions/openai-crop-qwen.csv
+      robocasa-shift score-judge runs/judge-set runs/judge-set/predictions/openai-crop.csv \\
+          runs/judge-set/predictions/openai-crop-qwen.csv --compare openai-crop,openai-crop-qwen
+    """
+    from robocasa_shift.judging.localiser import localise_set
+
+    result = localise_set(judge_set, name, options)
+    found = sum(1 for by_camera in result["boxes"].values() for box in by_camera.values() if box is not None)
+    total = sum(len(by_camera) for by_camera in result["boxes"].values())
+    click.echo(f"{len(result['boxes'])} samples localised, {found}/{total} camera views boxed -> {result['path']}")
+    for error in result["errors"][:10]:
+        click.echo(f"  no boxes for {error}")
+    if result["errors"]:
+        raise SystemExit(1)
 
 
 @click.command(name="score-judge")
@@ -207,4 +240,4 @@ def train_judge_command(runs_dir: Path, out: Optional[Path], execution: Executio
     click.echo(f"weights -> {out or WEIGHTS_DIR} ({manifest['wall_s']} s training)")
 
 
-COMMANDS = [export_judge_command, judge_command, score_judge_command, train_judge_command]
+COMMANDS = [export_judge_command, judge_command, localise_command, score_judge_command, train_judge_command]

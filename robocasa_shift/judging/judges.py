@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import hashlib
 import io
 import json
 import math
@@ -288,11 +289,13 @@ def _lock_predictions(out: Path) -> int:
 
 
 def run_judge(judge_set: Path | str, name: str, out: Path | str, options: Optional[Mapping[str, Any]] = None,
-              execution: ExecutionConfig = ExecutionConfig(), chunk: int = 16, crop: Any = False) -> Dict[str, Any]:
+              execution: ExecutionConfig = ExecutionConfig(), chunk: int = 16, crop: Any = False,
+              boxes: Optional[str] = None) -> Dict[str, Any]:
     """Judge every sample of ``judge_set`` with judge ``name`` into the predictions CSV ``out`` (resumable).
 
     ``crop``: the localise-and-crop input mode (True or one of ``crops.CROP_MODES``: cut, blackout, upscaled);
-    the sidecar records it.
+    the sidecar records it. ``boxes``: crop to the boxes a localiser wrote (``SET/boxes/NAME.json``, see
+    ``judging/localiser.py``) instead of the export's; the sidecar records the name and the file's SHA-256.
 
     ``out`` is locked while the run writes it (a second run on it is refused), and repaired first
     (see :func:`repair_predictions`). Below the judge set, nothing is written through a symbolic link.
@@ -304,21 +307,26 @@ def run_judge(judge_set: Path | str, name: str, out: Path | str, options: Option
     """
     judges = JudgeSet(judge_set)
     with confined(judges.root):
-        return _run_judge(judges, name, Path(out), options, execution, chunk, crop)
+        return _run_judge(judges, name, Path(out), options, execution, chunk, crop, boxes)
 
 
 def _run_judge(judges: JudgeSet, name: str, out: Path, options: Optional[Mapping[str, Any]],
-               execution: ExecutionConfig, chunk: int, crop: Any = False) -> Dict[str, Any]:
+               execution: ExecutionConfig, chunk: int, crop: Any = False, boxes: Optional[str] = None) -> Dict[str, Any]:
     from robocasa_shift.judging.crops import crop_mode
 
     options = dict(options or {})
-    mode = crop_mode(crop)
+    mode = crop_mode(crop) or ("cut" if boxes else None)
     probe = make_judge(name, options)  # unknown names and options are refused before anything runs
     try:
         sidecar = {"judge": probe.identity(), "options": redact_options(options), "inputs": probe.inputs,
                    "crop": mode is not None, "judge_set": str(judges.root), "export_hash": judges.export_hash}
         if mode not in (None, "cut"):  # the native cut's sidecar keeps its shape
             sidecar["crop_mode"] = mode
+        if boxes:  # a localiser's boxes, named and hashed: another localiser is another pipeline
+            from robocasa_shift.judging.localiser import boxes_path
+
+            sidecar["boxes"] = {"name": boxes, "sha256": hashlib.sha256(
+                read_bytes(boxes_path(judges.root, boxes), judges.root, MAX_JSON_BYTES, "boxes file")).hexdigest()}
     finally:
         probe.close()
     sidecar_path = out.with_name(out.name + SIDECAR_SUFFIX)
@@ -343,7 +351,7 @@ def _judge_locked(judges: JudgeSet, name: str, out: Path, options: Dict[str, Any
             raise RunDirError(f"{sidecar_path}: not readable JSON ({getattr(exc, 'strerror', None) or exc}); write "
                               f"to another --out") from None
         found = found if isinstance(found, dict) else {}
-        differ = sorted(k for k in ("judge", "options", "export_hash") if found.get(k) != sidecar.get(k))
+        differ = sorted(k for k in ("judge", "options", "export_hash", "boxes") if found.get(k) != sidecar.get(k))
         if (bool(found.get("crop", False)), found.get("crop_mode")) != (sidecar["crop"], sidecar.get("crop_mode")):
             differ.append("crop")
         if differ:
@@ -353,8 +361,13 @@ def _judge_locked(judges: JudgeSet, name: str, out: Path, options: Dict[str, Any
     repaired = repair_predictions(out, list(judges.by_id))
     done = {row.get("sample_id") for row in _judged_rows(out)}
     todo = [sid for sid in judges.by_id if sid not in done]
+    localised = None
+    if sidecar.get("boxes"):
+        from robocasa_shift.judging.localiser import localiser_boxes
+
+        localised = localiser_boxes(judges, sidecar["boxes"]["name"], todo)
     jobs = [JudgeJob(name, options, judges.samples(todo[i : i + chunk], probe.inputs,
-                                                          sidecar.get("crop_mode") or sidecar["crop"]))
+                                                          sidecar.get("crop_mode") or sidecar["crop"], localised))
             for i in range(0, len(todo), chunk)]
     errors: List[str] = []
     if jobs:

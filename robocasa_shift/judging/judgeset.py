@@ -254,16 +254,20 @@ class JudgeSet:
             raise JudgeSetError(f"{path}: image changed since it was exported (its hash is not the manifest's)")
         return data
 
-    def sample(self, sample_id: str, inputs: str = "end", crop: Any = False) -> JudgeSample:
+    def sample(self, sample_id: str, inputs: str = "end", crop: Any = False,
+               boxes: Optional[Mapping[str, Any]] = None) -> JudgeSample:
         """What a judge that reads ``inputs`` (one of :data:`INPUTS`) is given for ``sample_id``.
 
         With ``crop`` (localise-and-crop, ``judging/crops.py``: True or a mode of ``CROP_MODES``), every image of
         a camera the export gave a box is rendered to it (wrist cameras, and cameras without a box, whole);
-        ``video`` cannot be cropped.
+        ``video`` cannot be cropped. ``boxes`` (camera -> box or None) replaces the export's boxes: a localiser's
+        (``judging/localiser.py``).
         """
         from robocasa_shift.judging.crops import crop_mode
 
         crop = crop_mode(crop)
+        if boxes is not None and crop is None:  # a localiser's boxes crop with the native cut unless told otherwise
+            crop = "cut"
         if inputs not in INPUTS:
             raise UnknownNameError("judge input", inputs, list(INPUTS))
         row = self.by_id[sample_id]
@@ -285,9 +289,10 @@ class JudgeSet:
         if crop:
             from robocasa_shift.judging.crops import crop_png
 
-            boxes = row.get("boxes") or {}
-            if not boxes and "boxes" not in row:
-                raise JudgeSetError(f"sample {sample_id} has no boxes: export the judge set again to crop it")
+            if boxes is None:
+                boxes = row.get("boxes") or {}
+                if not boxes and "boxes" not in row:
+                    raise JudgeSetError(f"sample {sample_id} has no boxes: export the judge set again to crop it")
 
             def cut(data: bytes, camera: str, rect) -> bytes:
                 try:
@@ -307,8 +312,9 @@ class JudgeSet:
         return JudgeSample(sample_id, row["instruction"], row["task"], cameras, images)
 
     def samples(self, sample_ids: Optional[Sequence[str]] = None, inputs: str = "end",
-                crop: Any = False) -> List[JudgeSample]:
-        return [self.sample(sid, inputs, crop) for sid in (sample_ids if sample_ids is not None else list(self.by_id))]
+                crop: Any = False, boxes: Optional[Mapping[str, Mapping[str, Any]]] = None) -> List[JudgeSample]:
+        ids = sample_ids if sample_ids is not None else list(self.by_id)
+        return [self.sample(sid, inputs, crop, None if boxes is None else boxes[sid]) for sid in ids]
 
 
 __all__ = ["INPUTS", "SAMPLE_ID", "JudgeSample", "JudgeSet", "JudgeSetError", "camera_order", "decode_png",
