@@ -710,7 +710,7 @@ def test_forged_localiser_boxes_files_are_read_or_refused_by_name(tmp_path):
     boxes file this set can use or a JudgeSetError naming the file, never a traceback."""
     from robocasa_shift.judging.export import ExportSettings, export_judge
     from robocasa_shift.judging.judgeset import JudgeSet, JudgeSetError
-    from robocasa_shift.judging.localiser import read_boxes
+    from robocasa_shift.judging.boxes import read_boxes
     from robocasa_shift.config import ExecutionConfig, StudyConfig
     from robocasa_shift.study.runner import run
 

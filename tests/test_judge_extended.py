@@ -368,7 +368,8 @@ def test_a_vlm_localisers_boxes_crop_any_detectors_input(video_set, tmp_path, mo
     """FailBench Sec. 4.4 / App. C: localiser and detector as two halves; here the localiser is a stand-in server."""
     import shutil
 
-    from robocasa_shift.judging.localiser import localise_set, parse_box, read_boxes
+    from robocasa_shift.judging.boxes import read_boxes
+    from robocasa_shift.judging.localiser import localise_set, parse_box
 
     js_dir = tmp_path / "set"
     shutil.copytree(video_set / "set", js_dir)
@@ -404,7 +405,7 @@ def test_a_vlm_localisers_boxes_crop_any_detectors_input(video_set, tmp_path, mo
 def test_a_forged_boxes_file_is_refused_naming_the_file_and_the_field(video_set, tmp_path):
     import shutil
 
-    from robocasa_shift.judging.localiser import read_boxes
+    from robocasa_shift.judging.boxes import read_boxes
 
     js_dir = tmp_path / "set"
     shutil.copytree(video_set / "set", js_dir)

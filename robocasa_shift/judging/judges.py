@@ -323,7 +323,7 @@ def _run_judge(judges: JudgeSet, name: str, out: Path, options: Optional[Mapping
         if mode not in (None, "cut"):  # the native cut's sidecar keeps its shape
             sidecar["crop_mode"] = mode
         if boxes:  # a localiser's boxes, named and hashed: another localiser is another pipeline
-            from robocasa_shift.judging.localiser import boxes_path
+            from robocasa_shift.judging.boxes import boxes_path
 
             sidecar["boxes"] = {"name": boxes, "sha256": hashlib.sha256(
                 read_bytes(boxes_path(judges.root, boxes), judges.root, MAX_JSON_BYTES, "boxes file")).hexdigest()}
@@ -363,7 +363,7 @@ def _judge_locked(judges: JudgeSet, name: str, out: Path, options: Dict[str, Any
     todo = [sid for sid in judges.by_id if sid not in done]
     localised = None
     if sidecar.get("boxes"):
-        from robocasa_shift.judging.localiser import localiser_boxes
+        from robocasa_shift.judging.boxes import localiser_boxes
 
         localised = localiser_boxes(judges, sidecar["boxes"]["name"], todo)
     jobs = [JudgeJob(name, options, judges.samples(todo[i : i + chunk], probe.inputs,
