@@ -733,3 +733,26 @@ def test_forged_localiser_boxes_files_are_read_or_refused_by_name(tmp_path):
             from robocasa_shift.errors import Error
 
             assert isinstance(exc, Error), f"mutation {k}: {type(exc).__name__}: {exc}"
+
+
+def test_forged_score_bundles_are_read_or_refused_by_name(tmp_path):
+    """monitors --scores: every mutation of a bundle is replayed or refused with an AnalysisError, never a traceback."""
+    import pandas as pd
+
+    from robocasa_shift.monitoring.bundle import bundle_scores
+    from robocasa_shift.errors import AnalysisError
+
+    rollouts = pd.DataFrame({"rollout_id": ["formal/Reach/0000/clean/r0", "formal/Reach/0001/clean/r0"],
+                             "task": "Reach", "episode": [0, 1], "condition": "clean", "success": [True, False],
+                             "steps": [20, 40], "horizon": 40})
+    text = "rollout_id,step,monitor,score\n" + "".join(
+        f"{rid},{s},mine,{s / 40}\n" for rid in rollouts.rollout_id for s in (0, 8, 16))
+    for k, data in enumerate(_mutations(11, text, n=80)):
+        path = tmp_path / f"b{k}.csv"
+        path.write_bytes(data)
+        try:
+            tables = bundle_scores(path, rollouts, {"length_only"})
+        except AnalysisError as exc:
+            assert str(path) in str(exc), exc
+        else:
+            assert all(set(t.columns) >= {"rollout_id", "step", "score", "task"} for t in tables.values())

@@ -23,8 +23,11 @@ from robocasa_shift.monitoring.monitors import monitor_names
 @click.option("--resamples", default=1000, show_default=True, type=click.IntRange(min=1),
               help="Bootstrap resamples of every interval: base episodes resampled within task, each with all its "
                    "rollouts (a base episode's conditions share its initial state, so they are drawn together).")
+@click.option("--scores", "bundle", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A score bundle: monitors computed elsewhere (CSV: rollout_id, step, monitor, score), judged by "
+                   "every analysis beside the registered ones (docs/monitors.md).")
 @handle_errors
-def monitors_command(run_dir: Path, monitors, target_fa: float, kappa: float, resamples: int) -> None:
+def monitors_command(run_dir: Path, monitors, target_fa: float, kappa: float, resamples: int, bundle) -> None:
     """Is a monitor's alarm worth acting on? Detection, timing and decision value (RESCUE).
 
     Reads the step logs of RUN_DIR's formal rollouts (run them with --log-steps),
@@ -50,11 +53,12 @@ def monitors_command(run_dir: Path, monitors, target_fa: float, kappa: float, re
     Example:
       robocasa-shift formal --policy reference --episodes 0-9 --log-steps --run-dir runs/m
       robocasa-shift monitors runs/m
+      robocasa-shift monitors runs/m --scores my_monitor_scores.csv   # monitors computed elsewhere
     """
     from robocasa_shift.monitoring.study import evaluate
 
     names = [n.strip() for v in monitors for n in v.split(",") if n.strip()] or None
-    summary = evaluate(run_dir, names, target_fa=target_fa, kappa=kappa, n_resamples=resamples)
+    summary = evaluate(run_dir, names, target_fa=target_fa, kappa=kappa, n_resamples=resamples, bundle=bundle)
     click.echo(f"{summary['rollouts']} logged rollouts {summary['counts']}; every failure a timeout: "
                f"{summary['all_failures_timeouts']}")
     for v in summary["verdicts"]:

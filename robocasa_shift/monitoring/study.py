@@ -34,6 +34,7 @@ run directory: nothing is re-run and no simulator is imported.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -301,7 +302,8 @@ def verdict_rows(names: Sequence[str], scores: Mapping[str, pd.DataFrame], split
 
 
 def evaluate(run_dir: Path | str, monitors: Optional[Sequence[str]] = None, target_fa: float = detection.DEFAULT_TARGET_FA,
-             kappa: float = 0.1, n_resamples: int = 1000, figures: bool = True) -> Dict[str, Any]:
+             kappa: float = 0.1, n_resamples: int = 1000, figures: bool = True,
+             bundle: Optional[Path | str] = None) -> Dict[str, Any]:
     """Evaluate ``monitors`` (default: every registered one) on ``run_dir``'s step logs; write ``RUN_DIR/monitors/``.
 
     Returns:
@@ -322,11 +324,11 @@ def evaluate(run_dir: Path | str, monitors: Optional[Sequence[str]] = None, targ
             MONITORS.get(name)  # unknown names fail here, listing the registered ones
     run_dir = Path(run_dir)
     with confined(run_dir):  # below the run directory nothing is read or written through a symbolic link
-        return _evaluate(run_dir, names, target_fa, kappa, n_resamples, figures)
+        return _evaluate(run_dir, names, target_fa, kappa, n_resamples, figures, bundle)
 
 
 def _evaluate(run_dir: Path, names: List[str], target_fa: float, kappa: float, n_resamples: int,
-              figures: bool) -> Dict[str, Any]:
+              figures: bool, bundle: Optional[Path | str] = None) -> Dict[str, Any]:
     from robocasa_shift.monitoring import analyses, probe
 
     store = RunStore(run_dir)
@@ -336,6 +338,16 @@ def _evaluate(run_dir: Path, names: List[str], target_fa: float, kappa: float, n
     names = [n for n in names if n != probe.PROBE]
     scores, excluded = boundary_scores(run_dir, names)
     first = scores[names[0]]
+    bundle_info = None
+    if bundle is not None:  # monitors computed elsewhere, scored by every analysis below like built-in ones
+        from robocasa_shift.monitoring import bundle as bundles
+
+        rollouts = first.drop_duplicates("rollout_id")
+        imported = bundles.bundle_scores(bundle, rollouts, {*monitor_names(), probe.PROBE})
+        scores.update(imported)
+        names += list(imported)
+        bundle_info = {"file": Path(bundle).name, "sha256": hashlib.sha256(Path(bundle).read_bytes()).hexdigest(),
+                       "monitors": bundles.coverage(imported, rollouts)}
     split_seed = seeding.derive_seed(study_seed, stream="monitors")
     splits = detection.split_episodes(first, split_seed)
     for task, parts in splits.items():
@@ -376,7 +388,7 @@ def _evaluate(run_dir: Path, names: List[str], target_fa: float, kappa: float, n
     alarms_df = pd.concat([alarm_table(n, scores[n], splits, windows[DECISION_WINDOW], target_fa) for n in names],
                           ignore_index=True)
     verdicts = pd.DataFrame(verdict_rows(names, scores, splits, windows, decision_df, n_resamples, study_seed))
-    real = [n for n in names if n in REAL_MONITORS or n == probe.PROBE]
+    real = [n for n in names if n in REAL_MONITORS or n == probe.PROBE or n in ((bundle_info or {}).get("monitors") or {})]
     extra, extra_md, extra_figures = analyses.run(
         run_dir, run_dir / OUT, names, scores, splits, windows, conditions, decision_df, target_fa, cost_model, c,
         n_resamples, study_seed, real, probe_info, probe_loto, probe.PROBE, figures)
@@ -401,6 +413,7 @@ def _evaluate(run_dir: Path, names: List[str], target_fa: float, kappa: float, n
         "pooled_detection": _records(detection_df[detection_df["condition"] == detection.ALL_CONDITIONS]),
         "pooled_decision": _records(decision_df[decision_df["condition"] == detection.ALL_CONDITIONS]),
         "ideal_detector_ceiling": ideal_detector_ceiling(ep, cost_model, c, conditions),
+        "score_bundle": bundle_info,
         **extra,
         "figures": [],
     }
