@@ -448,6 +448,9 @@ def test_load_records_reads_csv_with_text_booleans(tmp_path, table, summary):
     frame = load_records(path)
     assert frame["success"].dtype == bool
     assert analyze(frame, n_boot=2000, bootstrap_seed=7)["conditions"] == summary["conditions"]
+    saved = tmp_path / "saved-by-a-spreadsheet.csv"
+    saved.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())  # a byte-order mark before the first column's name
+    assert load_records(saved).equals(frame)
 
 
 def test_write_analysis_writes_summary_and_tables(tmp_path, table):

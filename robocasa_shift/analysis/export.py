@@ -32,7 +32,7 @@ def read_records_csv(path: Path | str, columns: Optional[Sequence[str]] = None) 
     try:
         data = read_bytes(path, None, MAX_FILE_BYTES, "records table")
         header = csv_header(data, path)
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a spreadsheet's byte-order mark is not part of the first column's name
     except OSError as exc:
         raise AnalysisError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     except UnicodeDecodeError as exc:

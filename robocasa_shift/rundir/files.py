@@ -400,7 +400,7 @@ def csv_header(data: bytes, path: Path | str, max_bytes: int = MAX_CSV_HEADER_BY
     """
     import csv
 
-    head = data[:max_bytes + 1]
+    head = data[3:max_bytes + 4] if data.startswith(b"\xef\xbb\xbf") else data[:max_bytes + 1]  # a UTF-8 BOM
     end = head.find(b"\n")
     if end < 0 and len(data) > max_bytes:
         raise ValueError(f"{path}: its header line is longer than {max_bytes} bytes; not a table this project reads")
