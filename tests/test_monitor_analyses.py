@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from robocasa_shift.errors import AnalysisError
-from robocasa_shift.monitoring import conformal, decision, detection, probe
+from robocasa_shift.analysis import monitor_conformal as conformal, monitor_decision as decision, monitor_detection as detection
+from robocasa_shift.monitoring import probe
 
 
 def rollout(rid, task, episode, success, steps, scores, condition="clean", horizon=100, chunk=10, split=None):

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from robocasa_shift.errors import AnalysisError
-from robocasa_shift.monitoring.decision import (
+from robocasa_shift.analysis.monitor_decision import (
     CostModel,
     _excess_direct,
     _strata_positions,

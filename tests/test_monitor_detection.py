@@ -1,4 +1,4 @@
-"""Monitor detection and timing (robocasa_shift.monitoring.detection): every test builds its own small tables.
+"""Monitor detection and timing (robocasa_shift.analysis.monitor_detection): every test builds its own small tables.
 
 Boundaries sit every 10 control steps (0, 10, 20, ... below the rollout's length) unless a test
 says otherwise; expected values are worked out by hand in the comments.
@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from robocasa_shift.errors import AnalysisError
-from robocasa_shift.monitoring.detection import (
+from robocasa_shift.analysis.monitor_detection import (
     add_split_column,
     alarm_steps,
     auc_decomposition,

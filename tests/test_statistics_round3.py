@@ -383,7 +383,7 @@ def test_the_ideal_ceiling_at_the_longest_natural_success_reproduces_both_ends_o
     0.2972; p 0.1143, median 112, C_never 0.2551), the longest success 205 and 220 steps (the horizon): both ends
     of both ranges, to the paper's two decimals. With the steps-since-progress monitor's own false-alarmed
     successes (116 and 128.87 steps) the high end would be 3.06% and 2.22%: that range depends on the monitor."""
-    from robocasa_shift.monitoring.decision import closed_form_break_even, worksheet
+    from robocasa_shift.analysis.monitor_decision import closed_form_break_even, worksheet
 
     oft = worksheet(table_one_episodes(1372, np.r_[205.0, np.full(5692, 97.0), np.full(2935, 103.0)]))
     pi05 = worksheet(table_one_episodes(1143, np.r_[220.0, np.full(6576, 112.0), np.full(2280, 115.0)]))
@@ -401,8 +401,8 @@ def test_the_ideal_ceiling_at_the_longest_natural_success_reproduces_both_ends_o
 def test_the_monitor_study_publishes_one_ideal_detector_ceiling_per_run(tmp_path):
     """Before, only each monitor's own f_star_ideal was published (NaN without false alarms)."""
     from robocasa_shift.config import ExecutionConfig, StudyConfig
-    from robocasa_shift.monitoring import detection
-    from robocasa_shift.monitoring.decision import worksheet
+    from robocasa_shift.analysis import monitor_detection as detection
+    from robocasa_shift.analysis.monitor_decision import worksheet
     from robocasa_shift.monitoring.study import evaluate
     from robocasa_shift.study.runner import run
 
@@ -564,7 +564,7 @@ def test_the_auc_interval_resamples_base_episodes_as_clusters():
 
 
 def test_the_excess_cost_bootstrap_draws_whole_base_episodes():
-    from robocasa_shift.monitoring.decision import CostModel, bootstrap_excess
+    from robocasa_shift.analysis.monitor_decision import CostModel, bootstrap_excess
 
     test = pd.DataFrame({"rollout_id": [f"r{i}" for i in range(12)], "task": ["A"] * 6 + ["B"] * 6,
                          "episode": [0, 0, 1, 1, 2, 2] * 2, "success": [True, False] * 6, "steps": [80, 200] * 6})

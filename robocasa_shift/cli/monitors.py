@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from robocasa_shift.cli.common import handle_errors
-from robocasa_shift.monitoring.detection import DEFAULT_TARGET_FA
+from robocasa_shift.analysis.monitor_detection import DEFAULT_TARGET_FA
 from robocasa_shift.monitoring.monitors import monitor_names
 
 

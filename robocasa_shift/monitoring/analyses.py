@@ -32,7 +32,9 @@ import numpy as np
 import pandas as pd
 
 from robocasa_shift import seeding
-from robocasa_shift.monitoring import conformal, decision, detection
+from robocasa_shift.analysis import monitor_conformal as conformal
+from robocasa_shift.analysis import monitor_decision as decision
+from robocasa_shift.analysis import monitor_detection as detection
 from robocasa_shift.rundir.files import save_figure
 
 STRATA, CLUSTERS = ("task",), ("episode",)
@@ -65,7 +67,7 @@ def episodes(scores: pd.DataFrame, splits, limits) -> pd.DataFrame:
 
 
 def first_alarms(scores: pd.DataFrame, limits) -> detection.AlarmIndex:
-    """:class:`~robocasa_shift.monitoring.detection.AlarmIndex` of a table and window (kept for the run)."""
+    """:class:`~robocasa_shift.analysis.monitor_detection.AlarmIndex` of a table and window (kept for the run)."""
     return _cached("alarms", scores, None, limits, lambda: detection.AlarmIndex(scores, limits))
 
 

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from robocasa_shift.errors import AnalysisError
-from robocasa_shift.monitoring import detection
+from robocasa_shift.analysis import monitor_detection as detection
 
 PROBE = "hidden_state_probe"
 L2 = 1.0

@@ -48,7 +48,8 @@ from robocasa_shift.core.conditions import order_conditions
 from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.core.specs import load_protocol
 from robocasa_shift.errors import AnalysisError, RunDirError
-from robocasa_shift.monitoring import decision, detection
+from robocasa_shift.analysis import monitor_decision as decision
+from robocasa_shift.analysis import monitor_detection as detection
 from robocasa_shift.monitoring.monitors import (
     CONTROLS,
     REAL_MONITORS,

@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from robocasa_shift.errors import AnalysisError
-from robocasa_shift.monitoring import detection
+from robocasa_shift.analysis import monitor_detection as detection
 
 ALPHAS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3)  # the report's grid (Sec. 8)
 N_SPLITS = 10  # calibration splits per alpha (the report's 10 CP seeds)
