@@ -566,6 +566,16 @@ def bomb_crop_truncated_png(tmp, corpus):
             "--no-progress"], 4, "cannot be"
 
 
+def bomb_demo_declares_8_tb(tmp, corpus):
+    demo = tmp / "run" / "demos" / "Reach" / "validation-0000.npz"
+    demo.parent.mkdir(parents=True)
+    with zipfile.ZipFile(demo, "w") as archive:  # a few bytes that declare 10^12 float64 actions
+        with archive.open("actions.npy", "w") as f:
+            np.lib.format.write_array_header_1_0(f, {"descr": "<f8", "fortran_order": False, "shape": (10**12,)})
+    return ["validate-stages", "--backend", "fake", "--task", "Reach", "--run-dir", tmp / "run"], 2, \
+        "validation-0000.npz: not a demonstration file"
+
+
 def bomb_trunk_steps(tmp, corpus):
     run = Path(shutil.copytree(corpus["run"], tmp / "run", symlinks=True))
     trunk = next((run / "branching" / "default" / "trunks").rglob("*.json"))
@@ -677,6 +687,7 @@ BOMBS = {
     "predictions-csv-wide": bomb_predictions_wide,
     "judge-crop-truncated-png": bomb_crop_truncated_png,
     "trunk-20000-steps": bomb_trunk_steps,
+    "demo-declares-8-tb": bomb_demo_declares_8_tb,
     "wheel-other-hash": bomb_wheel_other_hash,
     "wheel-entry-1gib": bomb_wheel_entry,
     "wheel-source-at-cap": bomb_wheel_source,

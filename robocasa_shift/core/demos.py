@@ -18,6 +18,7 @@ for bit; replaying ``states`` through a StageTracker validates stage specs.
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 from typing import Any, Dict, Mapping
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from robocasa_shift.arrays import array_text, npz_bytes, read_npz, text_array
 from robocasa_shift.core.records import RolloutKey
-from robocasa_shift.errors import BadInput
+from robocasa_shift.errors import BadInput, NpzLimitError
 
 FORMAT = 1
 
@@ -45,9 +46,13 @@ def load_demo(path: Path | str) -> Dict[str, Any]:
     """A demonstration file's ``actions``, ``states`` and ``meta`` (never unpickled; sizes capped before reading).
 
     Raises:
-        BadInput: another format version, or a file that declares more than it may hold (``NpzLimitError``).
+        BadInput: not an ``.npz`` file, another format version, or a file that declares more than it may hold (over
+            ``MAX_NPZ_BYTES``, an object array): the message names the file.
     """
-    data = read_npz(path)
+    try:
+        data = read_npz(path)
+    except (NpzLimitError, zipfile.BadZipFile, ValueError, EOFError) as exc:
+        raise BadInput(f"{path}: not a demonstration file this version reads ({exc})") from None
     for name in ("format", "actions", "states", "meta"):
         if name not in data:
             raise BadInput(f"{path}: not a demonstration file (no '{name}' array)")
