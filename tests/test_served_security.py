@@ -192,3 +192,39 @@ def test_a_gr00t_client_says_in_seconds_that_nothing_listens():
         client.call("ping", requires_input=False)
     assert time.monotonic() - start < 5.0
     client.close()
+
+
+def test_a_launcher_taking_the_token_in_its_own_frame_reads_nothing_of_a_message_before_it(monkeypatch):
+    import robocasa_shift.policies.served.codec as codec
+    from robocasa_shift.policies.gr00t.server import Gr00tLauncher
+    from robocasa_shift.policies.gr00t.standin import ACTION_KEY, STATE_KEY, CostModel
+
+    scanned = []
+    monkeypatch.setattr(codec, "prescan", lambda data, *a, real=codec.prescan: scanned.append(len(data)) or real(data, *a))
+    with pytest.raises(ValueError, match="needs an API token"):
+        Gr00tLauncher(CostModel(0.0, 0.0), HOST, 0, auth_frame_only=True)
+    launcher = Gr00tLauncher(CostModel(0.0, 0.0), HOST, 0, api_token=TOKEN, auth_frame_only=True)
+    launcher.start()
+    try:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVTIMEO, 10_000)
+        sock.connect(f"tcp://{HOST}:{launcher.port}")
+        bomb = empty_lists(8 * 2**20)
+        for frames in ([b"", b"wrong-token", bomb], [b"", bomb]):  # a wrong token frame; the token inside only
+            sock.send_multipart(frames)
+            reply = msgpack.unpackb(sock.recv_multipart()[-1])
+            assert reply["error"].startswith("Unauthorized"), reply
+        assert scanned == []  # refused before a byte of either message was read
+        sock.close()
+        for auth_frame, answered in ((True, True), (False, False)):
+            client = Gr00tClient(HOST, launcher.port, timeout_s=10.0, api_token=TOKEN, auth_frame=auth_frame)
+            if answered:
+                client.reset(3)
+                assert ACTION_KEY in client.get_action({STATE_KEY: np.zeros((1, 3))})
+            else:  # GR00T's way, the token inside the message: refused by this launcher
+                with pytest.raises(PolicyServerError, match="token in its own frame"):
+                    client.reset(3)
+            client.close()
+    finally:
+        launcher.stop()

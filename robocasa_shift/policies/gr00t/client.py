@@ -70,6 +70,8 @@ class Gr00tClient:
         max_message_bytes: replies longer than this are dropped by the socket (ZMQ_MAXMSGSIZE).
         curve_server_key: the launcher's CURVE public key (Z85, 40 characters); encrypts the
             connection with a fresh client key pair (the launcher must serve CURVE).
+        auth_frame: send the token in a frame of its own before the message, which this harness's launcher
+            checks before it reads the message (GR00T's own servers read one frame: keep False for them).
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class Gr00tClient:
         allow_pickle: bool = False,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         curve_server_key: Optional[str] = None,
+        auth_frame: bool = False,
     ):
         try:
             import msgpack  # noqa: F401
@@ -97,6 +100,7 @@ class Gr00tClient:
         self._api_token = as_secret(api_token)
         self.session = new_session_id(session)
         self.max_message_bytes = int(max_message_bytes)
+        self.auth_frame = bool(auth_frame)
         self._curve = None
         if curve_server_key:
             if not zmq.has("curve"):
@@ -146,15 +150,18 @@ class Gr00tClient:
         request: Dict[str, Any] = {"endpoint": endpoint, "session": self.session, **extra}
         if requires_input:
             request["data"] = data
-        if self._api_token:
+        frames = []
+        if self._api_token and self.auth_frame:
+            frames.append(self._api_token.reveal().encode("utf-8"))  # checked before the message is read
+        elif self._api_token:
             request["api_token"] = self._api_token.reveal()
-        message = self.serializer.dumps(request)
+        frames.append(self.serializer.dumps(request))
         if self._probe:
             self._refuse_if_nothing_listens(endpoint)
         tries = self.retries + 1
         for attempt in range(tries):
             try:
-                self._socket.send(message)
+                self._socket.send_multipart(frames)
                 reply = self._socket.recv()
                 break
             except self._zmq.Again:

@@ -57,6 +57,9 @@ class Gr00tPolicy(StatefulRemotePolicy):
         state_map: GR00T state key -> [proprio key, dimension] (a dict or its JSON); default ``STATE_MAP``.
         action_map: the reply's action keys -> the embodiment's action: a list of {key, dim, targets,
             binary} (or its JSON); default ``ACTION_LAYOUT`` (PandaOmron's 12-D).
+        auth_frame: send the API token in a frame of its own, checked by this harness's launcher before it reads
+            the request (needed by a launcher started with ``--auth-frame-only``; GR00T's own servers read
+            one frame).
     """
 
     name = "gr00t"
@@ -86,12 +89,13 @@ class Gr00tPolicy(StatefulRemotePolicy):
         state_secret: Optional[str] = None,
         state_map: Any = None,
         action_map: Any = None,
+        auth_frame: bool = False,
     ):
         self.init_session_state(mode, state_secret, api_token)
         self.state_map = as_state_map(state_map)
         self.action_map = as_action_map(action_map)
         self.client = Gr00tClient(host, port, timeout_s, retries, serializer, api_token, session,
-                                  allow_pickle=allow_pickle, curve_server_key=curve_server_key)
+                                  allow_pickle=allow_pickle, curve_server_key=curve_server_key, auth_frame=auth_frame)
         self.camera_map = as_camera_map(camera_map, DEFAULT_CAMERA_MAP)
         self.chunk_size = None if chunk_size is None else int(chunk_size)
         self.n_action_steps = None if n_action_steps is None else int(n_action_steps)

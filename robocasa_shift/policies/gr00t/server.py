@@ -169,6 +169,9 @@ class Gr00tLauncher:
             gathered); the model's ``get_action_batch(observations, rngs)`` takes them, each observation's
             noise drawn inside ``rngs[i].run(...)``, so a session's actions do not depend on the batch.
         max_wait_ms: how long the first request of a batch waits for more.
+        auth_frame_only: accept only requests whose token comes in its own frame, compared before anything of
+            the message is read (this harness's client with ``auth_frame=True``; GR00T's own clients carry the
+            token inside the message and are then refused).
 
     Raises:
         ValueError: the torch serializer, a non-loopback host without a token, ``allow_kill``
@@ -192,6 +195,7 @@ class Gr00tLauncher:
         state_key: Optional[bytes] = None,
         max_batch: int = 1,
         max_wait_ms: float = 0.0,
+        auth_frame_only: bool = False,
     ):
         if serializer != "msgpack":
             raise ValueError(f"serializer {serializer!r}: {NO_PICKLE}")
@@ -215,6 +219,9 @@ class Gr00tLauncher:
         if int(max_batch) < 1 or float(max_wait_ms) < 0:
             raise ValueError(f"max_batch must be at least 1 and max_wait_ms at least 0, got {max_batch}, {max_wait_ms}")
         self.max_batch, self.max_wait_ms = int(max_batch), float(max_wait_ms)
+        if auth_frame_only and self._api_token is None:
+            raise ValueError("auth_frame_only needs an API token")
+        self.auth_frame_only = bool(auth_frame_only)
         self.sessions: "OrderedDict[str, _Session]" = OrderedDict()
         self.running = False
         self._bound = threading.Event()
@@ -422,13 +429,23 @@ class Gr00tLauncher:
         outcome = self._admit(message)
         return self._answer([outcome])[0] if isinstance(outcome, _Pending) else outcome
 
-    def _admit(self, message: bytes) -> Union[bytes, "_Pending"]:
+    def _admit(self, message: bytes, token: Optional[bytes] = None) -> Union[bytes, "_Pending"]:
         """One request's reply bytes, or a ``get_action`` of a seeded session waiting for the model.
 
-        Order matters: the size is checked, then msgpack is decoded (plain values: arrays stay bytes), then the
-        token is checked, and only then are the arrays decoded (``np.load(allow_pickle=False)``: no code runs)
-        and an endpoint run. A state blob (``set_state``) stays bytes until the endpoint has checked its seal.
+        Order matters. A token sent in its own frame (``token``) is compared first, before a byte of the message
+        is read; with ``auth_frame_only`` nothing else is accepted. Otherwise (GR00T's own clients carry the
+        token inside the message): the size is checked, the msgpack pre-scanned (values, depth) and decoded as
+        plain values (arrays stay bytes), then the token is checked. Only then are the arrays decoded
+        (``np.load(allow_pickle=False)`` after their headers are checked: no code runs) and an endpoint run. A
+        state blob (``set_state``) stays bytes until the endpoint has checked its seal.
         """
+        if self._api_token is not None and token is not None:
+            if not same_credential(bytes(token), self._api_token):
+                log.warning("refused a request with a wrong token frame")
+                return packb({"error": UNAUTHORIZED})
+        elif self._api_token is not None and self.auth_frame_only:
+            return packb({"error": f"{UNAUTHORIZED}: this launcher takes the token in its own frame only "
+                                   "(auth_frame=true on the client)"})
         try:
             request = unpackb(message, max_bytes=self.max_message_bytes, arrays=False)
         except Exception as exc:
@@ -437,7 +454,7 @@ class Gr00tLauncher:
                                    f"{NO_PICKLE}"})
         if not isinstance(request, dict):
             return packb({"error": f"a request must be a dict, got {type(request).__name__}"})
-        if not self._authorized(request):
+        if token is None and not self._authorized(request):
             log.warning("refused a request without a valid API token")
             return packb({"error": UNAUTHORIZED})
         try:
@@ -500,10 +517,12 @@ class Gr00tLauncher:
         deadline = time.monotonic() + self.max_wait_ms / 1000.0
         while True:
             frames = sock.recv_multipart(copy=False)
-            # [peer, (empty delimiter,) request]: the request is read in place, never copied whole
-            if len(frames) >= 2:
-                envelope = [f.bytes for f in frames[:-1]]
-                outcome = self._admit(frames[-1].buffer)
+            # [peer, empty delimiter, (token,) request]; the request is read in place, never copied whole
+            delimiter = next((i for i in range(1, len(frames)) if not frames[i].bytes), None)
+            if delimiter is not None and len(frames) - delimiter - 1 in (1, 2):
+                envelope = [f.bytes for f in frames[:delimiter + 1]]
+                token = frames[delimiter + 1].bytes if len(frames) - delimiter - 1 == 2 else None
+                outcome = self._admit(frames[-1].buffer, token)
                 if isinstance(outcome, _Pending):
                     batch.append((envelope, outcome))
                 else:
@@ -615,7 +634,8 @@ def _build_launcher(args: argparse.Namespace, model: Any, model_info: Mapping[st
                          model_info, max_sessions=args.max_sessions, session_idle_s=args.session_idle_s,
                          allow_kill=args.allow_kill, max_message_bytes=args.max_message_bytes,
                          curve_secret_key=curve_secret, state_key=load_state_key(args.state_key_file),
-                         max_batch=getattr(args, "max_batch", 1), max_wait_ms=getattr(args, "max_wait_ms", 0.0))
+                         max_batch=getattr(args, "max_batch", 1), max_wait_ms=getattr(args, "max_wait_ms", 0.0),
+                         auth_frame_only=getattr(args, "auth_frame_only", False))
 
 
 def _check_serve_args(args: argparse.Namespace) -> Optional[str]:
@@ -674,6 +694,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--state-key-file", default=None,
                        help="a file of at least 32 secret bytes that seals session states (branching); without it "
                             "the key is random per start, and a restarted launcher refuses older states")
+    serve.add_argument("--auth-frame-only", action="store_true",
+                       help="accept only requests carrying the token in its own frame, checked before the message is "
+                            "read (clients: --policy-option auth_frame=true; GR00T's own clients are refused)")
     serve.add_argument("--max-batch", type=int, default=1,
                        help="answer up to this many get_action requests of different sessions with one model call "
                             "(the model's get_action_batch); 1: one at a time")
