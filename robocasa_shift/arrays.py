@@ -1,6 +1,6 @@
 """Arrays on disk without pickle: deterministic ``.npz`` files and text carried as bytes.
 
-Snapshots (``branching/snapshot.py``) and per-step logs (``engine/steplog.py``)
+Snapshots (``branching/snapshot.py``) and per-step logs (``engine/step_logger.py``)
 are written with :func:`npz_bytes` and read with :func:`read_npz`: numpy's
 ``.npz`` layout (a zip of ``.npy`` arrays), deflated, with fixed timestamps so
 the same arrays always give the same bytes and the same SHA-256, and read with

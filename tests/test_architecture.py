@@ -153,8 +153,8 @@ def test_every_import_points_down_the_floors_or_stays_in_its_package():
 def test_the_floor_check_catches_an_import_up_and_one_sideways():
     graph = {"robocasa_shift.core.specs": {"robocasa_shift.engine.rollout"},
              "robocasa_shift.analysis.measures": {"robocasa_shift.backends.fake", "robocasa_shift.core.records"},
-             "robocasa_shift.engine.rollout": {"robocasa_shift.core.specs", "robocasa_shift.engine.steplog"},
-             "robocasa_shift.engine.steplog": set(), "robocasa_shift.backends.fake": set(),
+             "robocasa_shift.engine.rollout": {"robocasa_shift.core.specs", "robocasa_shift.engine.step_logger"},
+             "robocasa_shift.engine.step_logger": set(), "robocasa_shift.backends.fake": set(),
              "robocasa_shift.core.records": set()}
     assert upward_imports(graph) == ["robocasa_shift.analysis.measures -> robocasa_shift.backends.fake",
                                      "robocasa_shift.core.specs -> robocasa_shift.engine.rollout"]

@@ -129,7 +129,7 @@ def test_the_fake_policys_memory_is_rebuilt_exactly_with_no_extra_keys():
 def test_replay_continues_from_its_snapshot(tmp_path, fake_env):
     from robocasa_shift.core.records import RolloutKey
     from robocasa_shift.core.specs import load_protocol
-    from robocasa_shift.engine.demos import record_demo
+    from robocasa_shift.engine.demo_recorder import record_demo
 
     key = RolloutKey("validation", "PickPlace", 3, "clean")
     record, _ = record_demo(fake_env, make_policy("fake"), key, load_protocol(), load_stage_spec("fake", "PickPlace"),

@@ -636,7 +636,7 @@ def test_temporary_files_of_killed_writers_are_removed_when_the_directory_is_nex
 def test_validate_stages_writes_demonstrations_through_the_run_directory_writer_and_refuses_a_planted_link(tmp_path):
     from robocasa_shift.checks.validation import validate_stages
     from robocasa_shift.core.demos import load_demo
-    from robocasa_shift.engine.demos import record_demo
+    from robocasa_shift.engine.demo_recorder import record_demo
     from robocasa_shift.errors import RunDirError
     from robocasa_shift.rundir.files import confined
     from robocasa_shift.backends import get_backend

@@ -1,4 +1,4 @@
-"""Per-step logs (engine/steplog.py): complete, beside their records, audited, and never changing a rollout.
+"""Per-step logs (engine/step_logger.py): complete, beside their records, audited, and never changing a rollout.
 
 Bookkeeping runs on the fake backend; one simulator test checks the reference policy's monitor
 samples leave its rollouts unchanged.
@@ -14,7 +14,7 @@ from robocasa_shift.config import ExecutionConfig, StudyConfig
 from robocasa_shift.core import specs
 from robocasa_shift.core.records import RolloutKey, comparable
 from robocasa_shift.core.steplog import StepLog, StepLogError, log_path
-from robocasa_shift.engine.steplog import StepLogger
+from robocasa_shift.engine.step_logger import StepLogger
 from robocasa_shift.rundir.store import RunStore
 from robocasa_shift.study.runner import run
 

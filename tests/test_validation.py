@@ -46,7 +46,7 @@ def test_replay_policy_reproduces_a_demonstration(tmp_path):
     from robocasa_shift.backends import get_backend
     from robocasa_shift.core.records import RolloutKey
     from robocasa_shift.core.specs import load_protocol, load_stage_spec
-    from robocasa_shift.engine.demos import record_demo
+    from robocasa_shift.engine.demo_recorder import record_demo
     from robocasa_shift.engine.rollout import run_rollout
 
     protocol, spec = load_protocol(), load_stage_spec("fake", "PickPlace")

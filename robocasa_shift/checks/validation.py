@@ -18,7 +18,7 @@ from robocasa_shift.core import specs
 from robocasa_shift.core.demos import demo_path, load_demo
 from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.core.stages import StageTracker
-from robocasa_shift.engine.demos import record_demo
+from robocasa_shift.engine.demo_recorder import record_demo
 from robocasa_shift.engine.rollout import Observer, prepare_episode, run_rollout
 from robocasa_shift.errors import BadInput
 from robocasa_shift.policies import make_policy

@@ -37,7 +37,7 @@ def demo_path(directory: Path | str, key: RolloutKey) -> Path:
 
 
 def demo_bytes(actions: np.ndarray, states: np.ndarray, meta: Mapping[str, Any]) -> bytes:
-    """One demonstration file's bytes (the run directory's writer puts them in place: ``engine/demos.py``)."""
+    """One demonstration file's bytes (the run directory's writer puts them in place: ``engine/demo_recorder.py``)."""
     return npz_bytes({"format": np.array(FORMAT), "actions": np.asarray(actions, dtype=np.float64),
                       "states": np.asarray(states, dtype=np.float64), "meta": text_array(json.dumps(dict(meta)))})
 

@@ -1,6 +1,6 @@
 """Per-step logs: what a rollout did at every control step, for runtime monitors and judges.
 
-The file format. A ``StepLogger`` (``robocasa_shift.engine.steplog``, an observer of the rollout)
+The file format. A ``StepLogger`` (``robocasa_shift.engine.step_logger``, an observer of the rollout)
 records, while a rollout runs, one row per control step and one per action-chunk
 boundary; :meth:`StepLog.to_bytes` makes the ``.npz`` file written beside the
 rollout's record (``<record stem>.steps.npz``; the record's ``step_log`` holds

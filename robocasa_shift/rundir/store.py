@@ -387,7 +387,7 @@ class RunStore:
     def write(self, record: Record, step_log: Optional[bytes] = None) -> Path:
         """Write ``record`` atomically at its key's path; return the path.
 
-        A step log is written first (beside the record, see ``engine/steplog.py``), so a record that
+        A step log is written first (beside the record, see ``engine/step_logger.py``), so a record that
         names a log always has it; a record written without one removes a stale log of its key.
         """
         path = self.record_path(record.key)

@@ -33,7 +33,7 @@ from robocasa_shift.core.conditions import Condition
 from robocasa_shift.core.factors import required_hooks
 from robocasa_shift.core.records import Record, RolloutKey
 from robocasa_shift.engine.rollout import run_lockstep, run_rollout
-from robocasa_shift.engine.steplog import StepLogger
+from robocasa_shift.engine.step_logger import StepLogger
 from robocasa_shift.errors import Error, PolicyOptionError
 from robocasa_shift.policies import (
     POLICIES,
