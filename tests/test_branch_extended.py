@@ -75,9 +75,11 @@ def test_the_monotone_fit_pools_a_rise_and_the_likelihood_ratio_is_worked_out_by
     assert ab.antitonic_fit([4, 0, 4, 0], [4, 4, 4, 4]).tolist() == [1.0, 0.5, 0.5, 0.0]
     # 0/16 then 16/16 against the pooled 1/2: G = 2 (0 - 32 ln 1/2) = 64 ln 2
     assert ab.monotone_statistic([0, 16], [16, 16]) == pytest.approx(64 * math.log(2))
-    test = ab.nonmonotone_test([0, 16], [16, 16], n_boot=500, seed=0)
-    assert test["p"] == pytest.approx(1 / 501)  # no draw from p = 1/2 at both reaches 0/16 then 16/16
-    assert ab.nonmonotone_test([16, 8, 0], [16, 16, 16]) == {"statistic": 0.0, "p": 1.0, "fitted": [1.0, 0.5, 0.0]}
+    test = ab.nonmonotone_test([0, 16], [16, 16], n_perm=500, seed=0)
+    # exact given the 16 successes: of the C(32, 16) allocations only 0/16 then 16/16 is as far from non-increasing
+    assert test["exact"] and test["p"] == pytest.approx(1 / math.comb(32, 16))
+    assert ab.nonmonotone_test([16, 8, 0], [16, 16, 16]) == {"statistic": 0.0, "p": 1.0, "fitted": [1.0, 0.5, 0.0],
+                                                             "exact": True}
     assert ab.has_pattern([True, False, True]) and ab.has_pattern([False, True, False, False, True])
     assert not ab.has_pattern([True, True, False]) and not ab.has_pattern([False, False, True])
 
@@ -95,7 +97,7 @@ def test_non_monotone_trunks_are_counted_per_intervention(tmp_path):
         checkpoint(b, 16, {"continue": entry(0, fixed=1), "recover": entry(0, fixed=0)}),
     ]
     study = ab.load_branch_study(write_study(tmp_path / "s", [trunk(a), trunk(b)], checkpoints))
-    frame = ab.nonmonotone_frame(study, n_boot=200)
+    frame = ab.nonmonotone_frame(study, n_perm=200)
     cont = frame[frame["intervention"] == "continue"].set_index("trunk")
     label_a, label_b = ab.trunk_label(a), ab.trunk_label(b)
     assert cont.loc[label_a, "pattern"] and cont.loc[label_a, "significant"] and cont.loc[label_a, "counts_from"] == "fixed K"

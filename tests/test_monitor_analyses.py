@@ -69,17 +69,17 @@ def test_every_auc_table_holds_the_three_baselines_beside_the_monitor():
 # --------------------------------------------------------------------------- item 2: leave one task out
 
 
-def test_the_macro_over_held_out_tasks_has_its_task_bootstrap_interval_sd_and_range():
-    summary = detection.task_macro({"A": 0.6, "B": 0.8, "C": 1.0, "D": None}, n_boot=2000, seed=1)
+def test_the_macro_over_held_out_tasks_has_a_t_interval_over_tasks_sd_and_range():
+    summary = detection.task_macro({"A": 0.6, "B": 0.8, "C": 1.0, "D": None})
     assert summary["macro"] == pytest.approx(0.8)
     assert summary["sd"] == pytest.approx(0.2)  # sample SD of 0.6, 0.8, 1.0
     assert (summary["min"], summary["max"], summary["n_tasks"]) == (0.6, 1.0, 3)
     assert summary["tasks_without_value"] == ["D"]
-    lo, hi = summary["ci95"]
-    # resampled means of three values lie between 0.6 and 1.0; the interval straddles the mean
-    assert 0.6 <= lo < 0.8 < hi <= 1.0
-    assert detection.task_macro({"A": 0.7}, 100, 0) == {"macro": 0.7, "ci95": [0.7, 0.7], "sd": None, "min": 0.7,
-                                                       "max": 0.7, "n_tasks": 1, "tasks_without_value": []}
+    # 0.8 -+ t(2, 0.975) 0.2 / sqrt(3), t = 4.3027, clipped to [0, 1]: wider than the range of the three values
+    assert summary["ci95"] == pytest.approx([0.8 - 4.302653 * 0.2 / 3 ** 0.5, 1.0], abs=1e-5)
+    assert "measured coverage" in summary["interval"]
+    one = detection.task_macro({"A": 0.7, "B": 0.9})
+    assert one["ci95"] == [None, None] and one["interval"].startswith("not estimable: 2 task(s)")
 
 
 # --------------------------------------------------------------------------- item 3: the gap
@@ -99,16 +99,18 @@ def test_the_pooled_minus_macro_gap_splits_exactly_into_its_two_terms():
     assert terms["term_between"] == pytest.approx(0.5 * (0.5 - 1.0)) and terms["term_weights"] == 0.0
 
 
-def test_the_gap_interval_resamples_tasks_and_is_zero_when_every_task_is_the_same():
+def test_the_gap_interval_leaves_out_one_task_at_a_time_and_is_zero_when_every_task_is_the_same():
     one = [("A", False, 2.0), ("A", True, 1.0)]
     ep = pd.DataFrame([(t, s, v) for t in ("A", "B", "C") for _, s, v in one], columns=["task", "success", "score"])
-    result = detection.gap_bootstrap(ep, n_boot=200, seed=3)
+    result = detection.gap_interval(ep)
     assert result["gap"] == 0.0 and result["ci95"] == [0.0, 0.0] and result["n_tasks"] == 3
-    # tasks whose scores sit at different levels: between-task pairs can be easier; the interval is seeded
-    ep2 = pd.DataFrame({"task": list("AAAABBBB"), "success": [False, True, True, False] * 2,
-                        "score": [5, 4, 6, 1, 15, 14, 16, 11]})
-    a, b = detection.gap_bootstrap(ep2, 300, 7), detection.gap_bootstrap(ep2, 300, 7)
-    assert a == b and a["ci95"][0] <= a["gap"] <= a["ci95"][1]
+    # tasks whose scores sit at different levels: between-task pairs can be easier
+    ep3 = pd.DataFrame({"task": list("AAAABBBBCCCC"), "success": [False, True, True, False] * 3,
+                        "score": [5, 4, 6, 1, 15, 14, 16, 11, 8, 9, 7, 2]})
+    result = detection.gap_interval(ep3)
+    assert result["ci95"][0] < result["gap"] < result["ci95"][1] and "measured coverage" in result["interval"]
+    two = detection.gap_interval(ep3[ep3.task != "C"])  # two tasks: a jackknife of two is 0, no interval
+    assert two["ci95"] == [None, None] and two["interval"].startswith("not estimable: 2 task(s)")
 
 
 # --------------------------------------------------------------------------- item 4: functional CP

@@ -11,7 +11,8 @@ assumption that recoverability decreases with time.
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence, Tuple
+import math
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 Q = 0.25  # the lower posterior quantile
 TAU = 0.5  # the primary recovery criterion
@@ -58,5 +59,41 @@ def combined_estimate(by_intervention: Mapping[str, Optional[float]]) -> Optiona
     return max(values) if values else None
 
 
+def _binomial(n: int, p: float) -> List[float]:
+    return [math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(n + 1)]
+
+
+def operating_characteristic(p: float, tau: float = TAU, q: float = Q, k_initial: int = K_INITIAL,
+                             k_expanded: int = K_EXPANDED, k_fixed: int = 32) -> Dict[str, float]:
+    """Exactly, at a true success probability ``p``: P(recoverable) under the adaptive rule (``k_initial``
+    branches, expanded to ``k_expanded`` when the central 50% posterior interval straddles ``tau``), under a
+    fixed ``k_fixed`` branches, and P(the two disagree) when the fixed reference reuses the adaptive branches and
+    adds the rest (as ``branch --k-fixed`` runs it).
+
+    Returns:
+        ``{"p", "adaptive", "fixed", "disagree", "expanded"}`` (``expanded``: P(the rule expands)).
+    """
+    recoverable_fixed = [jeffreys_lower(j, k_fixed, q) >= tau for j in range(k_fixed + 1)]
+    adaptive = fixed = disagree = expanded = 0.0
+    for first, weight in enumerate(_binomial(k_initial, p)):
+        if k_expanded > k_initial and needs_expansion(first, k_initial, tau):
+            expanded += weight
+            outcomes = [(first + more, k_expanded, weight * w) for more, w in enumerate(_binomial(k_expanded - k_initial, p))]
+        else:
+            outcomes = [(first, k_initial, weight)]
+        for k, n, w in outcomes:
+            verdict = jeffreys_lower(k, n, q) >= tau
+            adaptive += w * verdict
+            for extra, w2 in enumerate(_binomial(k_fixed - n, p)):
+                reference = recoverable_fixed[k + extra]
+                fixed += w * w2 * reference
+                disagree += w * w2 * (verdict != reference)
+    return {"p": float(p), "adaptive": adaptive, "fixed": fixed, "disagree": disagree, "expanded": expanded}
+
+
+OC_PROBABILITIES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+
 __all__ = ["K_EXPANDED", "K_INITIAL", "Q", "TAU", "TAUS_REPORTED", "central_interval", "combined_estimate",
-           "jeffreys_lower", "jeffreys_quantile", "needs_expansion", "recoverability_horizon"]
+           "jeffreys_lower", "jeffreys_quantile", "needs_expansion", "OC_PROBABILITIES", "operating_characteristic",
+           "recoverability_horizon"]

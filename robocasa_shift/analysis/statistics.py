@@ -126,6 +126,37 @@ def normal_quantile(p: float) -> float:
     return _NORMAL.inv_cdf(p)
 
 
+def student_t_cdf_two_sided(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with ``df`` (a positive integer) degrees of freedom, in closed form
+    (Abramowitz & Stegun 26.7.3-4)."""
+    theta = math.atan(abs(t) / math.sqrt(df))
+    sin, cos = math.sin(theta), math.cos(theta)
+    if df % 2 == 1:
+        total, term = 0.0, cos if df > 1 else 0.0
+        for k in range(1, (df - 1) // 2 + 1):  # cos, (2/3) cos^3, (2*4)/(3*5) cos^5, ...
+            total += term
+            term *= cos * cos * (2 * k) / (2 * k + 1)
+        return min(1.0, 2.0 / math.pi * (theta + sin * total))
+    total, term = 0.0, 1.0
+    for k in range(1, df // 2 + 1):  # 1, cos^2 / 2, (1*3)/(2*4) cos^4, ...
+        total += term
+        term *= cos * cos * (2 * k - 1) / (2 * k)
+    return min(1.0, sin * total)
+
+
+def student_t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile (p > 0.5) of Student's t with ``df`` degrees of freedom, by bisection on the closed form."""
+    if not 0.5 < p < 1 or df < 1:
+        raise AnalysisError(f"student_t_quantile needs 0.5 < p < 1 and df >= 1, got p {p}, df {df}")
+    target, lo, hi = 2 * p - 1, 0.0, 1.0
+    while student_t_cdf_two_sided(hi, df) < target:
+        hi *= 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if student_t_cdf_two_sided(mid, df) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
 def _normal_sf(x: np.ndarray) -> np.ndarray:
     """1 - Phi(x), elementwise."""
     x = np.asarray(x, dtype=float)

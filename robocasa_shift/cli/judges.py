@@ -209,7 +209,9 @@ def score_judge_command(judge_set: Path, predictions, out: Optional[Path], seed:
         macro, micro = r["accuracy"]["macro"], r["accuracy"]["micro"]
         near = r["success_bias"]["strata"][NEAR_SUCCESS]
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-        click.echo(f"  {name:<14} macro BA {fmt(macro['ba'])}  micro BA {fmt(micro['ba'])}  false-success "
+        subsets = f"{macro['subsets']}/{macro['of_subsets']} subsets" + ("" if macro["ba"] is not None else
+                                                                           ", not estimable")
+        click.echo(f"  {name:<14} macro BA {fmt(macro['ba'])} ({subsets})  micro BA {fmt(micro['ba'])}  false-success "
                    f"{fmt(r['success_bias']['false_success']['rate'])}  near successes judged success "
                    f"{near['k']}/{near['n']}")
     click.echo(f"-> {result['out']}/scores.md")

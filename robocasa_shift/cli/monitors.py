@@ -42,8 +42,8 @@ def monitors_command(run_dir: Path, monitors, target_fa: float, kappa: float, re
     false-alarm rate, the ideal-detector ceiling as one range per run,
     rate-matched random alarm). Beside them (the pooled-AUC report and RESCUE):
     length-only, elapsed-time and task-identity baselines in every AUC table,
-    leave-one-task-out macro AUC with a task-bootstrap interval, the
-    pooled-minus-macro gap with a task-clustered interval, functional conformal
+    leave-one-task-out macro AUC with a t-interval over tasks, the
+    pooled-minus-macro gap with a jackknife-t interval, functional conformal
     thresholds over an alpha sweep and calibration splits, predeclared fixed
     horizons, RESCUE Table II (End, Early, <100, AUC-PDT, Timely beside decision
     value), cost-optimal thresholds and a kappa sweep, and a hidden-state probe

@@ -6,8 +6,10 @@ judge run anywhere can be scored. A subset is (task, condition).
 - **Balanced accuracy** (mean of the success and failure recalls) per subset,
   with a stratified bootstrap interval; a subset with one class is scored by
   that class's recall (Wilson interval) and enters only the micro figure.
-  Macro: the mean over two-class subsets (per condition: over its tasks);
-  micro: the recalls of every sample pooled.
+  Macro: the mean over two-class subsets (per condition: over its tasks),
+  printed with how many subsets entered it, and not estimable (null) below
+  :data:`MIN_MACRO_SUBSETS` two-class subsets; micro: the recalls of every
+  sample pooled.
 - **Success bias**: the false-success rate (failures judged successes), overall
   and per stratum of stage depth: ``no_subgoal``, ``mid_task`` and
   ``near_success`` (every subgoal latched, the official check failed), each
@@ -59,6 +61,9 @@ LENGTH_ONLY = "length-only"
 BASELINES = (LENGTH_ONLY, validity.ALL_FAILURE)  # judges every set gets, scored beside the real ones
 FAILURE_STRATA = (NO_SUBGOAL, MID_TASK, NEAR_SUCCESS)
 N_BOOT = 2000
+# A macro over one two-class subset is that subset's BA, not a mean over tasks: two noisy judges (micro BA 0.95
+# and 0.85) both read macro 1.000 [1.00, 1.00] when only one subset held both classes.
+MIN_MACRO_SUBSETS = 2
 
 
 def length_only(table: pd.DataFrame) -> pd.DataFrame:
@@ -101,13 +106,25 @@ def _interval(draws: np.ndarray) -> List[float]:
     return [float(np.quantile(draws, 0.025)), float(np.quantile(draws, 0.975))]
 
 
-def _ba_with_interval(groups: Sequence[tuple], rng: np.random.Generator, n_boot: int) -> Dict[str, Any]:
-    """Macro balanced accuracy over the two-class groups (success, predicted), with its bootstrap interval."""
+def _ba_with_interval(groups: Sequence[tuple], rng: np.random.Generator, n_boot: int,
+                      min_subsets: int = 1) -> Dict[str, Any]:
+    """Mean balanced accuracy over the two-class groups (success, predicted), with its bootstrap interval;
+    ``subsets`` of ``of_subsets`` groups entered it, and below ``min_subsets`` it is not estimable (null)."""
+    total = len(groups)
     groups = [(s, p) for s, p in groups if s.any() and (~s).any()]
-    if not groups:
-        return {"ba": None, "ci95": None, "subsets": 0}
-    point = float(np.mean([balanced_accuracy(s, p) for s, p in groups]))
-    return {"ba": point, "ci95": _interval(_boot_recall_means(groups, rng, n_boot)), "subsets": len(groups)}
+    out: Dict[str, Any] = {"ba": None, "ci95": None, "subsets": len(groups), "of_subsets": total}
+    if len(groups) < max(1, min_subsets):
+        out["not_estimable"] = (f"{len(groups)} of {total} subsets hold both classes; a macro needs {min_subsets}"
+                                if min_subsets > 1 else "no subset holds both classes")
+        return out
+    out["ba"] = float(np.mean([balanced_accuracy(s, p) for s, p in groups]))
+    out["ci95"] = _interval(_boot_recall_means(groups, rng, n_boot))
+    return out
+
+
+def _macro(groups: Sequence[tuple], rng: np.random.Generator, n_boot: int) -> Dict[str, Any]:
+    """A macro balanced accuracy: over at least :data:`MIN_MACRO_SUBSETS` two-class subsets, else not estimable."""
+    return _ba_with_interval(groups, rng, n_boot, MIN_MACRO_SUBSETS)
 
 
 def _rate(k: int, n: int) -> Dict[str, Any]:
@@ -145,13 +162,21 @@ def accuracy(frame: pd.DataFrame, rng: np.random.Generator, n_boot: int = N_BOOT
     for condition, part in frame.groupby("condition", sort=False):
         groups = [(c["success"].to_numpy(), c["predicted"].to_numpy()) for _, c in part.groupby("task")]
         s, p = part["success"].to_numpy(), part["predicted"].to_numpy()
-        conditions[condition] = {"macro": _ba_with_interval(groups, rng, n_boot),
+        conditions[condition] = {"macro": _macro(groups, rng, n_boot),
                                  "micro": _micro(s, p, rng, n_boot), "n": int(len(part)),
                                  "false_success": _rate(int((p & ~s).sum()), int((~s).sum()))}
     groups = [(c["success"].to_numpy(), c["predicted"].to_numpy()) for _, c in frame.groupby(["task", "condition"])]
     s, p = frame["success"].to_numpy(), frame["predicted"].to_numpy()
-    return {"subsets": subsets, "conditions": conditions, "macro": _ba_with_interval(groups, rng, n_boot),
+    return {"subsets": subsets, "conditions": conditions, "macro": _macro(groups, rng, n_boot),
             "micro": _micro(s, p, rng, n_boot), "n": int(len(frame))}
+
+
+def _macro_text(macro: Mapping[str, Any]) -> str:
+    """A macro BA with its interval and the subsets that entered it, or why it is not estimable."""
+    count = f"{macro.get('subsets', 0)}/{macro.get('of_subsets', 0)} subsets"
+    if macro.get("ba") is None:
+        return f"not estimable ({count} with both classes)"
+    return f"{_fmt(macro['ba'])}{_fmt_ci(macro['ci95'])} ({count})"
 
 
 def _micro(success: np.ndarray, predicted: np.ndarray, rng, n_boot: int) -> Dict[str, Any]:
@@ -348,6 +373,7 @@ def tables(result: Mapping[str, Any]) -> Dict[str, pd.DataFrame]:
             conditions.append({"judge": judge, "condition": cond, "n": v["n"], "macro_ba": v["macro"]["ba"],
                                "macro_lo": (v["macro"]["ci95"] or [None])[0],
                                "macro_hi": (v["macro"]["ci95"] or [None, None])[1],
+                               "macro_subsets": v["macro"]["subsets"], "of_subsets": v["macro"]["of_subsets"],
                                "micro_ba": v["micro"]["ba"], "false_success_rate": v["false_success"]["rate"]})
         for name, rate in r["success_bias"]["strata"].items():
             strata.append({"judge": judge, "stratum": name, "failures": rate["n"], "judged_success": rate["k"],
@@ -369,12 +395,14 @@ def markdown(result: Mapping[str, Any]) -> str:
     """``scores.md``: the headline tables for people."""
     lines = [f"# Success judges on judge set {result['export_hash'][:12]}", "",
              f"{result['samples']} samples; balanced accuracy (BA) with 95% intervals (bootstrap for BA, Wilson for "
-             f"rates); `{LENGTH_ONLY}` is the duration baseline (see the scoring module).", "",
+             f"rates); `{LENGTH_ONLY}` is the duration baseline (see the scoring module). A macro BA is the mean "
+             f"over the (task, condition) subsets that hold both classes, with how many entered it; below "
+             f"{MIN_MACRO_SUBSETS} it is not estimable.", "",
              "| judge | judged | macro BA | micro BA | false-success rate | on near successes |",
              "|---|---|---|---|---|---|"]
     for judge, r in result["judges"].items():
         a, b = r["accuracy"], r["success_bias"]
-        lines.append(f"| {judge} | {r['judged']} | {_fmt(a['macro']['ba'])}{_fmt_ci(a['macro']['ci95'])} | "
+        lines.append(f"| {judge} | {r['judged']} | {_macro_text(a['macro'])} | "
                      f"{_fmt(a['micro']['ba'])}{_fmt_ci(a['micro']['ci95'])} | {_fmt_rate(b['false_success'])} | "
                      f"{_fmt_rate(b['strata'][NEAR_SUCCESS])} |")
     lines += ["", "## Per condition: macro BA over tasks, and verdict flips on pairs whose outcome held", ""]
@@ -388,7 +416,7 @@ def markdown(result: Mapping[str, Any]) -> str:
             r = result["judges"][n]
             acc = r["accuracy"]["conditions"].get(cond, {}).get("macro", {})
             pair = r["paired"].get(cond)
-            cells += [f"{_fmt(acc.get('ba'))}{_fmt_ci(acc.get('ci95'))}",
+            cells += [_macro_text(acc) if acc else "-",
                       _fmt_rate(pair["verdict_flip"]) if pair else "-",
                       _fmt_rate(pair["sf_caught"]) if pair else "-",
                       _fmt(pair["mcnemar"]["p_exact"], 3) if pair else "-"]

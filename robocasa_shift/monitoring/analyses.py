@@ -8,10 +8,10 @@ parts and the Markdown sections of ``summary.md``:
   its AUCs beside the length-only, elapsed-time and task-identity baselines and its 5% operating point
   (report Sec. 3.5);
 - ``loto_macro.csv``: leave one task out as the report summarises it (Sec. 3.3): macro AUC over held-out
-  tasks with a task-bootstrap interval, SD and range, per window, beside the baselines' (the
+  tasks with a t-interval over tasks, SD and range, per window, beside the baselines' (the
   hidden-state probe is refitted without each held-out task);
-- ``gap.csv``: the pooled-minus-macro gap, its exact decomposition and a task-clustered, label-stratified
-  bootstrap interval (Sec. 3.2);
+- ``gap.csv``: the pooled-minus-macro gap, its exact decomposition and a jackknife-t interval over tasks
+  (Sec. 3.2);
 - ``functional_cp.csv`` and ``figures/fcp__<window>.png``: time-varying thresholds by functional conformal
   prediction over an alpha sweep and 10 calibration splits, with the detection / false-alarm trade-off and
   the spread across splits, beside the constant 5% threshold (Sec. 3.4);
@@ -121,9 +121,8 @@ def _per_task_test_auc(ep: pd.DataFrame) -> Dict[str, Optional[float]]:
 
 
 def loto_macro_table(names: Sequence[str], scores: Mapping[str, pd.DataFrame], splits, windows,
-                     probe_loto: Optional[Mapping[str, pd.DataFrame]], n_boot: int, seed: int,
-                     probe_name: str) -> pd.DataFrame:
-    """Per monitor (and baseline) and window: the macro AUC over held-out tasks, a task-bootstrap interval, the
+                     probe_loto: Optional[Mapping[str, pd.DataFrame]], probe_name: str) -> pd.DataFrame:
+    """Per monitor (and baseline) and window: the macro AUC over held-out tasks, a t-interval over tasks, the
     SD and the range (each task's AUC on its test rollouts, every condition; the probe's from a probe fitted
     without that task)."""
     rows = []
@@ -145,27 +144,24 @@ def loto_macro_table(names: Sequence[str], scores: Mapping[str, pd.DataFrame], s
         for base, frame in baselines.items():
             entries.append((f"{base} (baseline)", "baseline", _per_task_test_auc(episodes(frame, splits, limits))))
         for name, kind, per_task in entries:
-            summary = detection.task_macro(per_task, n_boot, seeding.derive_seed(seed, stream="loto_macro",
-                                                                                 monitor=name, window=window))
+            summary = detection.task_macro(per_task)
             rows.append({"monitor": name, "window": window, "kind": kind, "macro_auc": summary["macro"],
-                         "ci95": summary["ci95"], "sd": summary["sd"], "min": summary["min"], "max": summary["max"],
+                         "ci95": summary["ci95"], "interval": summary["interval"], "sd": summary["sd"], "min": summary["min"], "max": summary["max"],
                          "n_tasks": summary["n_tasks"],
                          "per_task": ", ".join(f"{t}={'-' if v is None else f'{v:.3f}'}"
                                                for t, v in sorted(per_task.items()))})
     return pd.DataFrame(rows)
 
 
-def gap_table(names: Sequence[str], scores: Mapping[str, pd.DataFrame], splits, windows, n_boot: int,
-              seed: int) -> pd.DataFrame:
+def gap_table(names: Sequence[str], scores: Mapping[str, pd.DataFrame], splits, windows) -> pd.DataFrame:
     """Per monitor and window, on the test rollouts of every condition: the pooled-minus-macro gap, its two
-    terms and its task-clustered, label-stratified bootstrap interval."""
+    terms and its jackknife-t interval over tasks."""
     rows = []
     for name in names:
         for window in detection.WINDOW_KINDS:
             ep = episodes(scores[name], splits, windows[window])
             test = ep[ep[detection.SPLIT_COLUMN] == detection.TEST]
-            result = detection.gap_bootstrap(test, n_boot, seeding.derive_seed(seed, stream="gap_bootstrap",
-                                                                               monitor=name, window=window))
+            result = detection.gap_interval(test)
             rows.append({"monitor": name, "window": window, **result})
     return pd.DataFrame(rows)
 
@@ -525,15 +521,16 @@ def markdown(parts: Mapping[str, Any]) -> List[str]:
     loto = parts.get("loto_macro")
     if loto is not None and len(loto):
         lines += ["## Leave one task out: macro AUC over held-out tasks", "",
-                  "Each task's AUC on its test rollouts (every condition); macro = the mean over tasks, a task "
-                  "bootstrap interval, the SD and the range across tasks (few tasks: wide).", "",
+                  "Each task's AUC on its test rollouts (every condition); macro = the mean over tasks, a t-interval "
+                  f"over tasks ({detection.TASK_INTERVAL_COVERAGE['macro']}; none below "
+                  f"{detection.MIN_TASKS_FOR_INTERVAL} tasks), the SD and the range across tasks (few tasks: wide).", "",
                   table(loto, ["monitor", "window", "macro_auc", "ci95", "sd", "min", "max", "n_tasks", "per_task"]),
                   ""]
     gap = parts.get("gap")
     if gap is not None and len(gap):
         lines += ["## Pooled minus macro AUC", "",
-                  "gap = w (between - within) + (within - macro); interval: tasks resampled with replacement, each "
-                  "task's failures and successes resampled within it.", "",
+                  "gap = w (between - within) + (within - macro); interval: "
+                  f"{detection.TASK_INTERVAL_COVERAGE['gap']}; none below {detection.MIN_TASKS_FOR_INTERVAL} tasks.", "",
                   table(gap, ["monitor", "window", "pooled_auc", "macro_auc", "gap", "ci95", "term_between",
                               "term_weights", "weight_between", "n_tasks"]), ""]
     fcp = parts.get("functional_cp")
@@ -588,8 +585,8 @@ def _run(run_dir, out, names, scores, splits, windows, conditions, decisions, ta
 
     universes = [*conditions, detection.ALL_CONDITIONS]
     horizons = horizons_table(names, scores, splits, target_fa)
-    loto = loto_macro_table(names, scores, splits, windows, probe_loto, n_resamples, seed, probe_name)
-    gap = gap_table(names, scores, splits, windows, n_resamples, seed)
+    loto = loto_macro_table(names, scores, splits, windows, probe_loto, probe_name)
+    gap = gap_table(names, scores, splits, windows)
     fcp, fcp_skipped = functional_cp_table(names, scores, splits, windows, target_fa, seed)
     table_ii = table2(names, scores, splits, windows, universes, decisions, branch_horizons(run_dir), target_fa,
                       n_resamples, seed)
