@@ -381,7 +381,7 @@ def test_coverage_simulation_on_a_tiny_grid():
 def test_check_coverage_command_prints_both_intervals(tmp_path):
     out = tmp_path / "coverage.json"
     proc = cli("check-coverage", "--clean-success", "0.8", "--dsr", "0.2", "--tasks", "4", "--pairs", "20",
-               "--concordance", "0.5", "--no-ceiling", "--no-exact", "--studies", "300", "--n-boot", "100",
+               "--concordance", "0.5", "--no-ceiling", "--no-exact", "--no-studies-intervals", "--studies", "300", "--n-boot", "100",
                "--out", str(out))
     assert "percentile" in proc.stdout and "calibrated" in proc.stdout and "4 x 20, clean 0.8, dSR 0.2" in proc.stdout
     written = json.loads(out.read_text())

@@ -255,7 +255,7 @@ def test_check_coverage_has_one_and_two_task_cells_per_task_intervals_and_negati
     assert stats.cell_probabilities(0.6, 0.2, -0.5) == pytest.approx([0.12, 0.48, 0.28, 0.12])
     out = tmp_path / "coverage.json"
     proc = cli("check-coverage", "--clean-success", "0.8", "--dsr", "0.2", "--tasks", "1,2", "--pairs", "10",
-               "--concordance", "-0.5,0.5", "--studies", "200", "--n-boot", "50", "--out", str(out))
+               "--concordance", "-0.5,0.5", "--no-studies-intervals", "--studies", "200", "--n-boot", "50", "--out", str(out))
     for words in ("worst cell, calibrated, macro", "worst cell, calibrated, per task",
                   "worst cell, percentile bootstrap, macro", "worst cell, percentile bootstrap, per task",
                   "exact one-task coverage", " 10 pairs: worst"):

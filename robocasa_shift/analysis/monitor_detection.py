@@ -1047,9 +1047,10 @@ MIN_TASKS_FOR_INTERVAL = 3  # fewer tasks: no interval over tasks is estimable (
 # Measured by `robocasa-shift check-coverage` (task_interval_coverage, seed 0, 2,000 studies per cell): quoted
 # beside the intervals in loto_macro.csv, gap.csv and the summary.
 TASK_INTERVAL_COVERAGE = {
-    "macro": "t-interval over tasks: measured coverage 0.925-0.955 (3 / 5 / 8 tasks, `check-coverage`)",
-    "gap": "jackknife-t over tasks: measured coverage 0.87-0.99 (3 / 5 / 8 tasks, `check-coverage`); below 0.94 "
-           "where the tasks' score levels differ",
+    "macro": "t-interval over tasks: measured coverage of the task-population mean 0.91-0.95 with 3 / 5 / 8 tasks "
+             "(below 0.94 where the tasks' AUCs spread widely; `check-coverage`)",
+    "gap": "jackknife-t over tasks: measured coverage 0.92-0.99 with 3 / 5 / 8 tasks (below 0.94 where the tasks' "
+           "score levels differ; `check-coverage`)",
 }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import click
 
@@ -71,12 +71,17 @@ EXACT_PAIRS = (10, 20, 30, 50)
 @click.option("--exact/--no-exact", "exact", default=True, show_default=True,
               help="Also the exact one-task coverage of the per-task interval, by enumeration, at 10, 20, 30 and 50 "
                    "pairs over every (p_SF, p_FS) on a 0.01 grid.")
+@click.option("--studies-intervals/--no-studies-intervals", "study_intervals", default=True, show_default=True,
+              help="Also the intervals of the studies beyond the matrix: the interaction interval on its grid "
+                   "(dSR(A), dSR(B) 0 / 0.2 / 0.3, 10 to 200 episodes, independent to fully dependent failures) and "
+                   "on random dependent joints, and the monitors' intervals over tasks (LOTO macro AUC, "
+                   "pooled-minus-macro gap) on a task-population grid.")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1), help="Processes (cells in parallel).")
 @click.option("--out", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Also write the cells as JSON.")
 @handle_errors
 def check_coverage_command(clean_success: str, true_dsr: str, n_tasks: str, n_pairs: str, studies: int, n_boot: int,
-                           seed: int, concordance: str, ceiling: bool, exact: bool, workers: int,
-                           out: Optional[Path]) -> None:
+                           seed: int, concordance: str, ceiling: bool, exact: bool, study_intervals: bool,
+                           workers: int, out: Optional[Path]) -> None:
     """Simulate studies with a known true macro dSR and print how often each interval covers it.
 
     \b
@@ -87,9 +92,11 @@ def check_coverage_command(clean_success: str, true_dsr: str, n_tasks: str, n_pa
     extended to 0 where the exact test does not reject) and the paper's
     percentile pair bootstrap (N_BOOT resamples; macro and per task). It ends
     with the grid's worst cell per interval and, with --exact, the exact
-    one-task coverage of the per-task interval. Exit status 1 when a
-    calibrated interval covers less than 0.93 in a cell whose true success
-    rates lie in [0.05, 0.95]. Not part of the test suite (`make
+    one-task coverage of the per-task interval, then, with
+    --studies-intervals, the interaction interval's and the monitors'
+    intervals over tasks (about 30 min more on 2 shared cores). Exit status 1
+    when a calibrated or interaction interval covers less than 0.93 in a cell
+    whose true success rates lie in [0.05, 0.95]. Not part of the test suite (`make
     check-coverage`); the default grid (924 cells) took 27 min with
     --workers 2 on 2 shared cores.
     """
@@ -129,16 +136,67 @@ def check_coverage_command(clean_success: str, true_dsr: str, n_tasks: str, n_pa
             click.echo(f"  {n:>3d} pairs: worst {realistic.worst:.3f} where at most 70% of pairs are discordant "
                        f"(p_SF {realistic.p_sf:.2f}, p_FS {realistic.p_fs:.2f}); {every.worst:.3f} over every "
                        f"(p_SF {every.p_sf:.2f}, p_FS {every.p_fs:.2f}); mean {every.mean:.3f}")
+    beyond = _study_interval_coverage(studies, seed) if study_intervals else {}
     if out is not None:
         atomic_write_text(out, json.dumps({"studies": studies, "n_boot": n_boot, "seed": seed, "concordance": concordances,
                                            "ceiling": ceiling, "seconds": elapsed, "worst": worst_cells,
-                                           "exact": exact_rows, "cells": [c.to_json() for c in cells]}, indent=1) + "\n")
+                                           "exact": exact_rows, "cells": [c.to_json() for c in cells],
+                                           "studies_beyond_the_matrix": beyond}, indent=1) + "\n")
     failures = stats.coverage_failures(cells, THRESHOLD)
+    failures += [f"interaction, {_interaction_name(c)}" for c in beyond.get("interaction_grid", []) + beyond.get(
+        "interaction_random", []) if c["coverage"] < THRESHOLD]
     if failures:
         raise CheckFailed(f"a calibrated interval covers less than {THRESHOLD} in {len(failures)} cell(s) whose true "
-                          f"success rates lie in [0.05, 0.95]: " + "; ".join(_cell_name(c) for c in failures))
+                          f"success rates lie in [0.05, 0.95]: "
+                          + "; ".join(c if isinstance(c, str) else _cell_name(c) for c in failures))
     click.echo(f"calibrated intervals (macro and per task): at least {THRESHOLD} in every cell whose true success rates "
                "lie in [0.05, 0.95]")
+
+
+def _interaction_name(cell: Dict[str, Any]) -> str:
+    if "cell" in cell:
+        return (f"random dependent joint {cell['cell']} (success rates "
+                f"{', '.join(f'{r:.2f}' for r in cell['rates'])}), {cell['n_tasks']} x {cell['n']}")
+    return (f"clean {cell['clean']:g}, dSR(A) {cell['dsr_a']:g}, dSR(B) {cell['dsr_b']:g}, interaction "
+            f"{cell['interaction']:g}, {cell['n_tasks']} x {cell['n']}, dependence {cell['dependence']:g}")
+
+
+def _study_interval_coverage(studies: int, seed: int) -> Dict[str, Any]:
+    """The coverage of the interaction interval and of the monitors' intervals over tasks, printed as measured."""
+    import itertools
+
+    import numpy as np
+
+    from robocasa_shift.analysis import interactions
+    from robocasa_shift.monitoring import detection
+
+    started = time.perf_counter()
+    grid = interactions.coverage_grid(studies=studies, seed=seed)
+    worst = min(grid, key=lambda c: c["coverage"])
+    click.echo(f"\ninteraction interval, {len(grid)} grid cells: worst {worst['coverage']:.4f} "
+               f"({_interaction_name(worst)}), mean {np.mean([c['coverage'] for c in grid]):.4f}")
+    random_cells = interactions.random_dependent_coverage(studies=studies, seed=seed)
+    worst = min(random_cells, key=lambda c: c["coverage"])
+    click.echo(f"interaction interval, {len(random_cells)} random dependent cells: worst {worst['coverage']:.4f} "
+               f"({_interaction_name(worst)}), mean {np.mean([c['coverage'] for c in random_cells]):.4f}")
+    click.echo("monitors' intervals over tasks (LOTO macro AUC: t-interval; gap: jackknife-t); per cell "
+               "tasks, episodes per task, spread of the tasks' separation, sd of their score offsets:")
+    task_cells = []
+    g = detection.TASK_COVERAGE_GRID
+    for index, (k, n, spread, offset) in enumerate(itertools.product(g["n_tasks"], g["n_episodes"], g["spread"],
+                                                                     g["offset_sd"])):
+        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(index,)))
+        cell = detection.task_interval_coverage(k, n, spread, offset, studies, rng)
+        task_cells.append(cell)
+        click.echo(f"  {k} x {n:>3d}, spread {spread:g}, offsets {offset:g}: macro AUC {cell['macro']:.3f}, "
+                   f"gap {cell['gap']:.3f}")
+    for key in ("macro", "gap"):
+        worst = min(task_cells, key=lambda c: c[key])
+        click.echo(f"worst cell, {key}: {worst[key]:.3f} ({worst['n_tasks']} tasks x {worst['n_episodes']}, spread "
+                   f"{worst['spread']:g}, offsets {worst['offset_sd']:g}); range {min(c[key] for c in task_cells):.3f}-"
+                   f"{max(c[key] for c in task_cells):.3f}")
+    click.echo(f"({time.perf_counter() - started:.0f} s)")
+    return {"interaction_grid": grid, "interaction_random": random_cells, "task_intervals": task_cells}
 
 
 def _cell_name(cell: stats.CoverageCell) -> str:
