@@ -208,7 +208,8 @@ calibrate: setup
 # RoboCasa's code only as redistributions (rpent-robocasa365, code without assets). rpent's
 # metadata asks for the distribution `robosuite`, which would install PyPI's 1.5.2 over the fork,
 # hence --no-deps for it and its other requirements listed here; the harness itself without the
-# `sim` extra (that pins robosuite==1.5.2) and with numpy<2 as everywhere. Kitchen assets are not
+# `sim` extra (that pins robosuite==1.5.2) and with numpy<2 named (the core allows numpy 2, which
+# pip would otherwise bring for opencv-python-headless; RoboCasa's robosuite needs 1). Kitchen assets are not
 # installed (~10 GB from box.com, unreachable from this project's machines); where they can be
 # downloaded, `.venv-robocasa/bin/python -m robocasa.scripts.download_kitchen_assets` puts them into
 # the robocasa package, or ROBOCASA_ASSETS_PATH names a complete copy of robocasa/models/assets.
@@ -230,7 +231,7 @@ $(ROBOCASA_VENV)/.setup-done: setup.cfg pyproject.toml
 	$(ROBOCASA_PY) -m pip install -q --upgrade pip setuptools wheel
 	$(ROBOCASA_PY) -m pip install -q $(ROBOCASA_PIP_PINS) $(ROBOCASA_DEPS)
 	$(ROBOCASA_PY) -m pip install -q --no-deps $(ROBOCASA_CODE)
-	$(ROBOCASA_PY) -m pip install -q -e ".[test,gr00t]"
+	$(ROBOCASA_PY) -m pip install -q -e ".[test,gr00t]" "numpy>=1.24,<2"
 	$(ROBOCASA_PY) -c "import importlib.util as u, os; d=os.path.dirname(u.find_spec('robosuite').origin); p=os.path.join(d,'macros_private.py'); os.path.exists(p) or open(p,'w').write('# robocasa-shift set-up: quieter console, no behaviour change\nCONSOLE_LOGGING_LEVEL = \"ERROR\"\n')"
 	@# the fork must still be the robosuite that imports (nothing above may replace it)
 	$(ROBOCASA_PY) -c "import inspect, robosuite.environments.base as b; assert 'load_model_on_init' in inspect.signature(b.MujocoEnv.__init__).parameters, 'robosuite without load_model_on_init'"
@@ -335,7 +336,7 @@ $(LIBERO_VENV)/.setup-done: setup.cfg pyproject.toml
 	test -x $(LIBERO_PY) || python3 -m venv $(LIBERO_VENV)
 	$(LIBERO_PY) -m pip install -q --upgrade pip setuptools wheel
 	$(LIBERO_PY) -m pip install -q $(LIBERO_PINS)
-	$(LIBERO_PY) -m pip install -q -e ".[openpi,vlaeval,report,test]"
+	$(LIBERO_PY) -m pip install -q -e ".[openpi,vlaeval,report,test]" "numpy>=1.24,<2"
 	$(LIBERO_PY) -c "import importlib.util as u, os; d=os.path.dirname(u.find_spec('robosuite').origin); p=os.path.join(d,'macros_private.py'); os.path.exists(p) or open(p,'w').write('# robocasa-shift set-up: quieter console, no behaviour change\nCONSOLE_LOGGING_LEVEL = \"ERROR\"\n')"
 	@# nothing above may replace LIBERO's robosuite
 	$(LIBERO_PY) -c "import robosuite; assert robosuite.__version__ == '1.4.0', robosuite.__version__"

@@ -51,11 +51,17 @@ MAX_NPZ_BYTES = 256 * 2**20
 MAX_NPZ_ENTRIES = 100_000
 
 
+# numpy's public readers of an .npy header (numpy 1 and 2 alike), by format version
+_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
 def _declared(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> Tuple[Tuple[int, ...], np.dtype]:
     """An entry's shape and dtype, from its ``.npy`` header only (nothing else is decompressed)."""
     with archive.open(info) as f:
         version = np.lib.format.read_magic(f)
-        shape, _, dtype = np.lib.format._read_array_header(f, version)
+        if version not in _HEADER_READERS:  # 3.0 (UTF-8 field names) only holds structured dtypes, refused anyway
+            raise NpzLimitError(f"{info.filename}: .npy format version {version[0]}.{version[1]} is not read here")
+        shape, _, dtype = _HEADER_READERS[version](f)
     return shape, dtype
 
 

@@ -4,7 +4,8 @@ Exit statuses (kept stable for scripts):
 
 - 1 ``CheckFailed`` and errors inside a rollout (they become records, not exits)
 - 2 ``BadInput``: an unknown name, a malformed or tampered spec, a bad option or range
-- 3 ``Unavailable``: a backend, its assets, weights or a policy server that cannot be reached
+- 3 ``Unavailable``: a backend, its assets, weights or a policy server that cannot be reached, an optional
+  dependency that is not installed (``DependencyMissing``, with the pip line of its extra)
 - 4 ``RunDirError``: a run directory in use, or made for a different study
 
 Callers catch ``Error``; the subclasses say what went wrong and what to do.
@@ -101,6 +102,18 @@ class Unavailable(Error):
     """Something the command needs is not installed or cannot be reached."""
 
     exit_code = 3
+
+
+class DependencyMissing(Unavailable, ImportError):
+    """An optional dependency that is not installed; the message gives the pip line of the extra that installs it.
+
+    Raised by :func:`robocasa_shift.extras.require` before a command starts its work, so nothing is half-written.
+    """
+
+    def __init__(self, purpose: str, module: str, extra: str):
+        self.purpose, self.module, self.extra = purpose, module, extra
+        super().__init__(f"{purpose} needs {module}, which is not installed: pip install 'robocasa-shift[{extra}]' "
+                         f"(in a checkout: pip install -e '.[{extra}]')")
 
 
 class BackendUnavailable(Unavailable):

@@ -59,9 +59,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-import gymnasium
 import numpy as np
-from gymnasium import spaces
 
 from robocasa_shift.backends import get_backend
 from robocasa_shift.core import specs
@@ -72,9 +70,13 @@ from robocasa_shift.core.policy import Observation, Policy
 from robocasa_shift.core.records import Record, RolloutKey
 from robocasa_shift.engine.rollout import Rollout, prepare_episode
 from robocasa_shift.errors import BadInput, RendererError, RolloutError, RunDirError, UnknownNameError
+from robocasa_shift.extras import require
 from robocasa_shift.rundir.store import RunStore, parse_record
 from robocasa_shift.seeding import PHASES
 from robocasa_shift.study.runner import SEED_RULE, package_versions
+
+gymnasium = require("gymnasium", "gym", "robocasa_shift.gym")  # without it: DependencyMissing, the gym extra's pip line
+spaces = gymnasium.spaces
 
 EXTERNAL_FINGERPRINT = "external-unreported"
 DRIVER = "robocasa_shift.gym.PerturbedEnv"

@@ -105,7 +105,7 @@ def test_the_package_has_no_import_cycle_even_through_imports_inside_functions()
 # modules are floors of their own, in this order.
 LAYERS = (
     ("errors",),
-    ("geometry", "seeding", "arrays", "registry"),
+    ("geometry", "seeding", "arrays", "registry", "extras"),
     ("config", "embodiments"),
     ("core",),
     ("rundir",),

@@ -32,6 +32,7 @@ import re
 import shutil
 import stat
 import struct
+import sys
 import tempfile
 import zlib
 from pathlib import Path
@@ -767,10 +768,15 @@ def build_kit(out_dir: str | os.PathLike) -> Dict[str, Any]:
 
     Raises:
         KitError: ``out_dir`` exists, is not empty and is not a stand-in kit (nothing is overwritten).
+        BackendUnavailable: RoboCasa's code is not installed (the kit is generated from it).
     """
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()) and kit_manifest(out) is None:
         raise KitError(f"{out} exists and is not a stand-in kit; choose an empty or new directory")
+    if importlib.util.find_spec("robocasa") is None:  # the kit is generated from RoboCasa's own package
+        raise BackendUnavailable(f"the stand-in kit is generated from RoboCasa's code, which is not installed in "
+                                 f"{sys.executable}: run `make setup-robocasa`, then `.venv-robocasa/bin/robocasa-shift "
+                                 f"standin-kit build {out}`")
     files = generate()
     digests = {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()}
     manifest = {

@@ -33,7 +33,7 @@ from robocasa_shift.backends.mujoco_env import (
 from robocasa_shift.backends.robosuite_tasks import TASKS, RobosuiteTask
 from robocasa_shift.core.backend import TaskTable, installed_versions
 from robocasa_shift.core.stages import predicate
-from robocasa_shift.errors import BackendUnavailable
+from robocasa_shift.extras import require
 
 ROBOT = "PandaOmron"
 CONTROL_FREQ_HZ = 20
@@ -47,14 +47,9 @@ MACROS_THAT_CHANGE_ROLLOUTS = ("SIMULATION_TIMESTEP", "ENABLE_NUMBA", "USING_INS
 
 
 def _import_robosuite():
-    try:
-        import mujoco  # noqa: F401
-        import robosuite  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - depends on the installation
-        raise BackendUnavailable(
-            f"the robosuite backend needs robosuite==1.5.2 and mujoco>=3.3,<3.10 ({exc}); run `make setup`"
-        ) from None
-
+    """robosuite, or :class:`DependencyMissing` with the ``sim`` extra's pip line."""
+    require("mujoco", "sim", "the robosuite backend")
+    robosuite = require("robosuite", "sim", "the robosuite backend")
     logging.getLogger("robosuite_logs").setLevel(logging.ERROR)
     return robosuite
 
@@ -206,8 +201,13 @@ class RobosuiteBackend(TaskTable):
         self.task(task)
         return RobosuiteEnv(TASKS[task], render_profile, stock_simulator)
 
+    def check_available(self) -> None:
+        """Raise :class:`DependencyMissing` (the ``sim`` extra's pip line) when robosuite or MuJoCo is missing."""
+        _import_robosuite()
+
     def config(self) -> Dict[str, Any]:
         """The frozen environment configuration recorded in manifests."""
+        _import_robosuite()
         import robosuite.macros as macros
 
         return {

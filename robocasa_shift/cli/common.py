@@ -28,6 +28,7 @@ from robocasa_shift.config import (
     config_field,
 )
 from robocasa_shift.errors import BadInput, Error, UnknownNameError
+from robocasa_shift.extras import require
 from robocasa_shift.study.plan import MAX_KEYS, parse_shard
 
 
@@ -48,6 +49,16 @@ def handle_errors(fn: Callable) -> Callable:
             fail(str(exc), exc.exit_code)
 
     return wrapper
+
+
+def require_sim_and_torch(command: str) -> None:
+    """A training command's extras, checked before it renders anything: robosuite (``sim``) and torch (``policy``).
+
+    Raises:
+        DependencyMissing: either is not installed (the message gives the extra's pip line).
+    """
+    get_backend("robosuite").check_available()
+    require("torch", "policy", command)
 
 
 def split_names(values: Iterable[str], universe: Sequence[str]) -> List[str]:

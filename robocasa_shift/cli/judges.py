@@ -12,6 +12,7 @@ from robocasa_shift.cli.common import (
     execution_options,
     handle_errors,
     key_value_options,
+    require_sim_and_torch,
 )
 from robocasa_shift.config import ExecutionConfig
 
@@ -234,6 +235,7 @@ def train_judge_command(runs_dir: Path, out: Optional[Path], execution: Executio
     """
     from robocasa_shift.judging.endstate import WEIGHTS_DIR, make_training_sets, train
 
+    require_sim_and_torch("train-judge")
     sets = make_training_sets(runs_dir, execution)
     manifest = train(sets, out or WEIGHTS_DIR)
     for task, entry in manifest["tasks"].items():

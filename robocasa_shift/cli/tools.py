@@ -10,17 +10,20 @@ from typing import Optional, Tuple
 
 import click
 
+from robocasa_shift.backends import get_backend
 from robocasa_shift.bench import run_bench, table
 from robocasa_shift.cli.common import (
     checked,
     config_option,
     handle_errors,
     parse_policy_options,
+    require_sim_and_torch,
     split_names,
 )
 from robocasa_shift import errors
 from robocasa_shift.config import ExecutionConfig, StudyConfig
 from robocasa_shift.core import specs
+from robocasa_shift.policies import check_policy_options
 from robocasa_shift.policies.reference.weights import WEIGHTS_DIR
 from robocasa_shift.training.lerobot import MANIFEST as LEROBOT_MANIFEST
 from robocasa_shift.training.lerobot import LeRobotTrainConfig, train_lerobot
@@ -60,6 +63,7 @@ def train_reference_command(task_opts: Tuple[str, ...], data_dir: Path, out_dir:
 
     Deterministic: the same code on the same kind of machine gives bit-identical weights.
     """
+    require_sim_and_torch("train-reference")
     config = TrainConfig() if epochs is None else replace(TrainConfig(), epochs=epochs)
     manifest = train(split_names(task_opts, list(PERCEPTION)), data_dir, out_dir or WEIGHTS_DIR, workers, config,
                      frames)
@@ -191,6 +195,9 @@ def bench_command(repeats: int, steps: int, rollouts: int, policy: str, backend:
 
     if backend not in BENCH_TASKS:
         raise BadInput(f"bench measures the MuJoCo backends {', '.join(BENCH_TASKS)}, not '{backend}'")
+    get_backend(backend, asset_kit=asset_kit).check_available()  # a missing extra is said before anything runs
+    if backend == "robosuite":
+        check_policy_options(policy, {})  # the formal-run pools' policy (the reference policy's torch)
 
     document = merged(out, {"backend": backend})  # a file that is not a bench result is refused before the hours
     result = run_bench(repeats=repeats, steps=steps, rollouts=rollouts, policy=policy, progress=progress,

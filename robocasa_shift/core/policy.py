@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -55,6 +55,8 @@ class Policy:
     (subset of "third_person", "wrist"), ``image_size`` (square, pixels) and
     whether the policy reads privileged simulator state. ``state_refusal``, when
     set, says why the class cannot snapshot its state (see :func:`state_support`).
+    ``requires`` names the optional modules it imports, each with the extra that
+    installs it (``("torch", "policy")``): a command checks them before it starts.
     """
 
     name = "policy"
@@ -63,6 +65,7 @@ class Policy:
     privileged = False
     deterministic = True
     state_refusal: Optional[str] = None
+    requires: Sequence[Tuple[str, str]] = ()
 
     def reset(self, seed: int) -> None:
         """Seed every generator of the policy; called at the start of each rollout."""

@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from robocasa_shift.errors import BadInput, WeightsMissing
+from robocasa_shift.extras import require
 from robocasa_shift.judging.judges import Judge, Verdict
 from robocasa_shift.rundir.files import atomic_write_text
 from robocasa_shift.judging.judgeset import (
@@ -219,6 +220,7 @@ class EndStateJudge(Judge):
     inputs = "end"
 
     def __init__(self, weights_dir: Optional[str] = None, threshold: float = THRESHOLD):
+        require("torch", "policy", "the end-state judge")
         self.weights_dir = Path(weights_dir or WEIGHTS_DIR)
         path = self.weights_dir / MANIFEST
         if not path.exists():

@@ -9,6 +9,7 @@ from typing import Any, Dict, Mapping
 from robocasa_shift.config import ENV_PREFIX, is_env_reference, is_secret_option
 from robocasa_shift.core.policy import Observation, Policy
 from robocasa_shift.errors import PolicyOptionError
+from robocasa_shift.extras import require
 from robocasa_shift.registry import Registry
 
 POLICIES: Registry[type] = Registry("policy", "robocasa_shift.policies")
@@ -55,8 +56,16 @@ def resolve_secret_options(options: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def check_policy_options(name: str, options: Dict[str, Any]) -> type:
-    """The policy class registered under ``name``, after checking that its constructor takes ``options``."""
+    """The policy class registered under ``name``, after checking that its constructor takes ``options`` and that
+    the optional modules it ``requires`` are installed.
+
+    Raises:
+        PolicyOptionError: an option the constructor does not take.
+        DependencyMissing: a module of ``requires`` is not installed (the message gives its extra's pip line).
+    """
     cls = POLICIES.get(name)
+    for module, extra in getattr(cls, "requires", ()):
+        require(module, extra, f"policy {name!r}")
     if cls.__init__ is object.__init__:  # no constructor of its own: it takes no option
         params = {}
     else:

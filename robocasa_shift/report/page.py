@@ -48,7 +48,7 @@ from robocasa_shift.report.html import (
     src,
 )
 from robocasa_shift.report.studies import branching_sections, judge_sections, monitor_sections
-from robocasa_shift.report.videos import make_videos, stage_steps_text
+from robocasa_shift.report.videos import check_video_dependencies, make_videos, stage_steps_text
 from robocasa_shift.rundir.files import (
     MAX_JSON_BYTES,
     atomic_write_json,
@@ -727,6 +727,7 @@ def _build_report(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, n_bo
     store = RunStore(run_dir)
     manifest = store.require_manifest("report")
     df, unknown = _known_conditions(records_frame(run_dir))
+    check_video_dependencies(manifest, df, videos_per_kind)  # a missing extra is said before anything is written
     audit, audit_note = read_audit(run_dir)
     factor_order = load_protocol().factor_order
     kit = kits.run_asset_kit(manifest)

@@ -15,10 +15,13 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import pandas as pd
 
+from robocasa_shift.backends import get_backend
 from robocasa_shift.core.conditions import Condition
 from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.core.specs import load_stage_spec
 from robocasa_shift.engine.replay import FrameCapture, Replayer
+from robocasa_shift.extras import require
+from robocasa_shift.policies import POLICIES
 from robocasa_shift.rundir.files import atomic_write_bytes
 from robocasa_shift.rundir.store import RunStore
 
@@ -166,6 +169,26 @@ def _earlier_videos(run_dir: Path, out: Path) -> Dict[str, Dict[str, Any]]:
                 and all(isinstance(p, str) for p in entry["problems"]) and is_regular_file(out / entry["file"], run_dir):
             kept[entry["file"]] = {k: entry[k] for k in KEPT_FIELDS}
     return kept
+
+
+def check_video_dependencies(manifest: Mapping[str, Any], df: pd.DataFrame, per_kind: int) -> None:
+    """Before the report writes anything: what filming its pairs needs, installed (imageio with ffmpeg, the run's
+    backend and the optional modules its policy ``requires``), when there are pairs to film.
+
+    Raises:
+        DependencyMissing: the ``report`` extra, or the extra the backend or policy needs (``--videos 0`` leaves the
+            videos out).
+        BackendUnavailable: the run's backend cannot run here.
+    """
+    policy = manifest.get("policy") if isinstance(manifest.get("policy"), dict) else {}
+    if per_kind <= 0 or policy.get("driver") or not select_pairs(df, per_kind):
+        return
+    purpose = "the report's pair videos (--videos 0 leaves them out)"
+    require("imageio", "report", purpose)
+    require("imageio_ffmpeg", "report", purpose)
+    get_backend(str(manifest.get("backend"))).check_available()
+    for module, extra in getattr(POLICIES.get(str(policy.get("name"))), "requires", ()):
+        require(module, extra, f"{purpose}, which re-run policy {policy.get('name')!r},")
 
 
 def make_videos(run_dir: Path, df: pd.DataFrame, out: Path, per_kind: int = 2,

@@ -78,7 +78,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from robocasa_shift.config import SECRET_PLACEHOLDER, ExecutionConfig, StudyConfig
 from robocasa_shift.core import specs
 from robocasa_shift.core.records import RolloutKey
-from robocasa_shift.errors import BackendUnavailable, BadInput, ClusterUnavailable, Error
+from robocasa_shift.errors import BadInput, ClusterUnavailable, Error
+from robocasa_shift.extras import require
 from robocasa_shift.policies import resolve_secret_options
 from robocasa_shift.study.executors import (
     WorkerStartError,
@@ -260,16 +261,13 @@ class RayExecutor:
             connect timeout, rollout timeout).
 
     Raises:
-        BackendUnavailable: Ray is not installed.
+        DependencyMissing: Ray is not installed.
     """
 
     name = "ray"
 
     def __init__(self, study: StudyConfig, execution: ExecutionConfig):
-        try:
-            import ray  # optional and heavy: only the ray executor needs it
-        except ImportError:
-            raise BackendUnavailable("the ray executor needs Ray: pip install 'ray>=2.40'") from None
+        ray = require("ray", "cluster", "the ray executor")  # optional and heavy: only this executor needs it
         self.execution = execution.resolved()
         self.ray, self.study = ray, study
         self.workers, self.address = self.execution.workers, self.execution.address

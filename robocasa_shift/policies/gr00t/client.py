@@ -24,6 +24,7 @@ from robocasa_shift.errors import (
     PolicyServerError,
     PolicyServerTimeout,
 )
+from robocasa_shift.extras import require
 from robocasa_shift.policies.gr00t.wire import (
     DEFAULT_PORT,
     MAX_MESSAGE_BYTES,
@@ -88,12 +89,8 @@ class Gr00tClient:
         curve_server_key: Optional[str] = None,
         auth_frame: bool = False,
     ):
-        try:
-            import msgpack  # noqa: F401
-            import zmq
-        except ImportError as exc:
-            raise ImportError(f"the GR00T client needs pyzmq and msgpack ({exc}): pip install pyzmq msgpack") from None
-        self._zmq = zmq
+        require("msgpack", "gr00t", "the GR00T client")
+        self._zmq = require("zmq", "gr00t", "the GR00T client")
         self.host, self.port = str(host), int(port)
         self.timeout_s, self.retries = float(timeout_s), max(0, int(retries))
         self.serializer = Serializer.named(serializer, allow_pickle=allow_pickle)

@@ -66,6 +66,7 @@ class Gr00tPolicy(StatefulRemotePolicy):
     camera_roles = ("third_person", "wrist")
     image_size = 256
     deterministic = False
+    requires = (("zmq", "gr00t"), ("msgpack", "gr00t"))
     state_hint = "serve the model with `python -m robocasa_shift.policies.gr00t serve` to branch it"
 
     def __init__(

@@ -77,6 +77,7 @@ from robocasa_shift.errors import (
     PolicyServerTimeout,
     UnknownNameError,
 )
+from robocasa_shift.extras import require
 from robocasa_shift.policies.model_io import (
     LIBERO_STATE,
     ROBOCASA_STATE,
@@ -170,12 +171,7 @@ def observation_to_openpi(
 
 
 def _msgpack_numpy():
-    try:
-        from openpi_client import msgpack_numpy
-    except ImportError as exc:
-        raise ImportError(f"the openpi client needs openpi-client ({exc}): pip install -e '.[openpi]' "
-                          "(openpi-client==0.1.2, websockets>=13)") from None
-    return msgpack_numpy
+    return require("openpi_client.msgpack_numpy", "openpi", "the openpi client")
 
 
 _CHECK = ("check that an openpi server is running there (openpi: `uv run scripts/serve_policy.py --port PORT "
@@ -376,6 +372,7 @@ class OpenpiPolicy(StatefulRemotePolicy):
     camera_roles = ("third_person", "wrist")
     image_size = 224
     deterministic = False
+    requires = (("openpi_client", "openpi"), ("websockets", "openpi"))
     state_hint = ("serve the policy with `python -m robocasa_shift.policies.openpi serve --policy-factory "
                   "MODULE:FUNCTION` to branch it")
 

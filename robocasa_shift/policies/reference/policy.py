@@ -38,6 +38,7 @@ from robocasa_shift.embodiments.panda_omron import (
     OPEN,
 )
 from robocasa_shift.errors import WeightsMissing
+from robocasa_shift.extras import require
 from robocasa_shift.geometry import quat_xyzw_to_mat, wrap
 from robocasa_shift.policies.reference.perception import PERCEPTION, resize
 from robocasa_shift.policies.reference.weights import MANIFEST, WEIGHTS_DIR
@@ -59,6 +60,7 @@ class ReferencePolicy(Policy):
     camera_roles = ("third_person", "wrist")
     image_size = 128
     deterministic = False
+    requires = (("torch", "policy"),)
 
     def __init__(
         self,
@@ -70,9 +72,7 @@ class ReferencePolicy(Policy):
         gain: float = 7.0,
         wrist_gate: float = 0.04,
     ):
-        import torch
-
-        self._torch = torch
+        self._torch = require("torch", "policy", "the reference policy")
         self.weights_dir = Path(weights_dir or WEIGHTS_DIR)
         path = self.weights_dir / MANIFEST
         if not path.exists():

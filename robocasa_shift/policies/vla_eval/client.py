@@ -584,6 +584,7 @@ class VlaEvalPolicy(RemotePolicy):
     name = "vla-eval"
     camera_roles = ("third_person", "wrist")
     image_size = 256
+    requires = (("websockets", "vlaeval"), ("msgpack", "vlaeval"))
     # One action per observation: the harness renders the policy's cameras at every control step (formal --dry-run
     # says so beside its ETA).
     actions_per_observation = 1

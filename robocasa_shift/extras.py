@@ -1,0 +1,43 @@
+"""Optional dependencies: each behind an extra of the package named after what it is for.
+
+A module that needs one imports it through :func:`require`, which raises :class:`~robocasa_shift.errors.
+DependencyMissing` (exit status 3, the pip line of the extra) instead of a bare ``ModuleNotFoundError``;
+commands call it before they start writing, so a missing extra never leaves half a result behind.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from robocasa_shift.errors import DependencyMissing
+
+# extra -> what it is for (setup.cfg's [options.extras_require] lists the packages)
+EXTRAS = {
+    "sim": "the robosuite backend (robosuite 1.5.2, MuJoCo): run, screen, formal, bench and training on its tasks",
+    "policy": "the reference policy's and the end-state judge's networks (torch)",
+    "report": "the report's matched-pair videos (imageio with ffmpeg)",
+    "gym": "robocasa_shift.gym, the Gymnasium wrapper (gymnasium)",
+    "gr00t": "the GR00T client and launcher (pyzmq, msgpack)",
+    "openpi": "the openpi client (openpi-client, websockets)",
+    "vlaeval": "the vla-eval client (websockets, msgpack)",
+    "cluster": "the Ray executor (ray)",
+}
+
+
+def require(module: str, extra: str, purpose: str) -> ModuleType:
+    """Import ``module``, or raise :class:`DependencyMissing` naming ``purpose`` and ``extra``'s pip line.
+
+    Raises:
+        DependencyMissing: ``module`` (or a module it imports) is not installed.
+        KeyError: ``extra`` is not one of :data:`EXTRAS` (a mistake in the caller).
+    """
+    if extra not in EXTRAS:
+        raise KeyError(f"no extra {extra!r}; extras: {', '.join(EXTRAS)}")
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise DependencyMissing(purpose, exc.name or module, extra) from None
+
+
+__all__ = ["EXTRAS", "require"]
