@@ -42,8 +42,11 @@ def parse_episodes(text: str, max_count: Optional[int] = MAX_KEYS) -> List[int]:
             first, last = int(lo), int(hi) if sep else int(lo)
         except ValueError:
             raise BadInput(f"episodes must look like '0-19' or '0,3,5-7', got {text!r}") from None
-        if first < 0 or last < first:
-            raise BadInput(f"bad episode range {part!r} in {text!r}")
+        if first < 0:
+            raise BadInput(f"bad episode range {part!r} in {text!r}: numbers start at 0")
+        if last < first:
+            raise BadInput(f"bad episode range {part!r} in {text!r}: it ends before it starts "
+                           f"(write the lower number first: '{last}-{first}')")
         count += last - first + 1
         if max_count is not None and count > max_count:
             raise BadInput(f"{text!r} names more than {max_count:,} numbers (episodes or replicates); "
