@@ -90,7 +90,7 @@ class Gr00tClient:
         auth_frame: bool = False,
     ):
         require("msgpack", "gr00t", "the GR00T client")
-        self._zmq = require("zmq", "gr00t", "the GR00T client")
+        zmq = self._zmq = require("zmq", "gr00t", "the GR00T client")
         self.host, self.port = str(host), int(port)
         self.timeout_s, self.retries = float(timeout_s), max(0, int(retries))
         self.serializer = Serializer.named(serializer, allow_pickle=allow_pickle)
