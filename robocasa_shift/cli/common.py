@@ -38,8 +38,13 @@ def fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
+# Ctrl-C: the shell's convention, 128 + SIGINT
+INTERRUPTED_EXIT = 130
+
+
 def handle_errors(fn: Callable) -> Callable:
-    """Turn the harness's errors (one tree, ``robocasa_shift.errors``) into messages and exit statuses."""
+    """Turn the harness's errors (one tree, ``robocasa_shift.errors``) into messages and exit statuses, and
+    Ctrl-C into one line and exit status 130 (workers ignore it: the command stops them)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -47,6 +52,9 @@ def handle_errors(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         except Error as exc:
             fail(str(exc), exc.exit_code)
+        except KeyboardInterrupt:
+            fail("interrupted (Ctrl-C); what was written is kept: run the same command again to resume",
+                 INTERRUPTED_EXIT)
 
     return wrapper
 

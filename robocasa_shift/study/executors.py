@@ -24,8 +24,10 @@ respawned.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import signal
+import threading
 import time
 from collections import deque
 from multiprocessing.connection import wait as wait_for
@@ -80,6 +82,23 @@ def describe_exit(exitcode: Optional[int]) -> str:
     return f"exit status {exitcode}"
 
 
+@contextlib.contextmanager
+def sigint_ignored() -> Iterator[None]:
+    """Processes started inside are born ignoring SIGINT (an ignored signal stays ignored across exec).
+
+    Ctrl-C reaches the terminal's whole process group; only the supervisor should answer it, stopping its
+    workers, so the command ends with one line and exit status 130 instead of a traceback per worker.
+    """
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class _Slot:
     """One supervised worker process: its pipe, the group it holds and when that group is overdue."""
 
@@ -87,7 +106,8 @@ class _Slot:
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=serve, args=(child, study, threads), daemon=True,
                                    name="robocasa-shift-worker")
-        self.process.start()
+        with sigint_ignored():
+            self.process.start()
         child.close()  # only the worker holds its end: a dead worker reads as end-of-file here
         self.started = time.monotonic()
         self.ready = False
