@@ -172,3 +172,13 @@ def test_execution_and_study_configs_validate_on_construction_and_pickle():
     assert pickle.loads(pickle.dumps(study)) == study and pickle.loads(pickle.dumps(execution)) == execution
     assert hash(study) == hash(StudyConfig(policy="expert", policy_options=(("gain", 2),)))
     assert field_help(ExecutionConfig, "workers").startswith("Parallel workers")
+
+
+@pytest.mark.parametrize("command", ["report", "audit", "compare", "export", "merge"])
+def test_the_help_of_the_commands_that_read_a_run_shows_an_example(command):
+    from click.testing import CliRunner
+
+    from robocasa_shift.cli import main
+
+    text = CliRunner().invoke(main, [command, "--help"], terminal_width=100).output
+    assert "Example" in text and f"robocasa-shift {command} runs/" in text, text

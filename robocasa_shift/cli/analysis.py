@@ -26,7 +26,13 @@ def fmt(value: Optional[float]) -> str:
               help="Also write the step logs (runs made with --log-steps) as one table, a row per control step.")
 @handle_errors
 def export_command(run_dir: Path, out: Path, steps_out: Optional[Path]) -> None:
-    """Write a run's records as the records table (CSV, one row per rollout)."""
+    """Write a run's records as the records table (CSV, one row per rollout).
+
+    \b
+    Examples:
+      robocasa-shift export runs/study --out runs/study/records.csv
+      robocasa-shift export runs/study --out records.csv --steps steps.csv   # with the per-step logs
+    """
     n = export_records(run_dir, out)
     click.echo(f"{n} records -> {out}")
     if steps_out is not None:
@@ -107,6 +113,12 @@ def report_command(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, pol
     anyone may have written), unless --trust-run-dir is given. A run with
     planned rollouts not yet recorded gets a page that says so, and exit 1.
     A folder without a manifest is not a run: nothing is written (exit 4).
+
+    \b
+    Examples:
+      robocasa-shift report runs/study                    # then open runs/study/report/index.html
+      robocasa-shift report runs/study --videos 0         # tables and figures only, nothing re-run
+      robocasa-shift report runs/gr00t-study --policy-option port=5555   # a served policy's videos
     """
     page = build_report(run_dir, videos_per_kind=videos_per_kind, bootstrap_seed=bootstrap_seed,
                         min_effect=min_effect, policy_options=policy_options, trust_run_dir=trust_run_dir,

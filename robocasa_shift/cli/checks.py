@@ -135,6 +135,11 @@ def audit_command(run_dir: Path, phase: str) -> None:
     StageTracker errors, unexpected truncations); each failing check names its
     rollouts. Writes RUN_DIR/audit.json and RUN_DIR/audit.md (another phase:
     RUN_DIR/audit-PHASE.json and .md, so the formal audit the report reads stays).
+
+    \b
+    Examples:
+      robocasa-shift audit runs/study && robocasa-shift report runs/study
+      robocasa-shift audit runs/study --phase screening
     """
     report = audit_run(run_dir, phase=phase)
     if report.get("banner"):
