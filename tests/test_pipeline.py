@@ -1,6 +1,7 @@
 """Screening schedule, executors, shards and merge, SIGKILL-and-resume, retry-errors."""
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -83,6 +84,23 @@ def test_screen_with_a_small_pool_writes_table_and_suite(tmp_path):
     assert "52 rollouts planned (2 tasks x 2 episodes x 13 conditions), 52 to run; ETA" in dry.stdout
 
 
+def test_a_dry_run_estimates_from_a_short_probe_where_nothing_was_measured_and_writes_nothing(tmp_path):
+    run = tmp_path / "run"
+    dry = cli("formal", "--backend", "fake", "--policy", "fake", "--task", "Reach,PickPlace", "--episodes", "0-9",
+              "--dry-run", "--run-dir", str(run))
+    assert "260 rollouts planned (2 tasks x 10 episodes x 13 conditions), 260 to run; ETA at most " in dry.stdout
+    for task in ("Reach", "PickPlace"):
+        assert re.search(rf"{task} +[0-9.]+ s per rollout at most \(a 10-step probe: ", dry.stdout), dry.stdout
+    assert not run.exists()
+    fake = ["--backend", "fake", "--policy", "fake", "--condition", "clean"]
+    cli("run", *fake, "--task", "Reach", "--episodes", "0-1", "--workers", "1", "--no-progress", "--run-dir", str(run))
+    dry = cli("run", *fake, "--task", "Reach,PickPlace", "--episodes", "0-3", "--dry-run", "--run-dir", str(run))
+    assert "8 rollouts planned (2 tasks x 4 episodes x 1 conditions), 6 to run; ETA at most " in dry.stdout
+    assert re.search(r"Reach +[0-9.]+ s per rollout \(measured in this run directory\)", dry.stdout), dry.stdout
+    assert re.search(r"PickPlace +[0-9.]+ s per rollout at most \(a 10-step probe", dry.stdout), dry.stdout
+    assert len(records_of(run)) == 2  # the dry run wrote nothing
+
+
 def test_two_shards_merged_equal_the_unsharded_run(tmp_path):
     args = ["run", "--backend", "fake", "--task", "Reach", "--condition", "clean,base:L3", "--episodes", "0-2",
             "--policy", "fake", "--workers", "1", "--no-progress"]
@@ -129,6 +147,30 @@ def test_sigkill_and_resume_records_every_key_once(tmp_path):
     assert f"{12 - done_before} rollouts run, {done_before} already recorded" in result.stdout
     keys = [RolloutKey.from_record(json.loads(p.read_text())) for p in records.rglob("*.json")]
     assert len(keys) == len(set(keys)) == 12
+    assert cli("audit", str(run_dir)).returncode == 0
+
+
+def test_ctrl_c_with_workers_prints_one_line_exits_130_and_the_same_command_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "robocasa_shift", "run", "--backend", "fake", "--task", "Reach,PickPlace",
+            "--condition", "clean,blur:L3", "--episodes", "0-2", "--policy", "fake", "--policy-option",
+            "act_delay_s=0.03", "--workers", "2", "--no-progress", "--run-dir", str(run_dir)]
+    # its own process group, as a terminal's foreground job: Ctrl-C reaches the command and its workers alike
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    records = run_dir / "records"
+    deadline = time.time() + 300
+    while time.time() < deadline and len(list(records.rglob("*.json"))) < 3:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.splitlines() == ["error: interrupted (Ctrl-C); what was written is kept: run the same command again "
+                                "to resume"], err  # no traceback from any worker
+    done_before = len(list(records.rglob("*.json")))
+    result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"{12 - done_before} rollouts run, {done_before} already recorded" in result.stdout
     assert cli("audit", str(run_dir)).returncode == 0
 
 

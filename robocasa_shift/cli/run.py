@@ -29,6 +29,12 @@ from robocasa_shift.study.pipeline import estimate, formal_suite
 from robocasa_shift.study.pipeline import merge as merge_runs
 from robocasa_shift.study.plan import MAX_KEYS, parse_episodes, plan_keys, shard_keys
 from robocasa_shift.study.runner import run as run_study
+from robocasa_shift.study.worker import StudyCache
+
+
+DRY_RUN_OPTION = click.option("--dry-run", is_flag=True,
+                              help="Print the rollout count and an ETA (measured rollouts or a short probe); run "
+                                   "and write nothing.")
 
 
 @click.command(name="run")
@@ -42,13 +48,14 @@ from robocasa_shift.study.runner import run as run_study
               show_default=True, help="Seed stream of the base episodes.")
 @click.option("--replicates", default="0", show_default=True,
               help="Policy-seed replicates, e.g. 0-1 for a clean-vs-clean noise floor.")
+@DRY_RUN_OPTION
 @study_options(render_profile=True, log_steps=True)
 @execution_options
 @SHARD_OPTION
 @RETRY_OPTION
 @FORCE_OPTION
 @handle_errors
-def run_command(task_opts, condition_opts, episodes: str, run_dir: Path, phase: str, replicates: str,
+def run_command(task_opts, condition_opts, episodes: str, run_dir: Path, phase: str, replicates: str, dry_run: bool,
                 study: StudyConfig, execution: ExecutionConfig, shard: Optional[Tuple[int, int]],
                 retry_errors: bool, force: bool) -> None:
     """Run rollouts of one or more tasks under one or more conditions.
@@ -56,22 +63,18 @@ def run_command(task_opts, condition_opts, episodes: str, run_dir: Path, phase: 
     \b
     Example: 13 conditions x 5 base episodes of Lift with the scripted expert
       robocasa-shift run --task Lift --condition all --episodes 0-4 --policy expert --run-dir runs/lift
+      (add --dry-run first for the count and an ETA)
     """
     protocol = specs.load_protocol(verify=True)
     limit = None if force else MAX_KEYS
-    result = run_study(
-        run_dir,
-        tasks_of(study.backend, task_opts),
-        split_names(condition_opts, protocol.conditions),
-        parse_episodes(episodes, limit),
-        study,
-        execution,
-        phase=phase,
-        replicates=parse_episodes(replicates, limit),
-        retry_errors=retry_errors,
-        shard=shard,
-        force=force,
-    )
+    tasks, conditions = tasks_of(study.backend, task_opts), split_names(condition_opts, protocol.conditions)
+    episode_list, replicate_list = parse_episodes(episodes, limit), parse_episodes(replicates, limit)
+    if dry_run:
+        keys = shard_keys(plan_keys(tasks, episode_list, conditions, phase, replicate_list, force=force), shard)
+        print_dry_run(run_dir, keys, tasks, episode_list, conditions, study, execution)
+        return
+    result = run_study(run_dir, tasks, conditions, episode_list, study, execution, phase=phase,
+                       replicates=replicate_list, retry_errors=retry_errors, shard=shard, force=force)
     report_run(result, run_dir)
 
 
@@ -128,7 +131,7 @@ def screen_command(run_dir: Path, pool_path: Optional[Path], study: StudyConfig,
 @RUN_DIR_OPTION
 @click.option("--replicates", default="0", show_default=True,
               help="Policy-seed replicates; 0-1 adds a clean-vs-clean noise floor (use with --condition clean).")
-@click.option("--dry-run", is_flag=True, help="Print the rollout count and an ETA (measured rollouts or a short probe).")
+@DRY_RUN_OPTION
 @study_options(log_steps=True)
 @execution_options
 @SHARD_OPTION
@@ -148,18 +151,30 @@ def formal_command(task_opts, condition_opts, episodes: str, run_dir: Path, repl
     conditions = split_names(condition_opts, protocol.conditions)
     if dry_run:
         keys = shard_keys(plan_keys(tasks, episode_list, conditions, "formal", replicate_list, force=force), shard)
-        workers = execution.resolved().workers
-        est = estimate(run_dir, keys, workers, study)
-        click.echo(f"{est['planned']} rollouts planned ({len(tasks)} tasks x {len(episode_list)} episodes x "
-                   f"{len(conditions)} conditions), {est['pending']} to run; ETA {format_eta(est, workers)}")
-        echo_estimate(est)
-        note = one_action_note(study, run_dir, keys)
-        if note:
-            click.echo(note)
+        print_dry_run(run_dir, keys, tasks, episode_list, conditions, study, execution)
         return
     result = run_study(run_dir, tasks, conditions, episode_list, study, execution, phase="formal",
                        replicates=replicate_list, retry_errors=retry_errors, shard=shard, force=force)
     report_run(result, run_dir)
+
+
+def print_dry_run(run_dir: Path, keys, tasks, episodes, conditions, study: StudyConfig,
+                  execution: ExecutionConfig) -> None:
+    """What a dry run prints (``run`` and ``formal`` alike): the rollouts planned and pending, and the ETA of
+    :func:`estimate`; names, extras and the policy's fit to the backend are checked first; nothing is written."""
+    cache = StudyCache(study)
+    try:
+        cache.check_names(tasks, conditions)
+    finally:
+        cache.close()
+    workers = execution.resolved().workers
+    est = estimate(run_dir, keys, workers, study)
+    click.echo(f"{est['planned']} rollouts planned ({len(tasks)} tasks x {len(episodes)} episodes x "
+               f"{len(conditions)} conditions), {est['pending']} to run; ETA {format_eta(est, workers)}")
+    echo_estimate(est)
+    note = one_action_note(study, run_dir, keys)
+    if note:
+        click.echo(note)
 
 
 def format_eta(est, workers: int) -> str:
@@ -207,7 +222,14 @@ def one_action_note(study: StudyConfig, run_dir: Path, keys) -> Optional[str]:
 @click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @handle_errors
 def merge_command(out: Path, sources: Tuple[Path, ...]) -> None:
-    """Combine shard run directories (--shard i/n) into OUT; refuses mismatched manifests and duplicate keys."""
+    """Combine shard run directories (--shard i/n) into OUT; refuses mismatched manifests and duplicate keys.
+
+    \b
+    Example: a study split over two machines, then merged and audited
+      robocasa-shift formal --shard 0/2 --run-dir runs/part0 ...   # machine 1
+      robocasa-shift formal --shard 1/2 --run-dir runs/part1 ...   # machine 2
+      robocasa-shift merge runs/study runs/part0 runs/part1 && robocasa-shift audit runs/study
+    """
     result = merge_runs(out, sources)
     click.echo(f"{result['records']} records from {result['sources']} run directories -> {out}")
     for file, problem in result["unreadable"]:
