@@ -60,6 +60,14 @@ def test_tasks_json():
         (["formal", "--task", "Lift", "--workers", "0", "--run-dir", "X"], "'--workers': must be at least 1"),
         (["screen", "--batch", "0", "--run-dir", "X"], "'--batch': must be at least 1"),
         (["run", "--task", "Lift", "--shard", "3/2", "--run-dir", "X"], "need 0 <= i < n"),
+        (["run", "--backend", "fake", "--task", "Reach", "--policy", "gr00t", "--policy-option", "port=1",
+          "--policy-option", 'action_map=[{"kee": "a", "dim": 3, "targets": [0, 1, 2]}]', "--run-dir", "X"],
+         "action_map: slot 1, {\"kee\": \"a\", \"dim\": 3, \"targets\": [0, 1, 2]}, is not {key, dim, targets, "
+         "binary}: it has no 'key'"),
+        (["run", "--backend", "fake", "--task", "Reach", "--policy", "vla-eval", "--policy-option", "port=1",
+          "--policy-option", 'action_layout=[{"name": "a", "columns": [0], "targets": 5}]', "--run-dir", "X"],
+         "action_layout: slot 1, {\"name\": \"a\", \"columns\": [0], \"targets\": 5}, is not {name, columns, "
+         "targets, binary}: 'int' object is not iterable"),
     ],
 )
 def test_bad_names_exit_2_with_the_valid_ones(tmp_path, args, message):

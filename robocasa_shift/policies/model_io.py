@@ -35,7 +35,7 @@ from robocasa_shift.embodiments.panda_omron import (
     indices,
 )
 from robocasa_shift.embodiments.panda_omron import LAYOUT as PANDA_OMRON
-from robocasa_shift.errors import ActionFormatError, UnknownNameError
+from robocasa_shift.errors import ActionFormatError, PolicyOptionError, UnknownNameError
 from robocasa_shift.seeding import rng_state_hash
 
 NOT_RESET = "not-reset"
@@ -293,21 +293,47 @@ LayoutLike = Union[str, Sequence[Union[ActionSlot, Mapping[str, Any]]]]
 EMBODIMENT_DIMS = {PANDA_OMRON.name: PANDA_OMRON.dim, PANDA.name: PANDA.dim, FAKE_PLANAR.name: FAKE_PLANAR.dim}
 
 
+def parse_slots(items: Any, option: str, form: str,
+                build: Callable[[Mapping[str, Any]], ActionSlot]) -> Tuple[ActionSlot, ...]:
+    """``items`` (action slots, or dicts ``build`` turns into slots, or their JSON) as action slots.
+
+    Raises:
+        PolicyOptionError: not a list, not JSON, or an item ``build`` cannot read; the message names ``option``,
+            the slot and its ``form`` (e.g. ``{key, dim, targets, binary}``).
+    """
+    if isinstance(items, str):
+        try:
+            items = json.loads(items)
+        except json.JSONDecodeError as exc:
+            raise PolicyOptionError(f"{option} is not JSON ({exc}); expected a list of {form}") from None
+    if not isinstance(items, (list, tuple)):
+        raise PolicyOptionError(f"{option} must be a list of {form}, got {json.dumps(items, default=str)[:80]}")
+    slots = []
+    for n, item in enumerate(items, start=1):
+        try:
+            slots.append(item if isinstance(item, ActionSlot) else build(item))
+        except (KeyError, TypeError, ValueError) as exc:
+            problem = f"it has no {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
+            raise PolicyOptionError(f"{option}: slot {n}, {json.dumps(item, default=str)[:80]}, is not {form}: "
+                                    f"{problem}") from None
+    return tuple(slots)
+
+
 def resolve_layout(layout: LayoutLike) -> Tuple[ActionSlot, ...]:
     """A layout by name, or from slots (dicts with name, columns, targets, binary; or their JSON).
 
     Raises:
         UnknownNameError: an unknown layout name.
+        PolicyOptionError: a slot that is not {name, columns, targets, binary}.
         ValueError: the slots do not fill each index of an action exactly once.
     """
     if isinstance(layout, str) and not layout.lstrip().startswith("["):
         if layout not in ACTION_LAYOUTS:
             raise UnknownNameError("action layout", layout, sorted(ACTION_LAYOUTS))
         return ACTION_LAYOUTS[layout]
-    if isinstance(layout, str):
-        layout = json.loads(layout)
-    slots = tuple(s if isinstance(s, ActionSlot) else ActionSlot(str(s["name"]), tuple(s["columns"]), tuple(s["targets"]),
-                                                             bool(s.get("binary", False))) for s in layout)
+    slots = parse_slots(layout, "action_layout", "{name, columns, targets, binary}",
+                        lambda s: ActionSlot(str(s["name"]), tuple(int(c) for c in s["columns"]),
+                                             tuple(int(t) for t in s["targets"]), bool(s.get("binary", False))))
     targets = sorted(t for s in slots for t in s.targets)
     if (len(targets) not in EMBODIMENT_DIMS.values() or targets != list(range(len(targets)))
             or any(len(s.columns) != len(s.targets) for s in slots)):

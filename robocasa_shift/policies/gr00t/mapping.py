@@ -33,6 +33,7 @@ from robocasa_shift.policies.model_io import (
     binarize,
     checked_image,
     chunk_length,
+    parse_slots,
     proprio_part,
 )
 
@@ -76,15 +77,14 @@ def as_action_map(action_map: Any) -> Tuple[ActionSlot, ...]:
     """Action slots from a list of {key, dim, targets, binary} (or its JSON), or None (``ACTION_LAYOUT``).
 
     Raises:
+        PolicyOptionError: a slot that is not {key, dim, targets, binary}.
         ValueError: the slots do not fill each index of an action ``0..A-1`` exactly once.
     """
     if action_map is None:
         return ACTION_LAYOUT
-    if isinstance(action_map, str):
-        action_map = json.loads(action_map)
-    slots = tuple(s if isinstance(s, ActionSlot) else ActionSlot(str(s["key"]), tuple(range(int(s["dim"]))),
-                                                                 tuple(int(t) for t in s["targets"]),
-                                                                 bool(s.get("binary", False))) for s in action_map)
+    slots = parse_slots(action_map, "action_map", "{key, dim, targets, binary}",
+                        lambda s: ActionSlot(str(s["key"]), tuple(range(int(s["dim"]))),
+                                             tuple(int(t) for t in s["targets"]), bool(s.get("binary", False))))
     targets = sorted(t for s in slots for t in s.targets)
     if not slots or targets != list(range(len(targets))) or any(len(s.targets) != len(s.columns) for s in slots):
         raise ValueError(f"an action_map must give each of its keys one target per column and fill every index of "
