@@ -68,6 +68,10 @@ def test_tasks_json():
           "--policy-option", 'action_layout=[{"name": "a", "columns": [0], "targets": 5}]', "--run-dir", "X"],
          "action_layout: slot 1, {\"name\": \"a\", \"columns\": [0], \"targets\": 5}, is not {name, columns, "
          "targets, binary}: 'int' object is not iterable"),
+        # vla-eval's default preset (libero, 7-D actions) on the fake backend's 3-D embodiment: refused before any
+        # connection (nothing listens on its default port here)
+        (["run", "--backend", "fake", "--task", "Reach", "--policy", "vla-eval", "--run-dir", "X"],
+         "policy 'vla-eval' with options {} makes 7-D actions; backend 'fake' takes 3-D ones"),
     ],
 )
 def test_bad_names_exit_2_with_the_valid_ones(tmp_path, args, message):

@@ -67,6 +67,13 @@ class Policy:
     state_refusal: Optional[str] = None
     requires: Sequence[Tuple[str, str]] = ()
 
+    @classmethod
+    def action_dim(cls, options: Mapping[str, Any]) -> Optional[int]:
+        """The length of the actions the policy built with ``options`` makes, when it is fixed before any
+        observation (a served policy's action layout); None when it follows the environment's embodiment.
+        A study refuses a policy whose actions do not fit its backend's before anything runs."""
+        return None
+
     def reset(self, seed: int) -> None:
         """Seed every generator of the policy; called at the start of each rollout."""
 

@@ -123,10 +123,11 @@ class StudyCache:
 
         Raises:
             UnknownNameError: a task or condition that does not exist (the message lists the valid ones).
-            PolicyOptionError: an option the policy does not take.
+            PolicyOptionError: an option the policy does not take, or actions that do not fit the backend's
+                embodiment (``Policy.action_dim``).
             BackendUnavailable: the backend's simulator or assets are missing.
         """
-        check_policy_options(self.config.policy, self.config.policy_kwargs)
+        cls = check_policy_options(self.config.policy, self.config.policy_kwargs)
         resolve_secret_options(self.config.policy_kwargs)  # an env:NAME whose variable is unset: refused now
         for task in tasks:
             self.backend.task(task)
@@ -134,6 +135,15 @@ class StudyCache:
             self.protocol.condition(cond)
         # a backend whose simulator or assets may be missing says so here, not in every rollout's record
         self.backend.check_available()
+        # a policy whose actions are fixed by its options (a served model's layout) must fit the embodiment
+        wanted = cls.action_dim(self.config.policy_kwargs) if hasattr(cls, "action_dim") and tasks else None
+        if wanted is not None:
+            takes = self.env(tasks[0]).action_layout.dim
+            if wanted != takes:
+                raise PolicyOptionError(
+                    f"policy {self.config.policy!r} with options {redact_options(self.config.policy_kwargs)} makes "
+                    f"{wanted}-D actions; backend {self.config.backend!r} takes {takes}-D ones: choose the preset or "
+                    f"action_layout of this embodiment (--policy-option preset=... or action_layout=...)")
         # the matrix's hooks are checked on every environment made; an optional factor's only when asked for
         named = {factor for c in conditions for factor in Condition.parse(c).factors}
         optional = sorted(named & set(self.protocol.optional_factors))

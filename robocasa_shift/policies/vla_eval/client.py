@@ -118,6 +118,7 @@ from robocasa_shift.policies.model_io import (
     check_layout_fits,
     checked_image,
     flat_to_actions,
+    layout_dim,
     layout_name,
     proprio_part,
     resolve_layout,
@@ -588,6 +589,15 @@ class VlaEvalPolicy(RemotePolicy):
     # One action per observation: the harness renders the policy's cameras at every control step (formal --dry-run
     # says so beside its ETA).
     actions_per_observation = 1
+
+    @classmethod
+    def action_dim(cls, options: Mapping[str, Any]) -> Optional[int]:
+        """The length of the actions of the layout ``options`` choose (``action_layout``, else the preset's)."""
+        preset = options.get("preset", "libero")
+        if preset not in PRESETS:
+            raise UnknownNameError("vla-eval preset", preset, sorted(PRESETS))
+        layout = options.get("action_layout")
+        return layout_dim(resolve_layout(layout if layout is not None else PRESETS[preset]["action_layout"]))
 
     def __init__(
         self,
