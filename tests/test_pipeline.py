@@ -84,20 +84,21 @@ def test_screen_with_a_small_pool_writes_table_and_suite(tmp_path):
     assert "52 rollouts planned (2 tasks x 2 episodes x 13 conditions), 52 to run; ETA" in dry.stdout
 
 
-def test_a_dry_run_estimates_from_a_short_probe_where_nothing_was_measured_and_writes_nothing(tmp_path):
+def test_run_and_formal_dry_runs_estimate_from_measured_rollouts_or_a_probe_and_write_nothing(tmp_path):
     run = tmp_path / "run"
     dry = cli("formal", "--backend", "fake", "--policy", "fake", "--task", "Reach,PickPlace", "--episodes", "0-9",
               "--dry-run", "--run-dir", str(run))
-    assert "260 rollouts planned (2 tasks x 10 episodes x 13 conditions), 260 to run; ETA at most " in dry.stdout
+    assert "260 rollouts planned (2 tasks x 10 episodes x 13 conditions), 260 to run; ETA " in dry.stdout
+    assert "unknown" not in dry.stdout
     for task in ("Reach", "PickPlace"):
-        assert re.search(rf"{task} +[0-9.]+ s per rollout at most \(a 10-step probe: ", dry.stdout), dry.stdout
+        assert re.search(rf"{task} +at most [0-9.]+ s per rollout \(probed here", dry.stdout), dry.stdout
     assert not run.exists()
     fake = ["--backend", "fake", "--policy", "fake", "--condition", "clean"]
     cli("run", *fake, "--task", "Reach", "--episodes", "0-1", "--workers", "1", "--no-progress", "--run-dir", str(run))
     dry = cli("run", *fake, "--task", "Reach,PickPlace", "--episodes", "0-3", "--dry-run", "--run-dir", str(run))
-    assert "8 rollouts planned (2 tasks x 4 episodes x 1 conditions), 6 to run; ETA at most " in dry.stdout
-    assert re.search(r"Reach +[0-9.]+ s per rollout \(measured in this run directory\)", dry.stdout), dry.stdout
-    assert re.search(r"PickPlace +[0-9.]+ s per rollout at most \(a 10-step probe", dry.stdout), dry.stdout
+    assert "8 rollouts planned (2 tasks x 4 episodes x 1 conditions), 6 to run; ETA " in dry.stdout
+    assert re.search(r"Reach +[0-9.]+ s per rollout \(measured\)", dry.stdout), dry.stdout
+    assert re.search(r"PickPlace +at most [0-9.]+ s per rollout \(probed here", dry.stdout), dry.stdout
     assert len(records_of(run)) == 2  # the dry run wrote nothing
 
 
