@@ -245,14 +245,15 @@ class PerturbedEnv(gymnasium.Env):
             check_hooks(self.env, required_hooks(self.protocol, optional), self.backend_name)
 
     def _observation_space(self) -> spaces.Dict:
-        """Images of the policy's cameras, the proprio the backend delivers (shapes read from a reset), the
-        instruction."""
+        """Images of the policy's cameras (no ``images`` key when it reads none: Gymnasium allows no empty Dict
+        space), the proprio the backend delivers (shapes read from a reset), the instruction."""
         episode, _, _, phase = self.defaults
         prepare_episode(self.env, self.protocol, RolloutKey(phase, self.task, episode, "clean"))
         proprio = {k: np.asarray(v) for k, v in self.env.proprio().items()}
         size = self.policy.image_size
+        images = {"images": spaces.Dict({c: spaces.Box(0, 255, (size, size, 3), np.uint8) for c in self.cameras})}
         return spaces.Dict({
-            "images": spaces.Dict({c: spaces.Box(0, 255, (size, size, 3), np.uint8) for c in self.cameras}),
+            **(images if self.cameras else {}),
             "proprio": spaces.Dict({k: spaces.Box(-np.inf, np.inf, v.shape, v.dtype if v.dtype.kind == "f" else
                                                   np.float64) for k, v in proprio.items()}),
             "instruction": spaces.Text(max_length=4096, min_length=0, charset=INSTRUCTION_CHARSET),
@@ -372,10 +373,12 @@ class PerturbedEnv(gymnasium.Env):
         self._rollout.record.policy_rng_fingerprint = fingerprint
 
     def render(self) -> Optional[np.ndarray]:
-        """The first camera's current frame (``render_mode="rgb_array"``), without any observation-side factor."""
+        """The first camera's current frame (``render_mode="rgb_array"``; the third-person view for a policy that
+        reads none), without any observation-side factor."""
         if self.render_mode != "rgb_array":
             return None
-        return self.env.render(self.cameras[0], self.policy.image_size)
+        camera = self.cameras[0] if self.cameras else cameras_for_roles(self.env, ("third_person",))[0]
+        return self.env.render(camera, self.policy.image_size)
 
     def close(self) -> None:
         """Write an episode in progress as truncated, close the simulator, release the run directory."""
@@ -454,8 +457,8 @@ class PerturbedEnv(gymnasium.Env):
         return self._renderer
 
     def _observation(self, obs: Observation) -> Dict[str, Any]:
-        return {"images": dict(obs.images), "proprio": {k: np.asarray(v) for k, v in obs.proprio.items()},
-                "instruction": obs.instruction}
+        images = {"images": dict(obs.images)} if self.cameras else {}
+        return {**images, "proprio": {k: np.asarray(v) for k, v in obs.proprio.items()}, "instruction": obs.instruction}
 
     def _info(self, rollout: Rollout, obs: Observation) -> Dict[str, Any]:
         record = rollout.record
