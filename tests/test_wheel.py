@@ -61,9 +61,11 @@ class Cli:
 
     def __init__(self, python: Path, work: Path):
         self.python, self.work = python, work
+        self.commands = set()  # every command invoked
         work.mkdir(exist_ok=True)
 
     def __call__(self, *args, code=0, timeout=600):
+        self.commands.add(args[0])
         proc = subprocess.run([str(self.python), "-m", "robocasa_shift", *args], cwd=self.work, capture_output=True,
                               text=True, timeout=timeout)
         assert "Traceback" not in proc.stderr, f"{args}: {proc.stderr[-3000:]}"
@@ -119,10 +121,18 @@ def test_every_command_runs_from_the_wheel_with_the_base_requirements_then_with_
     cli("branch", "expert", "--condition", "camera:L2", "--max-trunks", "1", "--workers", "1")  # scipy: core
     cli("monitors", "expert")  # step logs read under numpy 2
     cli("export-judge", "expert", "--out", "judge-set")
-    cli("plan-power", "--help")
-    cli("check-coverage", "--help")
-    cli("import-liberoplus", "--help")
-    cli("freeze", "--help")
+    cli("score-judge", "judge-set", "--help")
+    cli("plan-power", "--tasks", "2", "--pairs", "10", "--discordance", "0.3")
+    cli("check-coverage", "--help")  # hours of simulation; its code is the statistics run above
+    cli("import-liberoplus", "--help")  # it reads LIBERO-Plus's wheel, not installed here
+    cli("freeze", "--help")  # it would write into the installed package's frozen data
+    cli("check-policy", "fake", "--backend", "fake")
+    (cli.work / "eval_info.json").write_text(json.dumps({"per_episode": [
+        {"episode_ix": i, "sum_reward": 1.0, "max_reward": 1.0, "success": i % 2 == 0, "seed": 1000 + i}
+        for i in range(4)], "aggregated": {}}))
+    cli("import-results", "lerobot-eval", "eval_info.json", "--run-dir", "imported")
+    (cli.work / "not-a-kit").mkdir()
+    assert "not a stand-in kit" in cli("standin-kit", "verify", "not-a-kit", code=3).stderr
     # -- what needs an extra says which, before it starts
     cli.missing("policy", "judge", "judge-set", "--judge", "end-state")
     cli.missing("sim", "run", "--task", "Lift", "--policy", "expert", "--episodes", "0", "--run-dir", "lift",
@@ -144,6 +154,11 @@ def test_every_command_runs_from_the_wheel_with_the_base_requirements_then_with_
                                       "--episodes", "0", "--run-dir", "libero", code=3).stderr
     assert "make setup-robocasa" in cli("standin-kit", "build", "kit", code=3).stderr
     assert "make setup-lerobot" in cli("train-lerobot", "--out", "lerobot", code=3).stderr
+    assert "make setup-libero" in cli("libero-stage-specs", "--task", "spatial-0", "--out", "specs", code=3).stderr
+    from robocasa_shift.cli import main
+
+    missing = sorted(set(main.commands) - cli.commands)
+    assert missing == [], f"commands not run from the wheel: {missing}"
 
     # -- the light extras: the same environment, then what waited for them
     _run([str(python), "-m", "pip", "install", "-q", f"{wheel}[report,gym,gr00t,openpi,vlaeval]"], cwd=tmp_path)
@@ -151,7 +166,7 @@ def test_every_command_runs_from_the_wheel_with_the_base_requirements_then_with_
     videos = json.loads((cli.work / "run" / "report" / "videos.json").read_text())
     assert videos and all((cli.work / "run" / "report" / v["file"]).stat().st_size > 0 for v in videos)
     quick = {"gr00t": ("timeout_s=2", "retries=0"), "openpi": ("connect_timeout_s=2",),
-             "vla-eval": ("connect_timeout_s=2",)}
+             "vla-eval": ("connect_timeout_s=2", "action_layout=fake-planar")}
     for policy, options in quick.items():  # installed now: nothing listens on port 1, said without a traceback
         proc = cli("run", *FAKE, "--policy", policy, "--policy-option", "port=1",
                    *[f"--policy-option={o}" for o in options], "--task", "Reach", "--episodes", "0",

@@ -97,12 +97,12 @@ def write_stage_spec(content: Dict[str, Any], directory: Path | str) -> str:
 
 def generate(tasks: Sequence[str], directory: Path | str) -> Dict[str, str]:
     """Generate (or confirm) the stage specs of LIBERO ``tasks`` from their BDDL files; what happened to each."""
-    from libero.libero.envs import bddl_utils
-
     from robocasa_shift.backends.libero_backend import _import_libero, _libero_task
     from robocasa_shift.backends.libero_tasks import parse_task
 
-    _import_libero()
+    _import_libero()  # without LIBERO: BackendUnavailable naming its virtual environment (exit 3)
+    from libero.libero.envs import bddl_utils
+
     out = {}
     for name in tasks:
         task = parse_task(name)
