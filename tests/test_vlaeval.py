@@ -582,7 +582,8 @@ def test_formal_dry_run_says_one_action_per_step_means_a_render_every_step(tmp_p
     from helpers import cli
 
     out = cli("formal", "--backend", "robosuite", "--task", "Lift", "--condition", "clean,camera:L2", "--episodes",
-              "0-2", "--policy", "vla-eval", "--run-dir", str(tmp_path / "run"), "--dry-run").stdout
+              "0-2", "--policy", "vla-eval", "--policy-option", "preset=robocasa365", "--run-dir", str(tmp_path / "run"),
+              "--dry-run").stdout
     assert "6 rollouts planned" in out
     assert "vla-eval answers one action per observation, so every control step renders the cameras it reads" in out
     assert "up to 2,400 renders per camera" in out  # 6 rollouts x Lift's 400 steps
@@ -672,7 +673,8 @@ def test_a_paired_robosuite_study_against_a_real_vla_eval_server_audits_clean(tm
         ("video.robot0_agentview_left", "video.robot0_agentview_right", "video.robot0_eye_in_hand")}
     assert {o["task_description"] for o in observations} == {get_backend("robosuite").task("Lift").instruction}
     dry = run_cli("formal", "--backend", "robosuite", "--task", "Lift", "--condition", "clean,camera:L2", "--episodes",
-                  "0-1", "--policy", "vla-eval", "--run-dir", str(run), "--dry-run").stdout
+                  "0-1", "--policy", "vla-eval", "--policy-option", "preset=robocasa365", "--run-dir", str(run),
+                  "--dry-run").stdout
     assert "2 to run" in dry and "s per rollout (measured)" in dry and "one action per observation" in dry
     print(f"paired robosuite study through a real vla-eval server: 2 rollouts of 400 steps in {wall:.1f} s")
 

@@ -68,7 +68,7 @@ class Policy:
     requires: Sequence[Tuple[str, str]] = ()
 
     @classmethod
-    def action_dim(cls, options: Mapping[str, Any]) -> Optional[int]:
+    def fixed_action_dim(cls, options: Mapping[str, Any]) -> Optional[int]:
         """The length of the actions the policy built with ``options`` makes, when it is fixed before any
         observation (a served policy's action layout); None when it follows the environment's embodiment.
         A study refuses a policy whose actions do not fit its backend's before anything runs."""

@@ -124,7 +124,7 @@ class StudyCache:
         Raises:
             UnknownNameError: a task or condition that does not exist (the message lists the valid ones).
             PolicyOptionError: an option the policy does not take, or actions that do not fit the backend's
-                embodiment (``Policy.action_dim``).
+                embodiment (``Policy.fixed_action_dim``).
             BackendUnavailable: the backend's simulator or assets are missing.
         """
         cls = check_policy_options(self.config.policy, self.config.policy_kwargs)
@@ -136,7 +136,8 @@ class StudyCache:
         # a backend whose simulator or assets may be missing says so here, not in every rollout's record
         self.backend.check_available()
         # a policy whose actions are fixed by its options (a served model's layout) must fit the embodiment
-        wanted = cls.action_dim(self.config.policy_kwargs) if hasattr(cls, "action_dim") and tasks else None
+        fixed = getattr(cls, "fixed_action_dim", None)
+        wanted = fixed(self.config.policy_kwargs) if fixed is not None and tasks else None
         if wanted is not None:
             takes = self.env(tasks[0]).action_layout.dim
             if wanted != takes:

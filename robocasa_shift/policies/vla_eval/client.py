@@ -591,7 +591,7 @@ class VlaEvalPolicy(RemotePolicy):
     actions_per_observation = 1
 
     @classmethod
-    def action_dim(cls, options: Mapping[str, Any]) -> Optional[int]:
+    def fixed_action_dim(cls, options: Mapping[str, Any]) -> Optional[int]:
         """The length of the actions of the layout ``options`` choose (``action_layout``, else the preset's)."""
         preset = options.get("preset", "libero")
         if preset not in PRESETS:
