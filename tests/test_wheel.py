@@ -100,6 +100,7 @@ def test_every_command_runs_from_the_wheel_with_the_base_requirements_then_with_
     assert len([c for c in conditions["conditions"] if not c.get("optional")]) == 13
     cli("tasks", "--backend", "fake")
     assert "reference" in cli("policies").stdout
+    cli("screen", *FAKE, "--policy", "fake-expert", "--run-dir", "screened")
     cli("run", *FAKE, "--policy", "fake", "--task", "Reach,PickPlace", "--condition", "clean,blur:L3,camera:L3",
         "--episodes", "0-2", "--run-dir", "run")
     cli("run", *FAKE, "--policy", "fake-expert", "--task", "Reach", "--condition", "clean,camera:L2", "--episodes",
@@ -122,6 +123,8 @@ def test_every_command_runs_from_the_wheel_with_the_base_requirements_then_with_
     cli("monitors", "expert")  # step logs read under numpy 2
     cli("export-judge", "expert", "--out", "judge-set")
     cli("score-judge", "judge-set", "--help")
+    assert "OPENAI_API_KEY" in cli("localise", "judge-set", "--name", "boxes", "--localiser-option", "model=m",
+                                   code=2).stderr  # its endpoint's key is asked for before anything is sent
     cli("plan-power", "--tasks", "2", "--pairs", "10", "--discordance", "0.3")
     cli("check-coverage", "--help")  # hours of simulation; its code is the statistics run above
     cli("import-liberoplus", "--help")  # it reads LIBERO-Plus's wheel, not installed here
