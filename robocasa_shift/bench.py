@@ -113,6 +113,44 @@ def culling(on: bool):
         profile["cull"] = saved
 
 
+@contextmanager
+def attached(env, targets: Callable[[], Dict], after_reset: Callable[[], object] = lambda: None):
+    """Instance attributes wrapping ``targets()`` (``(owner, name)`` -> a function of the original), put on now and
+    again after every ``env.reset`` (RoboCasa's kitchens build a new simulator at every reset), with ``after_reset``
+    called then; taken off afterwards, an attribute that was there before (the harness's watch on the sim) put back."""
+    installed: List[tuple] = []
+
+    def attach():
+        for (owner, name), wrap in targets().items():
+            installed.append((owner, name, vars(owner).get(name)))
+            setattr(owner, name, wrap(getattr(owner, name)))
+
+    def detach():
+        while installed:
+            owner, name, before = installed.pop()
+            if before is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, before)
+
+    reset = env.reset
+
+    def reset_and_attach(*args, **kwargs):
+        detach()
+        out = reset(*args, **kwargs)
+        attach()
+        after_reset()
+        return out
+
+    env.reset = reset_and_attach
+    attach()
+    try:
+        yield
+    finally:
+        detach()
+        del env.reset
+
+
 def summary(values: Sequence[float], digits: int = 3) -> Dict[str, float]:
     """Median, min, max and count of ``values``, rounded."""
     return {"median": round(float(np.median(values)), digits), "min": round(float(np.min(values)), digits),
@@ -206,32 +244,28 @@ class InProcess:
         """What the harness rollout of ``chunk`` (both cameras) costs the simulator itself, untimed here:
         (start state, the ``ctrl`` of every physics substep, the physics state of every rendered frame with its
         camera, final qpos)."""
-        env, raw, mj = self.env, self.env.raw, self.env._mujoco
+        env, raw = self.env, self.env.raw
         controls: List[np.ndarray] = []
         frames: List[tuple] = []
-        # robosuite integrates with sim.step, or with step1 / ctrl / step2 under lite_physics (1.5's default); LIBERO's
-        # fast path calls mj_step2 itself, after its hook
-        fused = getattr(raw.step, "__self__", None)
-        if isinstance(fused, libero_fastpath.ElidedForwardStep):
-            owner, name = fused, "before_integration"
-        else:
-            owner, name = raw.sim, ("step2" if getattr(raw, "lite_physics", False) else "step")
-        own = vars(owner).get(name)  # the harness's watch on the sim, say: put back afterwards
-        integrate, render = getattr(owner, name), env.render
-        setattr(owner, name, lambda: (controls.append(raw.sim.data.ctrl.copy()), integrate())[1])
+        record = lambda integrate: lambda: (controls.append(raw.sim.data.ctrl.copy()), integrate())[1]  # noqa: E731
+
+        def targets():
+            # robosuite integrates with sim.step, or with step1 / ctrl / step2 under lite_physics (1.5's default);
+            # LIBERO's fast path calls mj_step2 itself, after its hook
+            fused = getattr(raw.step, "__self__", None)
+            if isinstance(fused, libero_fastpath.ElidedForwardStep):
+                return {(fused, "before_integration"): record}
+            return {(raw.sim, "step2" if getattr(raw, "lite_physics", False) else "step"): record}
+
+        render = env.render
         env.render = lambda cam, size: (frames.append((env._integration(), cam, size)), render(cam, size))[1]
-        reset = env.reset  # LIBERO's and RoboCasa's resets step to settle: only the rollout's own substeps count
-        env.reset = lambda *args, **kwargs: (reset(*args, **kwargs), controls.clear(), frames.clear())[0]
-        try:
-            prepare_episode(env, self.protocol, self.key(condition))
-            start = env._integration()
-            _, _, qpos = self.harness(chunk, condition)
+        try:  # LIBERO's and RoboCasa's resets step to settle: only the rollout's own substeps count
+            with attached(env, targets, after_reset=lambda: (controls.clear(), frames.clear())):
+                prepare_episode(env, self.protocol, self.key(condition))
+                start = env._integration()
+                _, _, qpos = self.harness(chunk, condition)
         finally:
-            if own is None:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, own)
-            del env.render, env.reset
+            del env.render
         return start, np.array(controls), frames, qpos
 
     def bare_physics(self, start: np.ndarray, controls: np.ndarray) -> tuple:
@@ -271,14 +305,19 @@ class InProcess:
         inside = set()  # parts being timed now: a nested call of the same part is not counted twice
         # instance attributes, gone again afterwards; robosuite builds new controllers on every reset, so the
         # composite controller's and the observables' methods are wrapped on their classes
-        wrapped = {(raw.sim, name): "physics" for name in ("step", "forward", "step1", "step2") if hasattr(raw.sim, name)}
-        wrapped.update({(raw, "_pre_action"): "controller", (raw, "_get_observations"): "observables"})
         fused = getattr(raw.step, "__self__", None)
-        if isinstance(fused, robosuite_fastpath.FusedStep):
-            wrapped.update({(fused, "_control"): "controller", (fused, "_compiled_control"): "controller",
-                            (fused, "_push_history"): "controller"})
-        if isinstance(fused, libero_fastpath.ElidedForwardStep):  # it calls MuJoCo itself
-            wrapped.update({(fused, "_physics"): "physics"})
+
+        def targets():  # on the current simulator: RoboCasa's kitchens build a new one at every reset
+            wrapped = {(raw.sim, name): "physics" for name in ("step", "forward", "step1", "step2")
+                       if hasattr(raw.sim, name)}
+            wrapped.update({(raw, "_pre_action"): "controller", (raw, "_get_observations"): "observables"})
+            if isinstance(fused, robosuite_fastpath.FusedStep):
+                wrapped.update({(fused, "_control"): "controller", (fused, "_compiled_control"): "controller",
+                                (fused, "_push_history"): "controller"})
+            if isinstance(fused, libero_fastpath.ElidedForwardStep):  # it calls MuJoCo itself
+                wrapped.update({(fused, "_physics"): "physics"})
+            return {key: (lambda fn, part=part: timing(fn, part)) for key, part in wrapped.items()}
+
         on_classes = {(Observable, "update"): "observables", (robosuite_fastpath.SharedClock, "update"): "observables",
                       (robosuite_fastpath.SharedClock, "write_back"): "observables"}
         composite = getattr(raw.robots[0], "composite_controller", None)  # robosuite 1.5 (1.4 sets goals in control)
@@ -298,26 +337,19 @@ class InProcess:
                     inside.discard(part)
             return timed
 
-        own = {(owner, name): vars(owner).get(name) for owner, name in wrapped}  # instance attributes already there
-        for (owner, name), part in wrapped.items():
-            setattr(owner, name, timing(getattr(owner, name), part))
         saved = {(cls, name): vars(cls)[name] for cls, name in on_classes}
         for (cls, name), part in on_classes.items():
             setattr(cls, name, timing(saved[cls, name], part))
-        try:
-            policy = FixedActions(self.actions, chunk)
-            t0 = time.perf_counter()
-            record = run_rollout(self.env, policy, self.key(), self.protocol, self.stage_spec, self.backend,
-                                 horizon=self.steps)
-            total = time.perf_counter() - t0
+        try:  # what the reset spent (RoboCasa's and LIBERO's settle by stepping) is not the rollout's
+            with attached(self.env, targets, after_reset=lambda: spent.update(dict.fromkeys(spent, 0.0))):
+                policy = FixedActions(self.actions, chunk)
+                t0 = time.perf_counter()
+                record = run_rollout(self.env, policy, self.key(), self.protocol, self.stage_spec, self.backend,
+                                     horizon=self.steps)
+                total = time.perf_counter() - t0 - record.timing["reset_s"]
         finally:
             for (cls, name), method in saved.items():
                 setattr(cls, name, method)
-            for (owner, name), before in own.items():  # the harness's watch on the sim stays
-                if before is None:
-                    delattr(owner, name)
-                else:
-                    setattr(owner, name, before)
         spent["render"] = record.timing["render_s"]
         spent["policy"] = record.timing["policy_s"]
         spent["bookkeeping"] = total - sum(spent.values())

@@ -543,6 +543,20 @@ def test_the_kitchen_fast_path_changes_no_bit_of_stock_stepping(kitchen, protoco
     assert len({f["integration"] for f in fast}) == 12  # the robot moved
 
 
+def test_the_bench_retraces_a_kitchen_rollout_though_each_reset_builds_a_new_simulator(kitchen):
+    """The physics limit's bare mj_step replays the rollout's own substep controls (the hook follows the simulator
+    RoboCasa builds at every reset; the settling steps are not counted) and ends in its exact state; the profile
+    times the rollout's physics, not the reset's."""
+    from robocasa_shift.bench import InProcess
+
+    local = InProcess(kitchen, steps=3, backend="robocasa")
+    start, controls, frames, harness_qpos = local.limits(4)
+    _, physics_qpos = local.bare_physics(start, controls)
+    assert len(controls) == 3 * 25 and len(frames) == 2 and np.array_equal(physics_qpos, harness_qpos)
+    parts = local.profile(4)
+    assert parts["physics"] > 0 and parts["controller"] > 0
+
+
 def test_the_kitchen_golden_run_is_reproduced_on_the_fast_path(tmp_path):
     """The expert's golden kitchen rollout (recorded with the code from before the fast path), field for field."""
     from golden import assert_reproduced, backend_golden
