@@ -17,8 +17,9 @@ alike; each is reported as median, min and max over the repeats.
   ``fused_step_speedup``: the same for a rollout that renders nothing. All must end in the
   same state, bit for bit.
 - ``physics_limit_ratio``: harness time per control step of a rollout that renders nothing /
-  bare ``mujoco.mj_step`` over the rollout's own substep controls from its own start state
-  (the same model and trajectory: its final qpos must equal the harness's, bit for bit);
+  bare ``mujoco.mj_step`` over the rollout's own substep controls, each control step from the state the
+  rollout's started from (RoboCasa's fixtures move joints between steps; restoring is not timed), on the same
+  model and trajectory: its final qpos must equal the harness's, bit for bit;
   ``bare_mj_step_ms`` is that denominator per control step. ``render_limit_ratio``: the
   rollout that reads both cameras every 4 steps / that bare ``mj_step`` plus MuJoCo's own
   render of the same frames (``mjv_updateScene``, ``mjr_render`` of the full scene,
@@ -122,6 +123,8 @@ def attached(env, targets: Callable[[], Dict], after_reset: Callable[[], object]
 
     def attach():
         for (owner, name), wrap in targets().items():
+            if owner is None:  # a kitchen before its first reset has no simulator yet
+                continue
             installed.append((owner, name, vars(owner).get(name)))
             setattr(owner, name, wrap(getattr(owner, name)))
 
@@ -242,44 +245,62 @@ class InProcess:
 
     def limits(self, chunk: int, condition: str = "clean") -> tuple:
         """What the harness rollout of ``chunk`` (both cameras) costs the simulator itself, untimed here:
-        (start state, the ``ctrl`` of every physics substep, the physics state of every rendered frame with its
-        camera, final qpos)."""
+        (the state each control step started from, the ``ctrl`` of every physics substep, the physics state of every
+        rendered frame with its camera, final qpos, qpos just after the last integration)."""
         env, raw = self.env, self.env.raw
         controls: List[np.ndarray] = []
         frames: List[tuple] = []
-        record = lambda integrate: lambda: (controls.append(raw.sim.data.ctrl.copy()), integrate())[1]  # noqa: E731
+        starts: List[np.ndarray] = []  # the state each control step starts from (RoboCasa's fixtures write qpos)
+        integrated: List[np.ndarray] = []  # qpos just after the last integration (before the fixtures' last writes)
+
+        def record(integrate):
+            def recorded():
+                if len(controls) % env._substeps == 0:  # robosuite's count of substeps per control step
+                    starts.append(env._integration())
+                controls.append(raw.sim.data.ctrl.copy())
+                return integrate()
+            return recorded
+
+        def after(physics):
+            def kept(*args):
+                out = physics(*args)
+                integrated[:] = [raw.sim.data.qpos.copy()]
+                return out
+            return kept
 
         def targets():
             # robosuite integrates with sim.step, or with step1 / ctrl / step2 under lite_physics (1.5's default);
             # LIBERO's fast path calls mj_step2 itself, after its hook
             fused = getattr(raw.step, "__self__", None)
             if isinstance(fused, libero_fastpath.ElidedForwardStep):
-                return {(fused, "before_integration"): record}
-            return {(raw.sim, "step2" if getattr(raw, "lite_physics", False) else "step"): record}
+                return {(fused, "before_integration"): record, (fused, "_physics"): after}
+            integrate = (raw.sim, "step2" if getattr(raw, "lite_physics", False) else "step")
+            return {integrate: lambda fn: after(record(fn))}
 
         render = env.render
         env.render = lambda cam, size: (frames.append((env._integration(), cam, size)), render(cam, size))[1]
         try:  # LIBERO's and RoboCasa's resets step to settle: only the rollout's own substeps count
-            with attached(env, targets, after_reset=lambda: (controls.clear(), frames.clear())):
-                prepare_episode(env, self.protocol, self.key(condition))
-                start = env._integration()
+            with attached(env, targets, after_reset=lambda: (controls.clear(), frames.clear(), starts.clear())):
                 _, _, qpos = self.harness(chunk, condition)
         finally:
             del env.render
-        return start, np.array(controls), frames, qpos
+        return starts, np.array(controls), frames, qpos, integrated[0]
 
-    def bare_physics(self, start: np.ndarray, controls: np.ndarray) -> tuple:
-        """(seconds for ``mj_step`` over ``controls`` from ``start``, final qpos): the simulation's own cost."""
+    def bare_physics(self, starts: Sequence[np.ndarray], controls: np.ndarray) -> tuple:
+        """(seconds for ``mj_step`` over ``controls``, final qpos): the simulation's own cost. Each control step
+        starts from the state the rollout's did (``starts``: robosuite's and LIBERO's are where the last step ended;
+        RoboCasa's kitchens move fixture joints between steps), restored untimed."""
         mj, model, data = self.env._mujoco, self.env.model, self.env.data
-        mj.mj_setState(model, data, start, mj.mjtState.mjSTATE_INTEGRATION)
-        mj.mj_forward(model, data)
-
-        def run():
-            for ctrl in controls:
+        substeps = len(controls) // len(starts)
+        spent = 0.0
+        for k, start in enumerate(starts):
+            mj.mj_setState(model, data, start, mj.mjtState.mjSTATE_INTEGRATION)
+            t0 = time.perf_counter()
+            for ctrl in controls[k * substeps:(k + 1) * substeps]:
                 data.ctrl[:] = ctrl
                 mj.mj_step(model, data)
-
-        return _timed(run), data.qpos.copy()
+            spent += time.perf_counter() - t0
+        return spent, data.qpos.copy()
 
     def bare_renders(self, frames: Sequence[tuple]) -> float:
         """Seconds for MuJoCo's own render of ``frames`` (state, camera, size): ``mjv_updateScene``, ``mjr_render``
@@ -528,15 +549,15 @@ def run_bench(repeats: int = 5, steps: int = 200, rollouts: int = 8, policy: str
         add("overhead_ratio", per_step[4] / bare4)
         stock4, stock_qpos = local.stock(4)
         stock_blind, _ = local.stock(4, cameras=False)
-        start, controls, frames, harness_qpos = local.limits(4)
+        starts, controls, frames, harness_qpos, integrated_qpos = local.limits(4)
         if not (np.array_equal(stock_qpos, harness_qpos) and np.array_equal(blind_qpos, harness_qpos)):
             raise RuntimeError("the fast path changed the rollout: it must not change a bit")
         add("fastpath_speedup", stock4 / per_step[4])
         add("fused_step_speedup", stock_blind / blind)
-        physics_s, physics_qpos = local.bare_physics(start, controls)
-        if not np.array_equal(physics_qpos, harness_qpos):  # the same trajectory, or the ratio means nothing
+        physics_s, physics_qpos = local.bare_physics(starts, controls)
+        if not np.array_equal(physics_qpos, integrated_qpos):  # the same trajectory, or the ratio means nothing
             raise RuntimeError("bare mj_step did not retrace the harness rollout: max |dqpos| "
-                               f"{np.abs(physics_qpos - harness_qpos).max():.3g}")
+                               f"{np.abs(physics_qpos - integrated_qpos).max():.3g}")
         renders_s = local.bare_renders(frames)
         add("physics_limit_ratio", blind / (physics_s / n))
         add("stock_physics_limit_ratio", stock_blind / (physics_s / n))

@@ -102,9 +102,10 @@ def test_the_physics_limit_retraces_the_harness_rollout_and_the_profile_adds_up(
     from robocasa_shift.bench import InProcess
 
     local = InProcess(lift_env, steps=16)
-    start, controls, frames, harness_qpos = local.limits(4)
-    seconds, physics_qpos = local.bare_physics(start, controls)
+    starts, controls, frames, harness_qpos, integrated_qpos = local.limits(4)
+    seconds, physics_qpos = local.bare_physics(starts, controls)
     assert len(controls) == 16 * 25 and seconds > 0 and np.array_equal(physics_qpos, harness_qpos)
+    assert np.array_equal(integrated_qpos, harness_qpos)  # nothing writes the state after the last integration
     assert [(cam, size) for _, cam, size in frames[:2]] == [("robot0_robotview", 128), ("robot0_eye_in_hand", 128)]
     assert len(frames) == 2 * 4 and local.bare_renders(frames) > 0
     for cameras in (True, False):

@@ -190,9 +190,10 @@ def test_the_bench_retraces_a_libero_rollout_with_bare_mj_step_and_stock_steppin
     from robocasa_shift.bench import InProcess
 
     local = InProcess(env, steps=8, backend="libero")
-    start, controls, frames, harness_qpos = local.limits(4)
-    _, physics_qpos = local.bare_physics(start, controls)
+    starts, controls, frames, harness_qpos, integrated_qpos = local.limits(4)
+    _, physics_qpos = local.bare_physics(starts, controls)
     assert len(controls) == 8 * 25 and len(frames) == 2 * 2 and np.array_equal(physics_qpos, harness_qpos)
+    assert np.array_equal(integrated_qpos, harness_qpos)
     _, stock_qpos = local.stock(4, cameras=False)
     assert np.array_equal(stock_qpos, harness_qpos) and env.fastpath["enabled"]
     parts = local.profile(4)

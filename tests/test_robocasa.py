@@ -550,9 +550,11 @@ def test_the_bench_retraces_a_kitchen_rollout_though_each_reset_builds_a_new_sim
     from robocasa_shift.bench import InProcess
 
     local = InProcess(kitchen, steps=3, backend="robocasa")
-    start, controls, frames, harness_qpos = local.limits(4)
-    _, physics_qpos = local.bare_physics(start, controls)
-    assert len(controls) == 3 * 25 and len(frames) == 2 and np.array_equal(physics_qpos, harness_qpos)
+    starts, controls, frames, harness_qpos, integrated_qpos = local.limits(4)
+    _, physics_qpos = local.bare_physics(starts, controls)
+    assert len(controls) == 3 * 25 and len(frames) == len(local.cameras) and len(starts) == 3
+    # RoboCasa's fixtures write joints after each step's physics: the replay ends where the last integration did
+    assert np.array_equal(physics_qpos, integrated_qpos)
     parts = local.profile(4)
     assert parts["physics"] > 0 and parts["controller"] > 0
 
