@@ -76,7 +76,7 @@ def test_each_backends_bench_result_goes_beside_the_others_in_one_file(tmp_path)
         out.write_text(text)
         with pytest.raises(BadInput, match="bench.json: not a bench result"):
             merged(out, {"backend": "libero"})
-    proc = cli("bench", "--backend", "libero", "--out", str(out), check=False)  # refused before anything is measured
+    proc = cli("bench", "--backend", "robosuite", "--out", str(out), check=False)  # refused before anything is measured
     assert proc.returncode == 2 and "not a bench result" in proc.stderr and out.read_text() == '{"figures": 3}'
     proc = cli("bench", "--backend", "fake", "--out", str(tmp_path / "new.json"), check=False)
     assert proc.returncode == 2 and "not 'fake'" in proc.stderr and not (tmp_path / "new.json").exists()
