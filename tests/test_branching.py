@@ -22,6 +22,8 @@ from robocasa_shift.branching.engine import (
     record_trunk,
     replay_fidelity,
     run_branch,
+    run_checkpoint,
+    zero_noise_check,
 )
 from robocasa_shift.branching.interventions import (
     INTERVENTIONS,
@@ -155,6 +157,36 @@ def test_without_noise_continue_from_a_fresh_process_equals_the_trunk_bit_for_bi
         assert (continued["success"], continued["steps"], continued["stage_steps"]) == (
             record.success, record.steps, record.stage_steps), step
     assert record.success == (condition == "clean")  # a failed trunk and a successful clean one
+
+
+def test_the_zero_noise_known_answer_holds_at_every_checkpoint_and_fails_when_the_trunk_differs(fake_study):
+    protocol, backend = fake_study
+    key = RolloutKey("formal", "PickPlace", 3, "base:L3")
+    record, tape = _trunk(fake_study, key)
+    env, policy = backend.make(key.task), make_policy("fake")
+    stage_spec = specs.load_stage_spec("fake", key.task)
+    # a noisy study with a fresh budget shorter than the trunk: the check still runs at sigma 0 on the trunk's budget
+    settings = BranchSettings(sigma=0.2, budget="fresh", fresh_budget=3, k_initial=1, k_expanded=1)
+    steps = tape.chunk_steps[:: max(1, len(tape.chunk_steps) // 3)]
+    for step in steps:
+        result = run_checkpoint(env, policy, key, protocol, stage_spec, "fake", tape, step, settings)
+        zero = result["zero_noise"]
+        assert result["fidelity"]["ok"] and zero["ok"], (step, zero)
+        assert (zero["success"], zero["steps"], zero["stage_steps"]) == (record.success, record.steps,
+                                                                          record.stage_steps)
+        assert zero["max_qpos_dev"] == 0.0 and zero["max_state_dev"] == 0.0
+        # the study's own branches do differ from the trunk (noise, a 3-step budget)
+        assert result["interventions"]["continue"]["branches"][0]["steps"] == min(step + 3, record.steps)
+    # one physics state of the trunk after the checkpoint moved by 1e-9: the check must fail, naming the deviation
+    step = steps[1]
+    tape.states[step + 2] = tape.states[step + 2] + 1e-9
+    zero = zero_noise_check(env, policy, key, protocol, stage_spec, "fake", tape, step, settings)
+    assert not zero["ok"] and zero["max_state_dev"] == pytest.approx(1e-9) and zero["same_outcome"]
+    # a trunk recorded with another outcome: the check fails on the outcome
+    tape.states[step + 2] = tape.states[step + 2] - 1e-9
+    tape.meta["steps"] = record.steps + 1
+    zero = zero_noise_check(env, policy, key, protocol, stage_spec, "fake", tape, step, settings)
+    assert not zero["ok"] and not zero["same_outcome"]
 
 
 def test_a_corrupted_or_foreign_snapshot_file_is_refused_and_nothing_is_unpickled(fake_study, tmp_path):
@@ -305,6 +337,10 @@ def test_branch_runs_resumes_audits_and_reports_on_the_fake_backend(fake_run, tm
     bdir = run / "branching" / "default"
     summary = json.loads((bdir / "summary.json").read_text())
     assert summary["fidelity"]["checked"] == summary["fidelity"]["ok"] > 0
+    zero = summary["fidelity"]["zero_noise"]
+    assert zero["ok"] == zero["checked"] == summary["fidelity"]["ok"] and zero["failed"] == []
+    assert (f"Zero-noise known answer: {zero['ok']}/{zero['checked']} Continue branches at sigma 0 reproduced their "
+            "trunk.") in (bdir / "summary.md").read_text()
     results = {p.relative_to(bdir): comparable(json.loads(p.read_text())) for p in (bdir / "checkpoints").rglob("*.json")}
     assert len(results) == plan["checkpoints"]
     for result in results.values():
@@ -330,6 +366,7 @@ def test_branch_runs_resumes_audits_and_reports_on_the_fake_backend(fake_run, tm
     assert cli("audit", str(run)).returncode == 0
     audit = json.loads((run / "audit.json").read_text())["branching"]["default"]
     assert audit["passed"] and audit["fidelity"]["ok"] == len(results)
+    assert audit["zero_noise"] == {"ok": len(results), "checked": len(results)}
     cli("report", str(run), "--videos", "0")
     page = (run / "report" / "index.html").read_text()
     assert "Counterfactual branching" in page and "figures/" in page
@@ -342,7 +379,21 @@ def test_branch_runs_resumes_audits_and_reports_on_the_fake_backend(fake_run, tm
     path.write_text(json.dumps(result))
     snapshot = sorted((bdir / "trunks").rglob("*.npz"))[0]
     snapshot.write_bytes(snapshot.read_bytes() + b"x")
+    # the zero-noise known answer: one that did not reproduce its trunk, one missing, one whose flags lie
+    paths = sorted((bdir / "checkpoints").rglob("*.json"))
+    for path, change in zip(paths[1:4], ("failed", "missing", "lies")):
+        result = json.loads(path.read_text())
+        if change == "failed":
+            result["zero_noise"].update(ok=False, same_outcome=False, steps=result["zero_noise"]["steps"] + 1)
+        elif change == "missing":
+            result["zero_noise"] = None
+        else:
+            result["zero_noise"]["steps"] += 1
+        path.write_text(json.dumps(result))
     problems = "\n".join(audit_branch_study(run, "default")["problems"])
+    assert "the Continue branch at sigma 0 did not reproduce the trunk" in problems
+    assert "no zero-noise known-answer check" in problems
+    assert "zero-noise check ok but the branch deviates from the trunk" in problems
     assert "seeds other than their stream's" in problems and "not the Jeffreys" in problems
     assert "snapshot file sha256" in problems and "recorded" in problems
     assert cli("audit", str(run), check=False).returncode == 1

@@ -169,9 +169,9 @@ def _check_checkpoint(path: Path, checkpoint: Mapping[str, Any], q: float) -> No
     _check_key(path, checkpoint)
     if not _is_int(checkpoint.get("step")) or checkpoint["step"] < 0:
         raise AnalysisError(f"{path}: field 'step' must be a non-negative integer, found {checkpoint.get('step')!r}")
-    fidelity = checkpoint.get("fidelity")
-    if fidelity is not None and not isinstance(fidelity, Mapping):
-        raise AnalysisError(f"{path}: 'fidelity' must be an object or null")
+    for field in ("fidelity", "zero_noise"):
+        if checkpoint.get(field) is not None and not isinstance(checkpoint[field], Mapping):
+            raise AnalysisError(f"{path}: '{field}' must be an object or null")
     interventions = checkpoint.get("interventions") or {}
     if not isinstance(interventions, Mapping):
         raise AnalysisError(f"{path}: 'interventions' must be an object name -> counts")
@@ -509,7 +509,31 @@ def fidelity_tally(study: BranchStudy) -> Dict[str, Any]:
                    for c in failed],
         "trunks": len(study.trunks), "trunks_valid": sum(1 for t in study.trunks if t.get("valid")),
         "trunks_reproduced": sum(1 for t in study.trunks if is_included(t)),
+        "zero_noise": zero_noise_tally(study),
     }
+
+
+def zero_noise_tally(study: BranchStudy) -> Dict[str, Any]:
+    """RESCUE's zero-noise known answer across the study: of the checkpoints whose replay passed fidelity,
+    how many ran the check (``checked``) and how many of those Continue branches at sigma 0 reproduced their
+    trunk (``ok``); the ones that did not (trunk and step)."""
+    checked = [c for c in study.checkpoints if _fidelity_ok(c) and isinstance(c.get("zero_noise"), Mapping)]
+    failed = [c for c in checked if c["zero_noise"].get("ok") is not True]
+    return {"checked": len(checked), "ok": len(checked) - len(failed),
+            "eligible": sum(1 for c in study.checkpoints if _fidelity_ok(c)),
+            "failed": [{"trunk": trunk_label(c), "step": int(c["step"])} for c in failed]}
+
+
+def zero_noise_line(tally: Mapping[str, Any]) -> str:
+    """The summary's line for :func:`zero_noise_tally`."""
+    text = (f"Zero-noise known answer: {tally['ok']}/{tally['checked']} Continue branches at sigma 0 reproduced "
+            f"their trunk")
+    unchecked = tally.get("eligible", tally["checked"]) - tally["checked"]
+    if unchecked:
+        text += f" ({unchecked} checkpoint(s) that passed fidelity have no check: written before it existed)"
+    if tally.get("failed"):
+        text += "; not reproduced at " + ", ".join(f"{f['trunk']} step {f['step']}" for f in tally["failed"][:5])
+    return text + "."
 
 
 # --------------------------------------------------------------------------- non-monotone recoverability
@@ -1029,7 +1053,7 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
              f"(largest qpos deviation {_md_cell(tally['max_qpos_dev'])}, largest state deviation "
              f"{_md_cell(tally['max_state_dev'])}); {tally['invalid']} checkpoint(s) invalid. "
              f"{tally['trunks_reproduced']} of {tally['trunks']} trunks are valid and re-ran to their stored "
-             f"record.", ""]
+             f"record.", "", zero_noise_line(tally["zero_noise"]), ""]
     lines += ["## Per condition", "",
               f"At tau = {summary['tau']:g} (estimate: lower {summary['q']:g} Jeffreys quantile). Recoverable: trunks "
               f"with at least one recoverable checkpoint; horizons over those trunks (median, IQR q1-q3).", ""]
@@ -1190,4 +1214,4 @@ __all__ = ["ALL_TASKS", "COMBINED", "EVENTS", "BranchStudy", "antitonic_fit", "c
            "condition_frame",
            "excluded_trunks", "figure_name", "fidelity_tally", "FigureWriter", "load_branch_study", "markdown_table",
            "sensitivity_frame", "sign_test", "summary_markdown", "trunk_frame", "trunk_label",
-           "trunk_series", "write_outputs"]
+           "trunk_series", "write_outputs", "zero_noise_line", "zero_noise_tally"]

@@ -34,8 +34,9 @@ On disk, under ``RUN_DIR/branching/<name>/``::
     checkpoints/<phase>/<task>/<episode>__<condition>__r<replicate>/s<step:04d>.json  one checkpoint:
         the trunk key's five fields; step (control steps before the boundary); snapshot_sha256 (of
         that checkpoint's arrays); valid, error, error_kind; fidelity {ok, max_qpos_dev,
-        max_state_dev, same_stages, same_outcome, success, steps, stage_steps}; branched (fidelity
-        ok); interventions {name: {k, n, expanded, estimate, script_steps, branches: [{index, seed,
+        max_state_dev, same_stages, same_outcome, success, steps, stage_steps}; zero_noise (the same
+        fields, for one continue branch at sigma 0 through the branch code path; null unless fidelity
+        ok); branched (fidelity ok); interventions {name: {k, n, expanded, estimate, script_steps, branches: [{index, seed,
         success, steps, stage_steps, first_incomplete, valid, error}]}}; wall_s
     summary.json, report figures    written by ``robocasa-shift branch`` after the units ran
 """

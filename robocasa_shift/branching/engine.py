@@ -9,8 +9,12 @@
 - :func:`replay_fidelity` continues the trunk from a checkpoint with no
   intervention and no noise and compares every step with the trunk: a
   checkpoint is branched only if the continuation is bit-identical.
-- :func:`run_checkpoint` is one unit of work: fidelity, then K branches per
-  intervention, expanded where the verdict is unclear (see ``estimator``).
+- :func:`zero_noise_check` is RESCUE's known answer for the branch code path:
+  one ``continue`` branch at sigma 0 (through :func:`run_branch`) must equal
+  the trunk's continuation bit for bit.
+- :func:`run_checkpoint` is one unit of work: fidelity, the zero-noise check,
+  then K branches per intervention, expanded where the verdict is unclear (see
+  ``estimator``).
 
 Execution noise: Gaussian, ``sigma`` on the arm's continuous commands of each
 action the policy returns (clipped to [-1, 1], the action space), never on the
@@ -24,7 +28,7 @@ random numbers).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
@@ -225,19 +229,26 @@ def replay_fidelity(env, policy: Policy, key: RolloutKey, protocol: Protocol, st
     watch = _Trajectory()
     rollout = restore(env, policy, key, protocol, stage_spec, backend, tape, step, int(tape.meta["horizon"]), watch)
     record = drive(rollout)
+    return _against_trunk(tape, step, watch, record.valid, record.success, record.steps, record.stage_steps,
+                          record.error)
+
+
+def _against_trunk(tape: TrunkTape, step: int, watch: _Trajectory, valid: bool, success, steps, stage_steps,
+                   error) -> Dict[str, Any]:
+    """A continuation from ``step`` compared with the trunk: ``ok`` only when bit-identical in every respect."""
     trunk_q, trunk_s = tape.joint_positions[step + 1:], tape.states[step + 1:]
     same_path = len(watch.states) == len(trunk_s) and all(
         np.array_equal(a, b) for a, b in zip(watch.states, trunk_s)) and all(
         np.array_equal(a, b) for a, b in zip(watch.joint_positions, trunk_q))
-    same_stages = record.stage_steps == tape.meta["stage_steps"]
-    same_outcome = record.success == tape.meta["success"] and record.steps == tape.meta["steps"]
+    same_stages = stage_steps == tape.meta["stage_steps"]
+    same_outcome = success == tape.meta["success"] and steps == tape.meta["steps"]
     return {
-        "ok": bool(record.valid and same_path and same_stages and same_outcome),
+        "ok": bool(valid and same_path and same_stages and same_outcome),
         "max_qpos_dev": _max_deviation(watch.joint_positions, trunk_q),
         "max_state_dev": _max_deviation(watch.states, trunk_s),
         "same_stages": same_stages, "same_outcome": same_outcome,
-        "success": record.success, "steps": record.steps, "stage_steps": record.stage_steps,
-        "error": record.error,
+        "success": success, "steps": steps, "stage_steps": stage_steps,
+        "error": error,
     }
 
 
@@ -275,20 +286,40 @@ def run_branch(env, policy: Policy, key: RolloutKey, protocol: Protocol, stage_s
             "valid": record.valid, "error": record.error}
 
 
+def zero_noise_check(env, policy: Policy, key: RolloutKey, protocol: Protocol, stage_spec: StageSpec, backend: str,
+                     tape: TrunkTape, step: int, settings: BranchSettings) -> Dict[str, Any]:
+    """RESCUE's zero-noise known answer: a ``continue`` branch at sigma 0 reproduces the trunk.
+
+    Unlike :func:`replay_fidelity` (a bare restore), this runs the branch code path itself
+    (:func:`run_branch`: the branch seed, the intervention's script, the noise switch) with the study's
+    settings but sigma 0 and the trunk's own budget, so the trunk is the answer; the comparison is
+    :func:`replay_fidelity`'s (outcome, steps, subgoal latches, every joint position and physics state).
+    """
+    known = replace(settings, sigma=0.0, budget="inherited", fresh_budget=None)
+    watch = _Trajectory()
+    branch = run_branch(env, policy, key, protocol, stage_spec, backend, tape, step, make_intervention("continue"), 0,
+                        known, watch)
+    return _against_trunk(tape, step, watch, branch["valid"], branch["success"], branch["steps"],
+                          branch["stage_steps"], branch["error"])
+
+
 def run_checkpoint(env, policy: Policy, key: RolloutKey, protocol: Protocol, stage_spec: StageSpec, backend: str,
                    tape: TrunkTape, step: int, settings: BranchSettings) -> Dict[str, Any]:
-    """One unit of work: replay fidelity at ``step``, then the branches of every intervention.
+    """One unit of work: replay fidelity at ``step``; where it passed, the zero-noise check and the branches
+    of every intervention.
 
     Returns the checkpoint's result (schema in ``robocasa_shift.branching``); a failure anywhere
     makes it invalid with its error, so ``--retry-errors`` runs it again.
     """
     start = time.perf_counter()
     result: Dict[str, Any] = {**key.to_json(), "step": step, "valid": True, "error": None, "error_kind": None,
-                              "fidelity": None, "branched": False, "interventions": {}}
+                              "fidelity": None, "zero_noise": None, "branched": False, "interventions": {}}
     try:
         result["snapshot_sha256"] = tape.checkpoint_hash(step)
         result["fidelity"] = replay_fidelity(env, policy, key, protocol, stage_spec, backend, tape, step)
         if result["fidelity"]["ok"]:
+            result["zero_noise"] = zero_noise_check(env, policy, key, protocol, stage_spec, backend, tape, step,
+                                                    settings)
             result["branched"] = True
             for name in settings.interventions:
                 result["interventions"][name] = _branch_set(env, policy, key, protocol, stage_spec, backend, tape, step,
@@ -333,4 +364,4 @@ def _branch_set(env, policy, key, protocol, stage_spec, backend, tape, step, int
 
 
 __all__ = ["BUDGETS", "BranchSettings", "ExecutionNoise", "SnapshotMismatch", "branch_seed", "check_branchable",
-           "record_trunk", "replay_fidelity", "restore", "run_branch", "run_checkpoint"]
+           "record_trunk", "replay_fidelity", "restore", "run_branch", "run_checkpoint", "zero_noise_check"]

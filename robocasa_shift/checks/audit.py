@@ -398,7 +398,9 @@ def audit_markdown(report: Mapping[str, Any]) -> str:
         fidelity = study.get("fidelity") or {}
         lines += ["", f"Branch study `{name}`: {study.get('branches', 0)} branches; replay fidelity "
                       f"{fidelity.get('ok', 0)}/{fidelity.get('checked', 0)} checkpoints bit-identical; "
-                      f"{'passed' if study['passed'] else '**FAILED**'}."]
+                      f"zero-noise known answer {(study.get('zero_noise') or {}).get('ok', 0)}/"
+                      f"{(study.get('zero_noise') or {}).get('checked', 0)} Continue branches at sigma 0 reproduced "
+                      f"their trunk; {'passed' if study['passed'] else '**FAILED**'}."]
     for problem in report["run_problems"]:
         lines += ["", f"- run: {problem}"]
     for task, t in report["tasks"].items():

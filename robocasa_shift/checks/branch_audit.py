@@ -4,7 +4,9 @@ Recomputed, never trusted: every branch's noise seed (from the study seed, the
 trunk's key, the step and the index), every checkpoint's snapshot hash (from
 the snapshot file, itself checked against the hash written with it), the
 fidelity verdicts (a checkpoint is branched only when its replay was
-bit-identical), the success counts, the expansion rule and the estimate; the
+bit-identical), the zero-noise known answer (every branched checkpoint ran one
+Continue branch at sigma 0, and it reproduced the trunk's outcome, steps and
+trajectory), the success counts, the expansion rule and the estimate; the
 trunk's selection against the run's own records; the interventions' frozen spec
 hashes against the current specs; that every planned checkpoint has a result; and, for a
 served policy, that every checkpoint's session state names the study's model and one server
@@ -66,7 +68,7 @@ def audit_branch_study(run_dir: Path | str, name: str) -> Dict[str, Any]:
             problems.append(f"intervention {intervention}: spec hash {digest} recorded, the frozen spec is {current}")
     stored = {RolloutKey.from_record(r): r for r in store.records()}
     clean = {k.pair_id: r.get("success") for k, r in stored.items() if k.condition == specs.CLEAN and r.get("valid")}
-    checked = ok = branches = 0
+    checked = ok = branches = zero_checked = zero_ok = 0
     for path in sorted((bstore.root / "trunks").rglob("*.json")):
         try:
             trunk = _read(path, bstore.run_dir)
@@ -100,13 +102,17 @@ def audit_branch_study(run_dir: Path | str, name: str) -> Dict[str, Any]:
             checked += 1
             try:
                 ok += bool((result.get("fidelity") or {}).get("ok"))
+                zero = result.get("zero_noise")
+                zero_checked += isinstance(zero, dict)
+                zero_ok += isinstance(zero, dict) and zero.get("ok") is True
                 branches += sum(len(v.get("branches") or []) for v in (result.get("interventions") or {}).values())
                 problems += [f"checkpoint {key.id} step {step}: {p}"
-                             for p in _checkpoint_problems(result, key, step, tape, settings, protocol.study_seed)]
+                             for p in _checkpoint_problems(result, key, step, tape, settings, protocol.study_seed,
+                                                      trunk)]
             except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:  # a forged result file
                 problems.append(f"checkpoint {key.id} step {step}: malformed ({type(exc).__name__}: {str(exc)[:120]})")
     return {"passed": not problems, "problems": problems, "fidelity": {"ok": ok, "checked": checked},
-            "branches": branches}
+            "zero_noise": {"ok": zero_ok, "checked": zero_checked}, "branches": branches}
 
 
 def _read(path: Path, root: Path) -> Dict[str, Any]:
@@ -148,7 +154,7 @@ def _tape(bstore: BranchStore, trunk: Mapping[str, Any], problems: List[str], ke
 
 
 def _checkpoint_problems(result: Mapping[str, Any], key: RolloutKey, step: int, tape, settings: Mapping[str, Any],
-                         study_seed: int) -> List[str]:
+                         study_seed: int, trunk: Mapping[str, Any]) -> List[str]:
     problems = []
     if not result.get("valid"):
         return [f"invalid: {result.get('error')}"]
@@ -161,6 +167,7 @@ def _checkpoint_problems(result: Mapping[str, Any], key: RolloutKey, step: int, 
         problems.append(f"fidelity ok but the replay deviates: {fidelity}")
     if bool(result.get("branched")) != bool(fidelity.get("ok")):
         problems.append("branched without a bit-identical replay, or not branched after one")
+    problems += _zero_noise_problems(result, trunk)
     interventions = result.get("interventions") or {}
     if result.get("branched") and set(interventions) != set(settings.get("interventions") or {}):
         problems.append(f"interventions {sorted(interventions)}, the study declares {sorted(settings.get('interventions') or {})}")
@@ -198,6 +205,25 @@ def _checkpoint_problems(result: Mapping[str, Any], key: RolloutKey, step: int, 
                 problems.append(f"{name}: fixed-K k/n/estimate recorded {fixed.get('k')}/{fixed.get('n')}/"
                                 f"{fixed.get('estimate')}, counted {k_all}/{k_fixed}")
     return problems
+
+
+def _zero_noise_problems(result: Mapping[str, Any], trunk: Mapping[str, Any]) -> List[str]:
+    """RESCUE's zero-noise known answer: a branched checkpoint's Continue branch at sigma 0 is the trunk.
+
+    The outcome is compared with the trunk's own (its file, itself checked against the run's record),
+    never taken from the check's flags."""
+    zero = result.get("zero_noise")
+    if not result.get("branched"):
+        return [] if zero is None else ["a zero-noise check at a checkpoint that was not branched"]
+    if not isinstance(zero, dict):
+        return ["no zero-noise known-answer check (one Continue branch at sigma 0) at a branched checkpoint"]
+    if zero.get("ok") is not True:
+        return [f"the Continue branch at sigma 0 did not reproduce the trunk (success {zero.get('success')}, "
+                f"steps {zero.get('steps')}, largest state deviation {zero.get('max_state_dev')})"]
+    exact = (zero.get("max_qpos_dev") == 0.0 and zero.get("max_state_dev") == 0.0
+             and zero.get("same_stages") is True and zero.get("same_outcome") is True
+             and all(zero.get(f) == trunk.get(f) for f in ("success", "steps", "stage_steps")))
+    return [] if exact else [f"zero-noise check ok but the branch deviates from the trunk: {zero}"]
 
 
 __all__ = ["audit_branch_studies", "audit_branch_study"]

@@ -15,7 +15,7 @@ from typing import Any, List, Mapping, Tuple
 
 import pandas as pd
 
-from robocasa_shift.analysis.branching import condition_display
+from robocasa_shift.analysis.branching import condition_display, zero_noise_line
 from robocasa_shift.rundir.files import MAX_JSON_BYTES, read_text
 from robocasa_shift.report.html import (
     esc,
@@ -33,6 +33,17 @@ def _branch_condition_rows(summary: Mapping[str, Any]) -> Tuple[List[str], List[
     """The per-condition table of a branch summary: recoverable counts, median horizons, the sign test."""
     frame = condition_display(pd.DataFrame(summary["conditions"]), summary["interventions"])
     return list(frame.columns), frame.astype(object).values.tolist()
+
+
+def _zero_noise_html(tally: Any) -> List[str]:
+    """The zero-noise known-answer line (none for a summary written before the check existed)."""
+    if not isinstance(tally, Mapping):
+        return []
+    try:
+        good = tally["ok"] == tally["checked"] == tally.get("eligible", tally["checked"])
+        return [f"<p class='{'good' if good else 'bad'}'>{esc(zero_noise_line(tally))}</p>"]
+    except (KeyError, TypeError) as exc:
+        return [f"<p class='bad'>zero-noise tally cannot be read ({esc(type(exc).__name__)})</p>"]
 
 
 def _branch_study_html(study_dir: Path) -> str:
@@ -54,6 +65,7 @@ def _branch_study_html(study_dir: Path) -> str:
         f"state deviation {num(tally.get('max_state_dev'), '.3g')}); {esc(tally.get('invalid', 0))} invalid. "
         f"{esc(tally.get('trunks_reproduced'))} of {esc(tally.get('trunks'))} trunks are valid and re-ran to their "
         f"stored record.</p>",
+        *_zero_noise_html(tally.get("zero_noise")),
         html_table(header, rows),
         f"<p class='small'>tau = {num(summary.get('tau'), 'g')}; estimate: lower {num(summary.get('q'), 'g')} quantile "
         "of the Jeffreys posterior of each checkpoint's branches. Horizon: the latest checkpoint whose estimate reaches "
@@ -107,7 +119,7 @@ def branching_sections(run_dir: Path) -> List[str]:
     return ["<h2>Counterfactual branching</h2>", *(_branch_study_html(d) for d in studies)]
 
 
-_MONITOR_FIGURE = re.compile(r"figures/(roc|alarms|fcp)__[A-Za-z0-9_.\-]+\.png")
+_MONITOR_FIGURE = re.compile(r"figures/(roc|alarms|fcp|lengths)__[A-Za-z0-9_.\-]+\.png")
 
 
 def monitor_sections(run_dir: Path) -> List[str]:
