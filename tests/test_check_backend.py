@@ -25,8 +25,9 @@ def failing(result):
 def test_the_fake_backend_passes_every_check_of_the_contract():
     result = check_backend("fake")
     assert result.passed and sorted(result["checks"]) == sorted(CHECKS)
-    # 12 of the matrix, 30 levels of the optional factors and the 3 predeclared combinations
-    assert result["tasks"]["Reach"]["conditions"] == 45
+    # 12 of the matrix, 30 levels of the optional factors, the 3 predeclared combinations and the 12 levels of the
+    # four dynamics factors the fake models
+    assert result["tasks"]["Reach"]["conditions"] == 57
 
 
 def test_check_backend_command_prints_the_table_and_exits_0_when_it_passes():

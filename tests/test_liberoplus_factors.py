@@ -24,6 +24,8 @@ from robocasa_shift.policies import make_policy
 
 NEW_FACTORS = ("camera_pose", "motion_blur", "zoom_blur", "fog", "glass_blur", "arm_init", "language",
                "action_latency", "obs_latency", "control_rate")
+DYNAMICS_FACTORS = ("joint_friction", "joint_damping", "actuator_gain", "gripper_force", "object_mass", "object_friction",
+                    "execution_noise")  # tests/test_dynamics.py
 
 
 # --------------------------------------------------------------------------- the protocol
@@ -32,7 +34,7 @@ NEW_FACTORS = ("camera_pose", "motion_blur", "zoom_blur", "fog", "glass_blur", "
 def test_the_matrix_stays_the_paper_s_13_and_every_new_factor_is_optional(protocol):
     assert len(protocol.conditions) == 13 and all(":" not in c or c.split(":")[0] in
                                                   ("illumination", "camera", "base", "blur") for c in protocol.conditions)
-    assert set(NEW_FACTORS) == set(protocol.optional_factors)
+    assert set(NEW_FACTORS + DYNAMICS_FACTORS) == set(protocol.optional_factors)
     assert protocol.combinations == ("camera_pose:L2+motion_blur:L2", "arm_init:L2+action_latency:L2",
                                      "obs_latency:L2+control_rate:L2")
     assert protocol.known_conditions == protocol.conditions + protocol.optional_conditions
@@ -342,7 +344,8 @@ def plus_run(tmp_path_factory):
 
     protocol = specs.load_protocol()
     run_dir = tmp_path_factory.mktemp("plus") / "run"
-    run_study(run_dir, ["Reach"], ["clean", *protocol.optional_conditions], [0, 1],
+    conditions = [c for c in protocol.optional_conditions if Condition.parse(c).factors[0] not in DYNAMICS_FACTORS]
+    run_study(run_dir, ["Reach"], ["clean", *conditions], [0, 1],
               study=StudyConfig(backend="fake", policy="fake"), execution=ExecutionConfig(workers=1, progress=False))
     return run_dir
 
@@ -428,7 +431,9 @@ def test_calibration_renders_every_new_factor_the_backend_can_apply(tmp_path):
     result = calibrate(tmp_path, ["Reach"], "fake", episodes=(0,), image_size=64,
                        conditions=protocol.conditions + protocol.optional_conditions)
     assert result.passed, result["failed"]
-    assert result["n_records"] == 1 + 12 + 33 and not result["skipped"]
+    # the fake offers three of the six model quantities: the other dynamics factors are left out, by name
+    lacking = [f"{f}:L{i}" for f in ("joint_friction", "joint_damping", "object_friction") for i in (1, 2, 3)]
+    assert result["n_records"] == 1 + 12 + 33 + 4 * 3 and result["skipped"] == {"Reach": lacking}
     assert (tmp_path / "calibration" / "contact_sheet_Reach.png").exists()
 
 

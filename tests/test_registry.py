@@ -46,9 +46,11 @@ def test_builtin_registries_know_their_names():
 
     assert "robosuite" in BACKENDS.names()
     assert {"expert", "random"} <= set(POLICIES.names())
-    assert FACTOR_KINDS.names() == ["action_hold", "action_latency", "arm_joint_offset", "base_offset", "camera_pose",
-                                    "camera_rotation", "fog", "gaussian_blur", "glass_blur", "instruction_graded",
-                                    "instruction_paraphrase", "light_scale", "motion_blur", "observation_latency",
+    assert FACTOR_KINDS.names() == ["action_hold", "action_latency", "actuator_gain", "arm_joint_offset",
+                                    "base_offset", "camera_pose", "camera_rotation", "execution_noise", "fog",
+                                    "gaussian_blur", "glass_blur", "gripper_force", "instruction_graded",
+                                    "instruction_paraphrase", "joint_damping", "joint_friction", "light_scale",
+                                    "motion_blur", "object_friction", "object_mass", "observation_latency",
                                     "zoom_blur"]
 
 

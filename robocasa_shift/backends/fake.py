@@ -17,7 +17,9 @@ It offers what a simulator backend offers:
   from one numpy Generator seeded by ``seed`` only.
 - Model: light colours and camera poses, the values perturbations edit, in one
   table (:data:`PERTURBABLE`); ``restore_nominal`` copies them back and the
-  fingerprint hashes them with the state, both derived from that table.
+  fingerprint hashes them with the state, both derived from that table. Beside
+  them a few dynamics (:data:`FAKE_DYNAMICS`: the arm's gain, the gripper's
+  force, the object's mass), in their own table.
 - Rendering: a pinhole camera ray-cast onto the table plane (checkerboard
   table, green target disc, red object disc, blue gripper ring), shaded by the
   scene lights and the headlight (ambient, diffuse, Blinn-Phong specular), so
@@ -115,6 +117,18 @@ class FakeModel(SimpleNamespace):
 PERTURBABLE = PerturbableTable(tuple((name, name) for name in nominal_model()))
 LIGHT_FIELDS = tuple(k for k in PERTURBABLE.names if "light" in k)
 
+# The dynamics the fake models (the ``dynamics`` hook): the arm's gain (a unit action moves the gripper gain x
+# MAX_STEP_M), the gripper's squeeze and the object's mass. A grasp holds while the squeeze's friction carries the
+# object's weight: 2 x GRIP_MU x force >= mass x g. Quantity -> (model attribute, element name, nominal value).
+GRIP_MU, GRAVITY = 0.5, 9.81
+FAKE_DYNAMICS = {"actuator_gain": ("arm_gain", "arm", 1.0), "gripper_force": ("grip_force_n", "gripper", 10.0),
+                 "object_mass": ("object_mass_kg", "object", 0.1)}
+DYNAMICS_TABLE = PerturbableTable(tuple((attr, attr) for attr, _, _ in FAKE_DYNAMICS.values()))
+
+
+def nominal_dynamics_model() -> Dict[str, np.ndarray]:
+    return {attr: np.array([value]) for attr, _, value in FAKE_DYNAMICS.values()}
+
 
 def pixel_rays(size: int, fovy_deg: float) -> np.ndarray:
     """Ray directions in the camera frame, (size, size, 3), top row first (x right, y up, looking along -z)."""
@@ -168,6 +182,8 @@ class FakeEnv(PerturbableModel):
 
     PERTURBABLE = PERTURBABLE
     LIGHT_FIELDS = LIGHT_FIELDS
+    DYNAMICS_TABLE = DYNAMICS_TABLE
+    DYNAMICS_QUANTITIES = tuple(FAKE_DYNAMICS)
     third_person_cameras = THIRD_PERSON_CAMERAS
     wrist_cameras = WRIST_CAMERAS
     action_dim = ACTION_DIM
@@ -180,7 +196,8 @@ class FakeEnv(PerturbableModel):
         self.task = task.info()
         self.render_profile = render_profile
         self._nominal = nominal_model()
-        self.model = FakeModel(**{k: v.copy() for k, v in self._nominal.items()})
+        self._dynamics_nominal = nominal_dynamics_model()
+        self.model = FakeModel(**{k: v.copy() for k, v in {**self._nominal, **self._dynamics_nominal}.items()})
         self.x = np.zeros(len(STATE_LAYOUT))
         self.steps = 0
         self._rays: Dict[Tuple[int, float], np.ndarray] = {}
@@ -207,10 +224,10 @@ class FakeEnv(PerturbableModel):
             raise ValueError(f"the fake backend takes a finite action of shape ({ACTION_DIM},), got {a.shape}")
         x = self.x
         lo, hi = [ARM_X_M[0], ARM_Y_M[0]], [ARM_X_M[1], ARM_Y_M[1]]
-        x[EEF] = np.clip(x[EEF] + MAX_STEP_M * np.clip(a[:2], -1.0, 1.0), lo, hi)
+        x[EEF] = np.clip(x[EEF] + MAX_STEP_M * self.model.arm_gain[0] * np.clip(a[:2], -1.0, 1.0), lo, hi)
         close = a[2] > 0
         if close and not x[CLOSED] and np.linalg.norm(self.eef_world() - x[OBJECT]) < GRASP_RADIUS_M:
-            x[HOLDING] = 1.0
+            x[HOLDING] = float(2 * GRIP_MU * self.model.grip_force_n[0] >= self.model.object_mass_kg[0] * GRAVITY)
         if not close:
             x[HOLDING] = 0.0
         x[CLOSED] = float(close)
@@ -443,6 +460,29 @@ class FakeEnv(PerturbableModel):
             return (f"gripper would start {gap * 100:.1f} cm from the object "
                     f"(collision below {COLLISION_M * 100:.0f} cm)")
         return None
+
+    # dynamics: the arm's gain, the gripper's force, the object's mass (FAKE_DYNAMICS)
+
+    def nominal_dynamics(self, quantity: str) -> Dict[str, np.ndarray]:
+        attr, element, _ = self._dynamics_entry(quantity)
+        return {element: self._dynamics_nominal[attr].copy()}
+
+    def dynamics(self, quantity: str) -> Dict[str, np.ndarray]:
+        attr, element, _ = self._dynamics_entry(quantity)
+        return {element: getattr(self.model, attr).copy()}
+
+    def set_dynamics(self, quantity: str, values: Mapping[str, Any]) -> None:
+        attr, element, _ = self._dynamics_entry(quantity)
+        for key, value in values.items():
+            if key != element:
+                raise UnknownNameError(f"element of {quantity}", key, [element])
+            getattr(self.model, attr)[...] = value
+
+    @staticmethod
+    def _dynamics_entry(quantity: str):
+        if quantity not in FAKE_DYNAMICS:
+            raise UnknownNameError("dynamics quantity", quantity, list(FAKE_DYNAMICS))
+        return FAKE_DYNAMICS[quantity]
 
     # ------------------------------------------------------------------ bookkeeping
 

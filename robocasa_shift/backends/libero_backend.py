@@ -54,6 +54,7 @@ from robocasa_shift.backends.mujoco_env import PERTURBABLE as MUJOCO_PERTURBABLE
 from robocasa_shift.backends.mujoco_env import (
     ArmJointHooks,
     CameraPoseHooks,
+    DynamicsHooks,
     MujocoEnv,
     check_render_profile,
 )
@@ -174,7 +175,7 @@ def _yaw_of(quat: np.ndarray) -> float:
     return float(np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z)))
 
 
-class LiberoEnv(CameraPoseHooks, ArmJointHooks, MujocoEnv):
+class LiberoEnv(DynamicsHooks, CameraPoseHooks, ArmJointHooks, MujocoEnv):
     """A live LIBERO environment of one task, reused across rollouts (see the module docstring).
 
     Beyond the matrix's hooks: ``instructions`` (LIBERO-Plus's 50 paraphrases of the task), ``camera_poses``
@@ -187,6 +188,7 @@ class LiberoEnv(CameraPoseHooks, ArmJointHooks, MujocoEnv):
     third_person_cameras = THIRD_PERSON_CAMERAS
     wrist_cameras = WRIST_CAMERAS
     action_layout = LAYOUT
+    STAGE_SPEC_BACKEND = "libero"
     # LIBERO's contact predicates (On, In, grasps) read the contacts MuJoCo found at the start of a step's
     # last substep; a restored state gives those of the state itself (measured: a demo whose final step
     # succeeds by LIBERO's check reads False after restoring that step's state), so demonstrations are
@@ -351,6 +353,10 @@ class LiberoEnv(CameraPoseHooks, ArmJointHooks, MujocoEnv):
         if binary is None:
             return None
         return bool(self.raw.check_contact(self.object_of(binary[1]), self.object_of(binary[2])))
+
+    def _object_root_bodies(self) -> Dict[str, int]:
+        """The stage spec's manipulated objects (BDDL names) -> their root bodies (``dynamics``)."""
+        return {name: int(self.sim.model.body_name2id(self.object_of(name).root_body)) for name in self._stage_objects()}
 
     def object_of(self, name: str):
         """The LIBERO object behind an object, fixture or region name (a region's parent object)."""

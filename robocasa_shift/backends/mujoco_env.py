@@ -547,3 +547,127 @@ class ArmJointHooks:
         finally:
             self.set_state(saved)
         return self._new_collision(before, after)
+
+
+# Every MuJoCo model value a dynamics factor may edit (``PerturbableModel.DYNAMICS_TABLE``): restored at every reset,
+# hashed into the fingerprint only where it is off nominal.
+DYNAMICS = PerturbableTable(
+    (
+        ("dof_frictionloss", "dof_frictionloss"),
+        ("dof_damping", "dof_damping"),
+        ("actuator_gainprm", "actuator_gainprm"),
+        ("actuator_biasprm", "actuator_biasprm"),
+        ("actuator_forcerange", "actuator_forcerange"),
+        ("body_mass", "body_mass"),
+        ("body_inertia", "body_inertia"),
+        ("geom_friction", "geom_friction"),
+        ("geom_priority", "geom_priority"),
+    )
+)
+# MuJoCo's affine bias type: a position actuator's force is gain * ctrl + bias[0] + bias[1] * q + bias[2] * qdot
+_MJ_BIAS_AFFINE = 1
+
+
+class DynamicsHooks:
+    """The ``dynamics`` hook for a :class:`MujocoEnv` whose robot is a robosuite Panda: the arm joints
+    (:data:`ARM_JOINTS`), the actuators driving them and the gripper's, and the task's manipulated objects, which a
+    subclass resolves from its stage spec (:meth:`_object_root_bodies`). Every value edited is in :data:`DYNAMICS`."""
+
+    DYNAMICS_QUANTITIES = ("joint_friction", "joint_damping", "actuator_gain", "gripper_force", "object_mass",
+                           "object_friction")
+    STAGE_SPEC_BACKEND = ""  # the backend whose stage specs name the task's objects
+
+    DYNAMICS_TABLE = DYNAMICS
+
+    def bind(self) -> None:
+        super().bind()
+        self._dynamics_nominal = DYNAMICS.read(self.model)  # a model is bound unperturbed
+        self._dynamics_elements: Dict[str, Dict[str, tuple]] = {}
+
+    # ------------------------------------------------------------------ which elements each quantity scales
+
+    def _object_root_bodies(self) -> Dict[str, int]:
+        """Manipulated object (a stage spec's name) -> its root body id."""
+        raise NotImplementedError
+
+    def _stage_objects(self) -> List[str]:
+        from robocasa_shift.core.dynamics import stage_objects
+        from robocasa_shift.core.specs import load_stage_spec
+
+        return stage_objects(load_stage_spec(self.STAGE_SPEC_BACKEND, self.task.name))
+
+    def _subtree(self, root: int) -> List[int]:
+        m = self.model
+        out, frontier = [], [root]
+        while frontier:
+            body = frontier.pop(0)
+            out.append(body)
+            frontier += [int(b) for b in np.flatnonzero(m.body_parentid == body) if b != body]
+        return out
+
+    def _elements(self, quantity: str) -> Dict[str, tuple]:
+        """Element name -> (table field, index, columns) of each value ``quantity`` scales."""
+        if quantity in self._dynamics_elements:
+            return self._dynamics_elements[quantity]
+        if quantity not in self.DYNAMICS_QUANTITIES:
+            raise UnknownNameError("dynamics quantity", quantity, list(self.DYNAMICS_QUANTITIES))
+        m, names = self.model, self.sim.model
+        arm = {int(names.joint_name2id(j)): j for j in ARM_JOINTS}
+        out: Dict[str, tuple] = {}
+        if quantity in ("joint_friction", "joint_damping"):
+            field = "dof_frictionloss" if quantity == "joint_friction" else "dof_damping"
+            out = {name: (field, int(m.jnt_dofadr[j]), ()) for j, name in arm.items()}
+        elif quantity == "actuator_gain":
+            for a in range(m.nu):
+                if int(m.actuator_trnid[a, 0]) in arm:
+                    name = names.actuator_id2name(a)
+                    out[f"{name}.gain"] = ("actuator_gainprm", a, (0,))
+                    if int(m.actuator_biastype[a]) == _MJ_BIAS_AFFINE:
+                        out[f"{name}.bias"] = ("actuator_biasprm", a, (1, 2))
+        elif quantity == "gripper_force":
+            fingers = {int(names.joint_name2id(j)) for j in self.gripper.joints}
+            out = {names.actuator_id2name(a): ("actuator_forcerange", a, (0, 1)) for a in range(m.nu)
+                   if int(m.actuator_trnid[a, 0]) in fingers and m.actuator_forcelimited[a]}
+        else:
+            for obj, root in self._object_root_bodies().items():
+                for body in self._subtree(root):
+                    body_name = names.body_id2name(body) or f"{obj}.body{body}"
+                    if quantity == "object_mass" and m.body_mass[body] > 0:
+                        out[f"{body_name}.mass"] = ("body_mass", body, ())
+                        out[f"{body_name}.inertia"] = ("body_inertia", body, (0, 1, 2))
+                    if quantity == "object_friction":
+                        for g in np.flatnonzero((m.geom_bodyid == body) & ((m.geom_contype != 0) | (m.geom_conaffinity != 0))):
+                            out[names.geom_id2name(int(g)) or f"{body_name}.geom{int(g)}"] = ("geom_friction", int(g), (0,))
+        self._dynamics_elements[quantity] = out
+        return out
+
+    def _values(self, source: Mapping[str, np.ndarray], quantity: str) -> Dict[str, np.ndarray]:
+        out = {}
+        for name, (field, index, columns) in self._elements(quantity).items():
+            row = np.asarray(source[field][index], dtype=float).reshape(-1)
+            out[name] = row[list(columns)].copy() if columns else row.copy()
+        return out
+
+    def nominal_dynamics(self, quantity: str) -> Dict[str, np.ndarray]:
+        return self._values(self._dynamics_nominal, quantity)
+
+    def dynamics(self, quantity: str) -> Dict[str, np.ndarray]:
+        return self._values({field: DYNAMICS.array(self.model, field) for field in DYNAMICS.names}, quantity)
+
+    def set_dynamics(self, quantity: str, values: Mapping[str, Any]) -> None:
+        """Write the elements' values; scaled object friction also gives those geoms contact priority (MuJoCo would
+        otherwise use the larger friction of the two geoms in contact: the fingers' pads')."""
+        elements = self._elements(quantity)
+        unknown = [k for k in values if k not in elements]
+        if unknown:
+            raise UnknownNameError(f"element of {quantity}", unknown[0], list(elements))
+        for name, value in values.items():
+            field, index, columns = elements[name]
+            array = DYNAMICS.array(self.model, field)
+            if columns:
+                array[index, list(columns)] = np.asarray(value, dtype=float)
+            else:
+                array[index] = float(np.asarray(value, dtype=float).reshape(-1)[0])
+            if field == "geom_friction":
+                self.model.geom_priority[index] = int(self._dynamics_nominal["geom_priority"].max()) + 1
+        self._mujoco.mj_forward(self.model, self.data)

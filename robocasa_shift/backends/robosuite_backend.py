@@ -27,6 +27,7 @@ from robocasa_shift.backends import robosuite_fastpath
 from robocasa_shift.backends.mujoco_env import (
     ArmJointHooks,
     CameraPoseHooks,
+    DynamicsHooks,
     MujocoEnv,
     check_render_profile,
 )
@@ -54,7 +55,7 @@ def _import_robosuite():
     return robosuite
 
 
-class RobosuiteEnv(CameraPoseHooks, ArmJointHooks, MujocoEnv):
+class RobosuiteEnv(DynamicsHooks, CameraPoseHooks, ArmJointHooks, MujocoEnv):
     """A live robosuite environment of one task, reused across rollouts.
 
     Beyond the matrix's hooks: ``camera_poses`` (the robot view about the centre of the table's top, or of the
@@ -62,6 +63,7 @@ class RobosuiteEnv(CameraPoseHooks, ArmJointHooks, MujocoEnv):
 
     third_person_cameras = THIRD_PERSON_CAMERAS
     wrist_cameras = WRIST_CAMERAS
+    STAGE_SPEC_BACKEND = "robosuite"
 
     def __init__(self, task: RobosuiteTask, render_profile: str = "fast", stock_simulator: bool = False):
         check_render_profile(render_profile)
@@ -168,6 +170,10 @@ class RobosuiteEnv(CameraPoseHooks, ArmJointHooks, MujocoEnv):
         """Whether the task's object touches its target (:data:`TARGET_CONTACT`); None for a task without one."""
         check = TARGET_CONTACT.get(self.spec.name)
         return None if check is None else bool(check(self))
+
+    def _object_root_bodies(self) -> Dict[str, int]:
+        """The stage spec's manipulated objects (the task table's names) -> their root bodies (``dynamics``)."""
+        return {name: int(self.sim.model.body_name2id(self.object(name).root_body)) for name in self._stage_objects()}
 
     def surface_z(self) -> float:
         """Height of the surface the task's objects start on (table top, or the source bin's floor)."""

@@ -41,6 +41,7 @@ from robocasa_shift.branching.interventions import (
     make_intervention,
 )
 from robocasa_shift.branching.snapshot import TrunkTape
+from robocasa_shift.core.dynamics import ExecutionNoise
 from robocasa_shift.core.policy import Policy, state_support
 from robocasa_shift.core.records import Record, RolloutKey
 from robocasa_shift.core.specs import Protocol, StageSpec
@@ -250,22 +251,6 @@ def _against_trunk(tape: TrunkTape, step: int, watch: _Trajectory, valid: bool, 
         "success": success, "steps": steps, "stage_steps": stage_steps,
         "error": error,
     }
-
-
-class ExecutionNoise:
-    """Seeded Gaussian noise on the arm's continuous commands of each chunk the policy returns."""
-
-    def __init__(self, seed: int, sigma: float, dims):
-        self.rng = np.random.default_rng(seed)
-        self.sigma, self.dims = float(sigma), list(dims)
-
-    def __call__(self, chunk: np.ndarray) -> np.ndarray:
-        chunk = np.array(chunk, dtype=np.float64)
-        if chunk.ndim == 1:
-            chunk = chunk[None]
-        noisy = chunk[:, self.dims] + self.sigma * self.rng.standard_normal((len(chunk), len(self.dims)))
-        chunk[:, self.dims] = np.clip(noisy, -1.0, 1.0)
-        return chunk
 
 
 def run_branch(env, policy: Policy, key: RolloutKey, protocol: Protocol, stage_spec: StageSpec, backend: str,

@@ -12,9 +12,18 @@ darker than clean; blur: every camera's sharpness ratio to its clean render
 inside the frozen range of the level, the one the audit checks; both with a
 monotonicity warning across L1-L3 per role; camera: the third-person image
 changes and the wrist image is identical to clean; base: the offset read back
-equals the scaled draw). Writes a records table, JSON, Markdown and a contact
-sheet per task (rows = conditions, columns = episodes and cameras) into
-``<run dir>/calibration/``.
+equals the scaled draw; a dynamics factor: the scaled values read back and no
+image changes).
+
+A dynamics factor changes nothing a render shows, so its levels are read out
+physically instead: the quantity as the model holds it (``readout``: the mean over
+its elements, e.g. the object's mass in kg), and one rollout of the backend's
+scripted expert per episode (its demonstration policy, deterministic: no policy
+under test runs) with its success, its steps, the subgoal where a failure
+stopped, how far the first manipulated object rose (``object_rise_m``) and how
+fast the gripper moved over its first steps (``eef_speed_m_per_step``). Writes a
+records table, JSON, Markdown and a contact sheet per task (rows = conditions,
+columns = episodes and cameras) into ``<run dir>/calibration/``.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from robocasa_shift.checks.results import CheckResult, write_result
 from robocasa_shift.core import specs
 from robocasa_shift.core.backend import missing_hooks
 from robocasa_shift.core.conditions import CLEAN, factor_levels
+from robocasa_shift.core.dynamics import FAMILY
 from robocasa_shift.core.factors import (
     CalibrationView,
     factor_kind,
@@ -38,11 +48,12 @@ from robocasa_shift.core.factors import (
 )
 from robocasa_shift.core.policy import Policy
 from robocasa_shift.core.records import RolloutKey
-from robocasa_shift.engine.rollout import inject, prepare_episode
+from robocasa_shift.engine.rollout import Observer, inject, prepare_episode
 from robocasa_shift.errors import BadInput, PerturbationError
 from robocasa_shift.rundir.store import RunStore
 
 MIN_IMAGE_STD = 2.0  # a frame with less spread than this (0-255 scale) is blank
+SPEED_STEPS = 20  # the expert's gripper speed is read over this many first control steps
 ROLES = ("third_person", "wrist")
 sharpness = laplacian_variance  # the measure the rollouts record and the audit checks (core.factors)
 
@@ -169,11 +180,15 @@ def calibrate(
                     ratios[role] = [sharpness(images[c]) / max(sharpness(clean[c]), 1e-12) for c in cams]
                     row[f"sharpness_ratio_{role}"] = float(np.mean(ratios[role]))
                 row["intended_change"] = _intended(cond, row, pert, protocol, ratios, list(by_role))
-                row["passed"] = bool(row["valid_init"] and row["obs_ok"] and row["fingerprint_matches"] and row["intended_change"])
+                if _is_dynamics(protocol, cond) or (cond == CLEAN and any(_is_dynamics(protocol, c) for c in task_conditions)):
+                    row.update(_dynamics_readout(env, b, backend, protocol, key, pert))
+                row["passed"] = bool(row["valid_init"] and row["obs_ok"] and row["fingerprint_matches"] and row["intended_change"]
+                                     and row.get("expert_valid", True))
                 rows.append(row)
         env.close()
         _contact_sheet(sheet, task_conditions, list(episodes), cameras, out / f"contact_sheet_{task}.png")
         warnings += _monotonicity(rows, task, episodes, list(by_role), protocol, task_conditions)
+        warnings += _expert_trend(rows, task, protocol, task_conditions)
 
     import pandas as pd
 
@@ -217,6 +232,73 @@ def _intended(condition: str, row: Dict[str, Any], pert, protocol: specs.Protoco
                            sharpness_ratios=ratios, third_person_change=row["third_change"],
                            wrist_identical=row["wrist_identical"], readback_ok=None if pert is None else bool(pert["ok"]))
     return factor_kind(spec).calibration_intended(spec, parsed.level, view)
+
+
+def _is_dynamics(protocol: specs.Protocol, condition: str) -> bool:
+    """A condition of the dynamics family only (its levels are read out physically and by the expert)."""
+    parsed = protocol.condition(condition)
+    return not parsed.is_clean and all(factor_kind(protocol.factor(f)).family == FAMILY for f in parsed.factors)
+
+
+class _ExpertWatch(Observer):
+    """The first manipulated object's height and the gripper's position at every step of an expert rollout."""
+
+    def __init__(self, obj: Optional[str]):
+        self.key, self.heights, self.eef = f"{obj}_pos" if obj else None, [], []
+
+    def _read(self, env) -> None:
+        self.eef.append(np.array(env.eef_pos(), dtype=float))
+        if self.key is not None:
+            position = env.privileged_state().get(self.key)
+            if position is not None:
+                self.heights.append(float(np.asarray(position)[2]))
+
+    def on_start(self, env) -> None:
+        self._read(env)
+
+    def on_step(self, step, action, env, latched) -> None:
+        self._read(env)
+
+
+def _dynamics_readout(env, backend, backend_name: str, protocol: specs.Protocol, key: RolloutKey,
+                      pert: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """A dynamics condition's read-outs: the quantity as the model holds it, and one rollout of the backend's expert."""
+    from robocasa_shift.core.dynamics import dynamics_readout, stage_objects
+    from robocasa_shift.engine.rollout import run_rollout
+    from robocasa_shift.policies import make_policy
+
+    out: Dict[str, Any] = {}
+    for entry in perturbation_entries(pert):
+        kind = factor_kind(protocol.factor(entry["factor"]))
+        if getattr(kind, "quantity", None):
+            out["readout"] = dynamics_readout(env, kind.quantity)["mean"]
+    if backend.demo_policy is None:
+        return out
+    stage_spec = specs.load_stage_spec(backend_name, key.task)
+    objects = stage_objects(stage_spec)
+    watch = _ExpertWatch(objects[0] if objects else None)
+    record = run_rollout(env, make_policy(backend.demo_policy), key, protocol, stage_spec, backend_name, observer=watch)
+    path = np.array(watch.eef[:SPEED_STEPS + 1])
+    stopped = "" if record.success or not record.first_incomplete else stage_spec.names[record.first_incomplete - 1]
+    return {**out, "expert_valid": bool(record.valid), "expert_success": bool(record.success),
+            "expert_steps": int(record.steps), "expert_stopped_at": stopped,
+            "object_rise_m": (max(watch.heights) - watch.heights[0]) if watch.heights else None,
+            "eef_speed_m_per_step": float(np.linalg.norm(np.diff(path, axis=0), axis=1).mean()) if len(path) > 1 else None}
+
+
+def _expert_trend(rows: List[Dict[str, Any]], task: str, protocol: specs.Protocol,
+                  conditions: Sequence[str]) -> List[str]:
+    """Warnings where a dynamics factor's expert success rate rises with its level (L1 mild, L2 clear, L3 severe)."""
+    out = []
+    for factor, levels in factor_levels(conditions, protocol.factor_order):
+        rates = []
+        for c in levels:
+            runs = [r["expert_success"] for r in rows if r["task"] == task and r["condition"] == c and "expert_success" in r]
+            rates.append(float(np.mean(runs)) if runs else None)
+        known = [r for r in rates if r is not None]
+        if len(known) > 1 and any(b > a for a, b in zip(known, known[1:])):
+            out.append(f"{task}: {factor}'s expert success rate rises with its level: {known}")
+    return out
 
 
 def _monotonicity(rows: List[Dict[str, Any]], task: str, episodes: Sequence[int], roles: Sequence[str],
@@ -280,7 +362,26 @@ def _markdown(table, report) -> str:
             cells += [f"{g[f'brightness_{r}'].mean():.1f}", f"{g[f'sharpness_ratio_{r}'].mean():.4f}"]
         cells += [f"{g.third_change.mean():.2f}", g.wrist_identical.all()]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    if "expert_success" in table:
+        lines += _dynamics_markdown(table[table["expert_success"].notna()])
     if report["warnings"]:
         lines += ["", "Warnings:", ""] + [f"- {w}" for w in report["warnings"]]
     lines += ["", f"**{'PASSED' if report['passed'] else 'FAILED'}**", ""]
     return "\n".join(lines)
+
+
+def _dynamics_markdown(table) -> List[str]:
+    """The dynamics levels' read-outs: the model's value, the expert's success, steps and where it stopped."""
+    head = ["task", "condition", "read-out (model)", "expert success", "expert steps (mean)", "failures stopped at",
+            "object rise (m, mean)", "gripper speed (m / step, first steps)"]
+    lines = ["", "## Dynamics: physical read-outs and the scripted expert", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (task, cond), g in table.groupby(["task", "condition"], sort=False):
+        stopped = sorted({s for s in g.expert_stopped_at if isinstance(s, str) and s})
+        readout = g["readout"].mean() if "readout" in g and g["readout"].notna().any() else None
+        rise = g.object_rise_m.dropna()
+        cells = [task, cond, "-" if readout is None else f"{readout:.4g}",
+                 f"{int(g.expert_success.sum())}/{len(g)}", f"{g.expert_steps.mean():.0f}", ", ".join(stopped) or "-",
+                 f"{rise.mean():.3f}" if len(rise) else "-", f"{g.eef_speed_m_per_step.mean():.4f}"]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return lines

@@ -13,7 +13,7 @@ import typing
 from typing import Any, Dict, List, Mapping, Optional
 
 from robocasa_shift.backends import BACKENDS
-from robocasa_shift.core.backend import HOOKS
+from robocasa_shift.core.backend import offers_hook
 from robocasa_shift.core.conditions import Condition
 from robocasa_shift.core.factors import FACTOR_KINDS
 from robocasa_shift.core.shifts import FAMILIES
@@ -33,16 +33,11 @@ def environment_classes() -> Dict[str, Any]:
     return out
 
 
-def _hook_methods(hook: str) -> List[str]:
-    return [m for m, v in vars(HOOKS[hook]).items() if not m.startswith("_") and callable(v)]
-
-
 def support(kind_cls: type, env_class: Any) -> Dict[str, str]:
     """``{"status": yes|no|unknown, "why": ...}`` for one factor kind on one backend's environment class."""
     if isinstance(env_class, str):
         return {"status": UNKNOWN, "why": env_class}
-    lacking = [hook for hook in kind_cls.requires if not all(callable(getattr(env_class, m, None))
-                                                             for m in _hook_methods(hook))]
+    lacking = [hook for hook in kind_cls.requires if not offers_hook(env_class, hook)]
     if lacking:
         return {"status": NO, "why": f"lacks the {', '.join(lacking)} hook"}
     return {"status": YES, "why": "" if kind_cls.requires else "needs no hook"}

@@ -11,6 +11,7 @@ import click
 
 from robocasa_shift.checks.audit import audit_run, audit_stem
 from robocasa_shift.checks.calibration import calibrate as run_calibration
+from robocasa_shift.core.factors import family_conditions
 from robocasa_shift.checks.reproduction import diff_runs, run_digest
 from robocasa_shift.checks.validation import validate_pairing, validate_stages
 from robocasa_shift.cli.common import (
@@ -92,7 +93,8 @@ def validate_pairing_command(task_opts: Tuple[str, ...], backend: str, run_dir: 
                    "the policy RUN_DIR's manifest names, else 128].")
 @click.option("--condition", "condition_opts", multiple=True, default=("all",), show_default=True,
               help="Conditions to render; comma list; 'all' is the matrix's 13, 'optional' every optional factor's "
-                   "level and predeclared combination the backend can apply.")
+                   "level and predeclared combination the backend can apply, a family's name (e.g. 'dynamics') its "
+                   "factors' levels.")
 @ASSET_KIT_OPTION
 @handle_errors
 def calibrate_command(task_opts: Tuple[str, ...], backend: str, run_dir: Path, episodes: str,
@@ -112,7 +114,9 @@ def calibrate_command(task_opts: Tuple[str, ...], backend: str, run_dir: Path, e
             raise click.UsageError(f"--task suite: no tasks in {run_dir}/suite.json; run `screen` first")
     protocol = specs.load_protocol()
     named = [item.strip() for value in condition_opts for item in value.split(",")]
-    expanded = [",".join(protocol.optional_conditions) if item == "optional" else item for item in named]
+    families = family_conditions(protocol)
+    expanded = [",".join(protocol.optional_conditions) if item == "optional" else ",".join(families[item])
+                if item in families else item for item in named]
     conditions = split_names(expanded, protocol.conditions)
     report = run_calibration(run_dir, tasks, backend, parse_episodes(episodes), image_size=image_size,
                              asset_kit=asset_kit, conditions=conditions)

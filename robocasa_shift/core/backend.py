@@ -3,7 +3,7 @@
 A backend offers tasks and makes live environments (:class:`Env`). Beyond the
 core every rollout uses, an environment offers *hooks* for the factor kinds
 that edit the simulator: :class:`Lights`, :class:`Cameras`,
-:class:`MobileBase`, :class:`CameraPoses` and :class:`RobotJoints` (and
+:class:`MobileBase`, :class:`CameraPoses`, :class:`RobotJoints` and :class:`Dynamics` (and
 :class:`Instructions`, which supplies paraphrases). A factor kind declares the hooks it ``requires``; an
 environment that lacks one is refused when it is made
 (:func:`check_hooks`), never half-way through a study.
@@ -240,6 +240,26 @@ class RobotJoints(Protocol):
 
 
 @runtime_checkable
+class Dynamics(Protocol):
+    """Hook for the ``dynamics`` family: physical quantities of the model (``core.dynamics.QUANTITIES``), each a set of
+    named elements (an arm joint, an actuator, a body, a geom) with their values as the model holds them.
+
+    The environment lists the quantities it can scale in the class attribute ``DYNAMICS_QUANTITIES`` (a factor of a
+    quantity it does not list is refused by name, ``dynamics:<quantity>``), keeps every value it edits in its
+    dynamics table (restored at every reset, fingerprinted whenever it is off nominal) and takes the manipulated
+    objects from the task's stage spec."""
+
+    def nominal_dynamics(self, quantity: str) -> Dict[str, np.ndarray]:
+        """Element name -> its unperturbed values of ``quantity``."""
+
+    def dynamics(self, quantity: str) -> Dict[str, np.ndarray]:
+        """Element name -> the values the model holds now, read back."""
+
+    def set_dynamics(self, quantity: str, values: Mapping[str, Any]) -> None:
+        """Write ``quantity``'s values (the elements of :meth:`nominal_dynamics`)."""
+
+
+@runtime_checkable
 class ObjectPoints(Protocol):
     """Capability: where the task's outcome-relevant objects are and how each third-person camera sees them, read
     from the simulator (the judge export's localise-and-crop boxes). Reading changes nothing."""
@@ -268,15 +288,30 @@ CAPABILITIES: Dict[str, type] = {"object_points": ObjectPoints, "task_events": T
 
 # Hook name (as factor kinds declare it in ``requires``) -> protocol.
 HOOKS: Dict[str, type] = {"lights": Lights, "cameras": Cameras, "base": MobileBase, "instructions": Instructions,
-                          "camera_poses": CameraPoses, "robot_joints": RobotJoints}
+                          "camera_poses": CameraPoses, "robot_joints": RobotJoints, "dynamics": Dynamics}
+# A hook a kind requires may name a part (``dynamics:object_mass``): the class attribute listing the parts offered.
+HOOK_PARTS: Dict[str, str] = {"dynamics": "DYNAMICS_QUANTITIES"}
+
+
+def hook_methods(hook: str) -> List[str]:
+    """The methods of a hook (``dynamics:object_mass``: those of ``dynamics``)."""
+    return [m for m, v in vars(HOOKS[hook.partition(":")[0]]).items() if not m.startswith("_") and callable(v)]
+
+
+def offers_hook(env: Any, hook: str) -> bool:
+    """Whether ``env`` (an environment or its class) has every method of ``hook`` and, for ``hook:part``, lists
+    the part."""
+    name, _, part = hook.partition(":")
+    if name not in HOOKS or (part and name not in HOOK_PARTS):
+        raise UnknownNameError("backend hook", hook, list(HOOKS))
+    if not all(callable(getattr(env, m, None)) for m in hook_methods(name)):
+        return False
+    return not part or part in tuple(getattr(env, HOOK_PARTS[name], ()) or ())
 
 
 def missing_hooks(env: Any, requires: Iterable[str]) -> List[str]:
-    """The hooks of ``requires`` that ``env`` does not offer (all their methods), in order."""
-    unknown = [h for h in requires if h not in HOOKS]
-    if unknown:
-        raise UnknownNameError("backend hook", unknown[0], list(HOOKS))
-    return [h for h in requires if not isinstance(env, HOOKS[h])]
+    """The hooks of ``requires`` that ``env`` does not offer (all their methods, and the part named), in order."""
+    return [h for h in requires if not offers_hook(env, h)]
 
 
 def offered_capabilities(env: Any) -> List[str]:
@@ -297,7 +332,7 @@ def check_hooks(env: Any, needs: Mapping[str, Sequence[str]], backend: str) -> N
     """
     for factor, requires in needs.items():
         for hook in missing_hooks(env, requires):
-            methods = [m for m in dir(HOOKS[hook]) if not m.startswith("_")]
+            methods = hook_methods(hook)
             raise BackendUnavailable(
                 f"backend '{backend}' cannot run factor '{factor}': its environment lacks the '{hook}' hook "
                 f"({', '.join(methods)})"
@@ -411,19 +446,33 @@ class PerturbableModel:
 
     PERTURBABLE: PerturbableTable
     LIGHT_FIELDS: Tuple[str, ...] = ()
+    # The model values the dynamics factors edit (the ``dynamics`` hook), with their nominal values in
+    # ``self._dynamics_nominal``: restored like the others, but hashed into the fingerprint only where they are off
+    # nominal, so that adding the table left every other condition's fingerprint as it was.
+    DYNAMICS_TABLE: PerturbableTable = PerturbableTable(())
 
     def model_values(self) -> Dict[str, np.ndarray]:
         """A copy of every perturbable model value."""
         return self.PERTURBABLE.read(self.model)
 
+    def off_nominal_dynamics(self) -> Dict[str, np.ndarray]:
+        """The dynamics table's values that differ from nominal now (copies)."""
+        if not self.DYNAMICS_TABLE.fields:
+            return {}
+        return {k: v for k, v in self.DYNAMICS_TABLE.read(self.model).items()
+                if not np.array_equal(v, self._dynamics_nominal[k])}
+
     def fingerprint_of(self, state: Mapping[str, Any]) -> str:
-        """SHA-256 of ``state`` (named arrays) and every perturbable model value."""
+        """SHA-256 of ``state`` (named arrays), every perturbable model value and every off-nominal dynamics value."""
         return hash_arrays({**{f"state.{k}": v for k, v in state.items()},
-                            **{f"model.{k}": v for k, v in self.model_values().items()}})
+                            **{f"model.{k}": v for k, v in self.model_values().items()},
+                            **{f"dynamics.{k}": v for k, v in self.off_nominal_dynamics().items()}})
 
     def restore_nominal(self) -> None:
         """Undo every perturbation edit of the model (exactly: the values are copied back)."""
         self.PERTURBABLE.restore(self.model, self._nominal)
+        if self.DYNAMICS_TABLE.fields:
+            self.DYNAMICS_TABLE.restore(self.model, self._dynamics_nominal)
 
     def nominal_lights(self) -> Dict[str, np.ndarray]:
         """The unperturbed colours of every light and of the headlight."""

@@ -27,7 +27,7 @@ from robocasa_shift.registry import Registry
 
 # The kinds of the paper's four factors are registered below; LIBERO-Plus's dimensions and the deployment shifts
 # where they are written (core/shifts.py), imported when the registry is first read.
-FACTOR_KINDS: Registry[type] = Registry("factor kind", "robocasa_shift.factors", modules=("robocasa_shift.core.shifts",))
+FACTOR_KINDS: Registry[type] = Registry("factor kind", "robocasa_shift.factors", modules=("robocasa_shift.core.shifts", "robocasa_shift.core.dynamics"))
 
 # Read-back values equal what was asked up to float64 round-off of the
 # rotations; anything larger is a perturbation that did not land. A kind whose
@@ -110,7 +110,7 @@ class FactorKind:
 
     side = "env"  # "env": edits the simulator; "obs": transforms images; "instruction": replaces the words;
     # "loop": changes the rollout loop itself (when actions apply, which observation the policy sees, how often it acts)
-    family: Optional[str] = None  # scene, sensing, embodiment, language or deployment (core.shifts.FAMILIES)
+    family: Optional[str] = None  # scene, sensing, embodiment, language, deployment or dynamics (core.shifts.FAMILIES)
     spec = None  # the factor spec this instance serves (set by ``factor_kind``)
     draw_kind = "none"
     readback_atol = READBACK_ATOL  # read back vs asked: what the simulator can hold of this kind's values
@@ -146,9 +146,9 @@ class FactorKind:
         :meth:`measure`."""
         return self.measure(delivered, raw, params)
 
-    def loop_wrapper(self, params: Dict[str, float]) -> Any:
-        """A loop-side kind's wrapper of the rollout loop for a level (``core/loop_wrappers.py``); only loop-side
-        kinds have one."""
+    def loop_wrapper(self, params: Dict[str, float], draw: Optional[List[float]] = None) -> Any:
+        """A loop-side kind's wrapper of the rollout loop for a level and the episode's draw
+        (``core/loop_wrappers.py``); only loop-side kinds have one."""
         raise NotImplementedError(f"{type(self).__name__} is not a loop-side kind")
 
     def replay_draw(self, spec, rng: np.random.Generator, draws_rejected: int) -> Optional[List[float]]:
@@ -596,6 +596,15 @@ def required_hooks(protocol, factors: Optional[Iterable[str]] = None) -> Dict[st
     """Factor name -> the backend hooks its kind requires, for ``factors`` (default: the matrix's)."""
     names = [f for f in protocol.factors if f not in protocol.optional_factors] if factors is None else factors
     return {name: tuple(FACTOR_KINDS.get(protocol.factor(name).kind).requires) for name in names}
+
+
+def family_conditions(protocol) -> Dict[str, List[str]]:
+    """Family -> the conditions of its factors, in the protocol's order (combinations left out)."""
+    out: Dict[str, List[str]] = {}
+    for name in protocol.factor_order:
+        family = FACTOR_KINDS.get(protocol.factor(name).kind).family or "other"
+        out.setdefault(family, []).extend(protocol.factor_conditions(name))
+    return out
 
 
 def describe_conditions(protocol) -> List[Dict[str, Any]]:

@@ -9,7 +9,9 @@ live in ``perturbations/*.yaml`` and, for what was imported from LIBERO-Plus, in
   ImageNet-C-style sensor noise (``motion_blur``, ``zoom_blur``, ``fog``, ``glass_blur``);
 - ``embodiment`` (where the robot starts): base offset, arm joint offset (``arm_init``);
 - ``language`` (what it is told): instruction paraphrases, graded by edit distance;
-- ``deployment`` (how the policy is run): action latency, observation latency, control rate.
+- ``deployment`` (how the policy is run): action latency, observation latency, control rate;
+- ``dynamics`` (how the world and the robot respond): joint friction and damping, actuator gain, gripper force,
+  object mass and friction, execution noise (``core/dynamics.py``).
 
 Random draws come from each factor's own seed stream (``seeding.draw_rng``: study seed, factor, task, phase,
 base episode), shared by every level, never from numpy's global generator; per-frame randomness of a sensor noise
@@ -46,6 +48,7 @@ FAMILIES: Dict[str, str] = {
     "embodiment": "where the robot starts (base, arm joints)",
     "language": "what the robot is told (instruction wording)",
     "deployment": "how the policy is run (latency, control rate)",
+    "dynamics": "how the world and the robot respond (friction, gains, grip, mass, execution noise)",
 }
 
 # --------------------------------------------------------------------------- small geometry
@@ -741,7 +744,7 @@ class LoopKind(FactorKind):
     wrapper = LoopWrapper  # the wrapper class the rollout composes at the policy/environment boundary
     min_steps = 0
 
-    def loop_wrapper(self, params):
+    def loop_wrapper(self, params, draw=None):
         """The level's wrapper, its ``measured`` started with the level's steps."""
         steps = self.steps(params)
         if steps < self.min_steps:

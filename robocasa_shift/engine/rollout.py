@@ -192,7 +192,7 @@ class Rollout:
                 self.obs_transforms.append((kind, params, entry.get("draw"), entry))
                 entry["measured"] = {**kind.measure_transform(params), "cameras": {}}
             elif kind.side == "loop":
-                wrapper = kind.loop_wrapper(params)
+                wrapper = kind.loop_wrapper(params, entry.get("draw"))
                 self.wrappers.append(wrapper)
                 entry["measured"] = wrapper.measured
 

@@ -46,12 +46,18 @@ def fig_macro_dsr(summary: Dict[str, Any], path: Path, factor_order: Sequence[st
     paper's percentile bootstrap beside it for comparison, each with its measured coverage in the legend.
     Returns the factors in the order drawn (:func:`factor_groups`)."""
     plt = _plt()
-    groups = {factor: levels for _, factor, levels in factor_groups(summary["conditions"], factor_order)}
+    ordered = factor_groups(summary["conditions"], factor_order)
+    groups = {factor: levels for _, factor, levels in ordered}
+    family_of = {factor: family for family, factor, _ in ordered}
     # wide enough for every factor's label above its levels (LIBERO-Plus's dimensions add ten factors)
     fig, ax = plt.subplots(figsize=(max(7.5, 0.42 * sum(len(c) + 0.7 for c in groups.values())), 3.4))
-    x, ticks, labels, factor_x = 0, [], [], {}
+    x, ticks, labels, factor_x, spans = 0, [], [], {}, []  # spans: [family, first x, last x], one shaded band each
     colors = plt.cm.viridis(np.linspace(0.15, 0.85, 3))
     for factor, conds in groups.items():
+        if spans and spans[-1][0] == family_of[factor]:
+            spans[-1][2] = x + len(conds) - 1
+        else:
+            spans.append([family_of[factor], x, x + len(conds) - 1])
         for i, c in enumerate(conds):
             v = summary["conditions"][c]
             if v["macro_dsr"] is not None:
@@ -70,6 +76,10 @@ def fig_macro_dsr(summary: Dict[str, Any], path: Path, factor_order: Sequence[st
         x += 0.7
     for factor, position in factor_x.items():  # after every bar, so all labels sit on the final top edge
         ax.text(position, ax.get_ylim()[1], factor, ha="center", va="bottom", fontsize=9)
+    for i, (family, first, last) in enumerate(spans):  # each family on its band, named below the axis
+        ax.axvspan(first - 0.5, last + 0.5, color="#f0f0f0" if i % 2 == 0 else "#e2e8f0", zorder=0)
+        ax.text((first + last) / 2, -0.14, family, transform=ax.get_xaxis_transform(), ha="center", va="top",
+                fontsize=8, style="italic")
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xticks(ticks, labels)
     ax.set_ylabel("macro dSR (clean - perturbed)")
