@@ -248,6 +248,10 @@ def test_robosuite_scales_every_quantity_reads_it_back_and_restores_it(lift_env,
         p = inject(env, protocol, key)
         assert p["ok"] and p["max_abs_error"] == 0.0 and env.fingerprint() != clean
         assert factor_kind(protocol.factor(factor)).audit(protocol.factor(factor), "L3", None, p, None) == []
+        if factor == "object_mass":  # the read-out is the body's mass (kg), its inertia left out
+            scale = protocol.factor(factor).level("L3")["scale"]
+            mass = env.nominal_dynamics("object_mass")["cube_main.mass"][0] * scale
+            assert dynamics.dynamics_readout(env, "object_mass")["mean"] == pytest.approx(mass)
     assert prepare_episode(env, protocol, clean_key) == clean
     # object friction takes contact priority, and gives it back at reset
     assert env.model.geom_priority.max() == env._dynamics_nominal["geom_priority"].max()

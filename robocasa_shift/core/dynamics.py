@@ -250,8 +250,10 @@ class ExecutionNoiseKind(FactorKind):
 
 def dynamics_readout(env, quantity: str) -> Dict[str, Any]:
     """A physical read-out of a quantity as the model holds it now (the calibration sheet's): the mean over its
-    elements of each value's first entry (friction, damping, gain, force limit's upper end, mass, friction)."""
-    values = env.dynamics(quantity)
+    elements of each value's first entry (friction, damping, gain, force limit, body mass, friction), companions left
+    out."""
+    # an element's companions (a body's inertia beside its mass, an actuator's bias beside its gain) scale with it
+    values = {k: v for k, v in env.dynamics(quantity).items() if not k.endswith((".inertia", ".bias"))}
     firsts = [float(np.abs(np.asarray(v, dtype=float).reshape(-1)[0])) for v in values.values()]
     return {"quantity": quantity, "elements": len(values), "mean": float(np.mean(firsts)) if firsts else None}
 
