@@ -13,7 +13,7 @@ Simulator, torch and plotting imports happen only when a function needs them.
 
 from importlib import import_module
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 _API = {
     "load_protocol": "robocasa_shift.core.specs:load_protocol",
