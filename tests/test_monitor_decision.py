@@ -601,3 +601,59 @@ def test_a_resample_that_draws_no_validation_success_never_alarms_instead_of_fai
     validation["success"] = False  # the point estimate itself still needs a success: its error stands
     with pytest.raises(AssertionError, match="without a success"):
         bootstrap_excess(validation, test, strict_select, alarms_above(test), n_resamples=5, seed=0, strata=("task",))
+
+
+def test_resampling_whole_base_tasks_spans_exactly_the_excess_of_each_task_alone_and_of_both():
+    """Two tasks, a fixed threshold and a given c: a base-task resample is AA, AB, BA or BB, and doubling a task's
+    rows leaves its cost per completion unchanged, so every resample's excess is one of three values worked out on
+    the unresampled rows: the interval's ends are the smallest and largest of them (400 resamples: each of AA and
+    BB has probability 1/4, far above the 2.5% tails)."""
+    validation, test = scored(11, "v"), scored(12, "t")
+    threshold, c = 0.9, 0.01
+    alarms = alarm_column(test, threshold)
+
+    def excess(rows):
+        return worksheet(test[rows].assign(alarm_step=alarms[rows.to_numpy()]), c=c)["excess_direct"]
+
+    by_task = [excess(test["task"] == "A"), excess(test["task"] == "B"), excess(test["task"].isin(["A", "B"]))]
+    tasks = bootstrap_excess(validation, test, lambda scores: threshold, alarms_above(test), n_resamples=400, seed=5,
+                             c=c, strata=(), clusters=("task",))
+    assert (tasks.lo, tasks.hi) == (min(by_task), max(by_task)) and tasks.point == by_task[2]
+    assert by_task[0] != by_task[1]  # the two tasks differ: the interval is not a point
+    # base episodes within task (the study's main interval) keep both tasks in every resample: another interval
+    episodes = bootstrap_excess(validation, test, lambda scores: threshold, alarms_above(test), n_resamples=400,
+                                seed=5, c=c, strata=("task",), clusters=("rollout_id",))
+    assert episodes.point == tasks.point and (episodes.lo, episodes.hi) != (tasks.lo, tasks.hi)
+
+
+def test_the_task_resampling_line_counts_unchanged_and_changed_zero_exclusion_verdicts_from_both_sides():
+    from robocasa_shift.monitoring.study import task_resampling_line
+
+    verdicts = pd.DataFrame({"monitor": ["a", "b", "c"], "task_resampling_changes_verdict": [False, True, None]})
+    assert task_resampling_line(verdicts) == ("Base-task resampling: the zero-exclusion verdict on the excess cost is "
+                                              "unchanged for 1/2 monitors when whole base tasks are resampled; it "
+                                              "changes for b.")
+    flipped = verdicts.assign(task_resampling_changes_verdict=[True, False, None])
+    assert task_resampling_line(flipped).endswith("unchanged for 1/2 monitors when whole base tasks are resampled; "
+                                                  "it changes for a.")
+    same = verdicts.assign(task_resampling_changes_verdict=[False, False, None])
+    assert task_resampling_line(same).endswith("unchanged for 2/2 monitors when whole base tasks are resampled.")
+    assert task_resampling_line(verdicts.assign(task_resampling_changes_verdict=None)).startswith(
+        "Base-task resampling: not defined")
+
+
+def test_the_length_table_lists_each_tasks_success_and_failure_lengths_worked_out_by_hand(tmp_path):
+    from robocasa_shift.monitoring.study import LENGTH_FIGURE, length_figure, length_table
+
+    ep = pd.DataFrame({"task": ["B", "A", "A", "A", "B", "A"], "success": [True, True, False, True, True, True],
+                       "steps": [40, 90, 220, 70, 50, 110]})
+    table = length_table(ep)
+    assert math.isnan(table.loc[1, "median_failures"])  # no failure in B: no median
+    assert table.drop(columns="median_failures").to_dict("records") == [
+        {"task": "A", "n_successes": 3, "median_successes": 90.0, "successes": [70, 90, 110], "n_failures": 1,
+         "failures": [220]},
+        {"task": "B", "n_successes": 2, "median_successes": 45.0, "successes": [40, 50], "n_failures": 0,
+         "failures": []}]
+    assert table.loc[0, "median_failures"] == 220.0
+    figure = length_figure(tmp_path, ep)
+    assert figure["file"] == LENGTH_FIGURE and (tmp_path / LENGTH_FIGURE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

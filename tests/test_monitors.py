@@ -123,6 +123,22 @@ def test_the_monitor_study_writes_every_table_with_thresholds_frozen_from_clean_
     verdicts = {v["monitor"]: v for v in summary["verdicts"]}
     assert set(verdicts) == set(monitors.monitor_names()) | {"hidden_state_probe"}
     assert all(isinstance(v["decision_admits"], bool) for v in verdicts.values())
+    # the base-task robustness check beside the episode interval: its verdict, and whether it changed
+    for v in verdicts.values():
+        lo, hi = v["excess_ci95_tasks"]
+        assert lo is not None and lo <= hi  # two tasks: defined
+        assert v["decision_admits_tasks"] == (hi < 0)
+        assert v["task_resampling_changes_verdict"] == (v["decision_admits"] != v["decision_admits_tasks"])
+    assert summary["task_resampling"]["text"].startswith("Base-task resampling: the zero-exclusion verdict")
+    assert summary["task_resampling"]["text"] in (out / "summary.md").read_text()
+    # the success-length figure and its table: every rollout, per task, successes beside failures
+    assert (out / "figures" / "lengths__by_task.png").is_file()
+    assert "figures/lengths__by_task.png" in [f["file"] for f in summary["figures"]]
+    lengths = {row["task"]: row for row in summary["lengths_by_task"]}
+    for task in ("Reach", "PickPlace"):
+        mine = [r for r in records if r["task"] == task and r["replicate"] == 0]
+        assert lengths[task]["n_successes"] == sum(bool(r["success"]) for r in mine)
+        assert lengths[task]["n_failures"] == sum(not r["success"] for r in mine)
     # the length-only control recovers timeouts: on the end window it ranks at least as well as chance
     assert verdicts["length_only"]["end_auc"] >= 0.5
 

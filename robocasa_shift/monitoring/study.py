@@ -142,6 +142,14 @@ BOOTSTRAP_TEXT = ("base episodes resampled with replacement within task, each br
                   "validation resample")
 
 
+# RESCUE's robustness check of the decision cost: whole base tasks resampled with replacement (each bringing all its
+# rollouts) instead of base episodes within task; with fewer than two tasks there is nothing to resample.
+TASK_CLUSTERS = ("task",)
+TASK_RESAMPLING_TEXT = ("base tasks resampled with replacement, as many as the study has, each bringing all its "
+                        "rollouts (validation and test drawn independently; the threshold re-selected on each "
+                        "validation resample)")
+
+
 def _auc_interval(ep: pd.DataFrame, n_resamples: int, seed: int) -> Tuple[Optional[float], Optional[float]]:
     """95% percentile interval of the pooled AUC, base episodes resampled within task (:data:`BOOTSTRAP_TEXT`).
 
@@ -235,12 +243,22 @@ def decision_rows(name: str, scores: pd.DataFrame, splits, limits, conditions: S
             select_threshold=threshold_of,
             alarms_for=alarms_at, strata=BOOTSTRAP_STRATA, clusters=BOOTSTRAP_CLUSTERS, reference_alarms=reference)
         random_sheet = decision.worksheet(random_alarms[["success", "steps", "alarm_step"]], cost_model, c=c)
+        tasks = {}
+        if condition == detection.ALL_CONDITIONS:  # the verdict's row: its robustness to resampling whole tasks
+            n_tasks = int(test["task"].nunique())
+            by_task = decision.bootstrap_excess(
+                validation, test, cost_model=cost_model, n_resamples=n_resamples,
+                seed=seeding.derive_seed(seed, stream="monitor_task_bootstrap", monitor=name), c=c,
+                select_threshold=threshold_of, alarms_for=alarms_at, strata=(),
+                clusters=TASK_CLUSTERS) if n_tasks > 1 else None
+            tasks = {"n_tasks": n_tasks,
+                     "excess_ci95_tasks": [by_task.lo, by_task.hi] if by_task else [None, None]}
         row = {"monitor": name, "condition": condition, "threshold": threshold, "alarm_rate": rate,
                **{k: _plain(v) for k, v in sheet.items()},
                "excess_ci95": [boot.lo, boot.hi], "excess_ci95_undefined": boot.n_undefined,
                "n_resamples": boot.n_resamples, "random_alarm_excess": random_sheet["excess_direct"],
                "random_diff": boot.diff_point, "random_diff_ci95": [boot.diff_lo, boot.diff_hi],
-               "beats_random_admits": bool(boot.diff_hi is not None and boot.diff_hi < 0)}
+               "beats_random_admits": bool(boot.diff_hi is not None and boot.diff_hi < 0), **tasks}
         if recover:
             alarmed = ~np.isnan(alarms)
             outcomes = {rid: recover[(rid, int(step))] for rid, step in zip(test["rollout_id"][alarmed], alarms[alarmed])
@@ -290,8 +308,14 @@ def verdict_rows(names: Sequence[str], scores: Mapping[str, pd.DataFrame], split
         if len(pooled):
             d = pooled.iloc[0]
             lo, hi = d["excess_ci95"]
+            task_lo, task_hi = d.get("excess_ci95_tasks") or (None, None)
+            admits, admits_tasks = bool(hi is not None and hi < 0), bool(task_hi is not None and task_hi < 0)
             row.update({"excess": d["excess_direct"], "excess_ci95": [lo, hi],
-                        "decision_admits": bool(hi is not None and hi < 0),
+                        "decision_admits": admits,
+                        # RESCUE's robustness check: the zero-exclusion verdict with whole base tasks resampled
+                        "excess_ci95_tasks": [task_lo, task_hi],
+                        "decision_admits_tasks": admits_tasks if task_hi is not None else None,
+                        "task_resampling_changes_verdict": (admits != admits_tasks) if task_hi is not None else None,
                         "random_alarm_excess": d["random_alarm_excess"],
                         "excess_minus_random_ci95": d.get("random_diff_ci95"),
                         # an interval, not a comparison of point estimates: the difference's upper end below 0
@@ -413,6 +437,8 @@ def _evaluate(run_dir: Path, names: List[str], target_fa: float, kappa: float, n
         "verdicts": _records(verdicts),
         "pooled_detection": _records(detection_df[detection_df["condition"] == detection.ALL_CONDITIONS]),
         "pooled_decision": _records(decision_df[decision_df["condition"] == detection.ALL_CONDITIONS]),
+        "task_resampling": {"definition": TASK_RESAMPLING_TEXT, "text": task_resampling_line(verdicts)},
+        "lengths_by_task": _records(length_table(ep).drop(columns=["successes", "failures"])),
         "ideal_detector_ceiling": ideal_detector_ceiling(ep, cost_model, c, conditions),
         "score_bundle": bundle_info,
         **extra,
@@ -438,14 +464,14 @@ def _records(frame: pd.DataFrame) -> List[Dict[str, Any]]:
 
 def write_figures(out: Path, scores: Mapping[str, pd.DataFrame], splits, windows, names: Sequence[str],
                   target_fa: float = detection.DEFAULT_TARGET_FA) -> List[Dict[str, str]]:
-    """Per monitor: ROC curves (pooled vs per task; test rollouts of every condition, end window) and alarm times
-    against failure times."""
+    """The episode lengths of successes and failures per task (:func:`length_figure`), then per monitor: ROC curves
+    (pooled vs per task; test rollouts of every condition, end window) and alarm times against failure times."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figures = []
+    figures = [length_figure(out, _episodes(scores[names[0]], splits, windows[DECISION_WINDOW]))] if names else []
     for name in names:
         ep = _episodes(scores[name], splits, windows[DECISION_WINDOW])
         test = ep[ep[detection.SPLIT_COLUMN] == detection.TEST]
@@ -481,6 +507,52 @@ def write_figures(out: Path, scores: Mapping[str, pd.DataFrame], splits, windows
         plt.close(fig)
         figures.append({"monitor": name, "kind": "alarms", "file": file})
     return figures
+
+
+LENGTH_FIGURE = "figures/lengths__by_task.png"
+
+
+def length_table(ep: pd.DataFrame) -> pd.DataFrame:
+    """Per task (sorted), the episode lengths of successes and of failures over every rollout of an episode table:
+    counts, medians and the lengths themselves (what :func:`length_figure` draws)."""
+    rows = []
+    for task, part in ep.groupby("task", sort=True):
+        row: Dict[str, Any] = {"task": task}
+        for ok, label in ((True, "successes"), (False, "failures")):
+            steps = sorted(part.loc[part["success"].astype(bool) == ok, "steps"].astype(int).tolist())
+            row.update({f"n_{label}": len(steps), f"median_{label}": float(np.median(steps)) if steps else None,
+                        label: steps})
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["task", "n_successes", "median_successes", "successes", "n_failures",
+                                       "median_failures", "failures"])
+
+
+def length_figure(out: Path, ep: pd.DataFrame) -> Dict[str, str]:
+    """Per task, the episode length of successes beside failures (every logged rollout, every condition): how far
+    length alone separates them, which a pooled AUC can pick up between tasks (the length-only control's row)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = length_table(ep)
+    tasks = table["task"].tolist()
+    jitter = np.random.default_rng(0)  # a fixed spread: the figure is the same for the same run
+    fig, ax = plt.subplots(figsize=(max(3.6, 1.3 * len(tasks) + 1.5), 3.4))
+    for i, row in enumerate(table.to_dict("records")):
+        for offset, color, label in ((-0.18, "#2e86c1", "successes"), (0.18, "#c0392b", "failures")):
+            steps = np.asarray(row[label], dtype=float)
+            ax.scatter(i + offset + jitter.uniform(-0.12, 0.12, steps.size), steps, s=9, alpha=0.6, color=color,
+                       label=label if i == 0 else None)
+            if steps.size:
+                ax.hlines(np.median(steps), i + offset - 0.15, i + offset + 0.15, color="black", lw=1.4)
+    ax.set_xticks(range(len(tasks)), tasks, rotation=20, fontsize=8)
+    ax.set(ylabel="episode length (control steps)", title="Episode length: successes vs failures (bar: median)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, out / LENGTH_FIGURE, dpi=110)
+    plt.close(fig)
+    return {"monitor": "all", "kind": "episode length by task, successes vs failures", "file": LENGTH_FIGURE}
 
 
 def roc_curve(ep: pd.DataFrame) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
@@ -583,6 +655,29 @@ def _ceiling_lines(summary: Mapping[str, Any]) -> List[str]:
             f"{ceiling['definition']}. `f_star_ideal_any_success` gives it per condition.", ""]
 
 
+def task_resampling_line(verdicts: pd.DataFrame) -> str:
+    """How many monitors' zero-exclusion verdict on the decision cost survives resampling whole base tasks."""
+    defined = verdicts[verdicts["task_resampling_changes_verdict"].notna()] \
+        if "task_resampling_changes_verdict" in verdicts else verdicts.iloc[0:0]
+    if not len(defined):
+        return ("Base-task resampling: not defined (fewer than two tasks, or no pooled decision row): the excess-cost "
+                "interval is over base episodes within task only.")
+    changed = defined[defined["task_resampling_changes_verdict"].astype(bool)]
+    text = (f"Base-task resampling: the zero-exclusion verdict on the excess cost is unchanged for "
+            f"{len(defined) - len(changed)}/{len(defined)} monitors when whole base tasks are resampled")
+    return text + (f"; it changes for {', '.join(changed['monitor'])}." if len(changed) else ".")
+
+
+def _task_resampling_lines(verdicts: pd.DataFrame) -> List[str]:
+    lines = ["### Robustness: base tasks resampled (test rollouts of every condition)", "",
+             task_resampling_line(verdicts) + f" Resampling: {TASK_RESAMPLING_TEXT}.", ""]
+    columns = ("monitor", "excess", "excess_ci95", "decision_admits", "excess_ci95_tasks", "decision_admits_tasks",
+               "task_resampling_changes_verdict")
+    if all(c in verdicts for c in columns):
+        lines += [_table(verdicts, columns), ""]
+    return lines
+
+
 def summary_markdown(summary: Mapping[str, Any], detection_df: pd.DataFrame, decision_df: pd.DataFrame,
                      verdicts: pd.DataFrame) -> str:
     """``summary.md``: counts and windows, clean detection, decision value per condition, verdicts."""
@@ -603,9 +698,17 @@ def summary_markdown(summary: Mapping[str, Any], detection_df: pd.DataFrame, dec
              _table(detection_df[detection_df["condition"] == detection.ALL_CONDITIONS], DETECTION_COLUMNS), "",
              "## Under shift (end window; thresholds frozen from clean validation)", "",
              _table(shift, ("monitor", "condition", "pooled_auc", "length_pooled_auc", "false_alarm_rate", "catch_rate")),
-             "", "## Decision value of stop-and-reset (test rollouts)", "",
+             "", "## Episode length by task (every logged rollout)", "",
+             "Successes beside failures (`figures/lengths__by_task.png` draws every rollout): where failures are "
+             "horizon timeouts, length alone separates them within a task, and differing task lengths inflate a "
+             "pooled AUC between tasks.", "",
+             _table(pd.DataFrame(summary.get("lengths_by_task") or []),
+                    ("task", "n_successes", "median_successes", "n_failures", "median_failures"))
+             if summary.get("lengths_by_task") else "-", "",
+             "## Decision value of stop-and-reset (test rollouts)", "",
              *_ceiling_lines(summary),
              _table(decision_df, [c for c in DECISION_COLUMNS if c in decision_df]), "",
+             *_task_resampling_lines(verdicts),
              "Routing alarms to `recover` is priced from branches at the alarm checkpoints where a branch study has "
              f"them ({summary['recover_checkpoints']} checkpoints with recover branches found); `alarms.csv` lists every "
              "test alarm (key and step) to branch, e.g. `robocasa-shift branch RUN_DIR --name alarms --key KEY "
@@ -615,4 +718,4 @@ def summary_markdown(summary: Mapping[str, Any], detection_df: pd.DataFrame, dec
 
 __all__ = ["DECISION_WINDOW", "OUT", "boundary_scores", "clean_threshold", "decision_rows", "evaluate",
            "roc_curve", "alarms_on_test",
-           "summary_markdown", "verdict_rows", "write_figures"]
+           "length_figure", "length_table", "summary_markdown", "task_resampling_line", "verdict_rows", "write_figures"]
