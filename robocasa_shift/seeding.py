@@ -17,8 +17,9 @@ from typing import Union
 import numpy as np
 
 # Seed streams of base episodes. ``judge-training``: the episodes the built-in success judge learns from,
-# never screened, calibrated or evaluated.
-PHASES = ("screening", "formal", "validation", "judge-training")
+# never screened, calibrated or evaluated. ``confirmation``: the held-out base episodes a severity sweep's curve
+# is checked on, disjoint from the formal episodes it was drawn from.
+PHASES = ("screening", "formal", "validation", "judge-training", "confirmation")
 
 
 def _word(text: str) -> int:

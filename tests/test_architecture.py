@@ -112,7 +112,7 @@ LAYERS = (
     ("analysis", "backends", "policies"),
     ("engine",),
     ("study",),
-    ("branching", "gym"),
+    ("branching", "gym", "sweep"),
     ("checks", "monitoring", "judging", "training", "importing"),
     ("report",),
     ("bench",),

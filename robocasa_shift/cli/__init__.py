@@ -7,7 +7,7 @@ message lists the valid names or names the file and field.
 One module per group of commands: ``info`` (conditions, tasks, policies),
 ``run`` (run, screen, formal, merge), ``checks`` (validate-stages,
 validate-pairing, calibrate, audit), ``analysis`` (export, analyze, report,
-compare), ``imports`` (import-results: other harnesses' results), ``branch``, ``monitors``, ``judges`` (export-judge, judge, score-judge, train-judge), ``tools``
+compare), ``imports`` (import-results: other harnesses' results), ``branch``, ``sweep``, ``monitors``, ``judges`` (export-judge, judge, score-judge, train-judge), ``tools``
 (freeze, train-reference, train-lerobot, bench) and ``kits``
 (standin-kit: the robocasa backend's generated stand-in kitchens); ``common`` holds the
 error handling and the options they share, built from the fields of
@@ -29,6 +29,7 @@ from robocasa_shift.cli import (
     monitors,
     run,
     statistics,
+    sweep,
     tools,
 )
 from robocasa_shift.cli.common import handle_errors
@@ -53,7 +54,7 @@ def main():
     """
 
 
-for _module in (info, run, checks, analysis, imports, branch, monitors, judges, tools, statistics, kits):
+for _module in (info, run, checks, analysis, imports, branch, monitors, judges, tools, statistics, kits, sweep):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 

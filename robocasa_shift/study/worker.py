@@ -86,11 +86,12 @@ class StudyCache:
 
     Args:
         study: what is studied (backend, policy and its options, render profile).
+        protocol: the protocol its conditions mean (default: the frozen one; a sweep passes its derived one).
     """
 
-    def __init__(self, study: StudyConfig = StudyConfig()):
+    def __init__(self, study: StudyConfig = StudyConfig(), protocol: Optional[specs.Protocol] = None):
         self.config = study
-        self.protocol = specs.load_protocol(verify=True)
+        self.protocol = protocol or specs.load_protocol(verify=True)
         self.backend = get_backend(study.backend, asset_kit=study.asset_kit)
         self.renderer_info: Optional[Dict[str, Any]] = None
         self.simulator_info: Optional[Dict[str, Any]] = None
