@@ -125,6 +125,8 @@ def test_every_command_runs_from_the_wheel_with_the_base_requirements_then_with_
     cli("score-judge", "judge-set", "--help")
     assert "OPENAI_API_KEY" in cli("localise", "judge-set", "--name", "boxes", "--localiser-option", "model=m",
                                    code=2).stderr  # its endpoint's key is asked for before anything is sent
+    cli("sweep", "--backend", "fake", "--policy", "fake", "--task", "Reach", "--factor", "camera", "--episodes", "0-1",
+        "--grid", "2", "--run-dir", "sweep")  # its derived spec goes into the run directory, not the installed package
     cli("plan-power", "--tasks", "2", "--pairs", "10", "--discordance", "0.3")
     cli("check-coverage", "--help")  # hours of simulation; its code is the statistics run above
     cli("import-liberoplus", "--help")  # it reads LIBERO-Plus's wheel, not installed here
