@@ -149,3 +149,16 @@ def test_sweep_command_refuses_bad_input_with_exit_2(tmp_path):
     assert ok.exit_code == 0, ok.output
     summary = json.loads((tmp_path / "r/sweep/summary.json").read_text())
     assert summary["factor"] == "blur" and math.isclose(summary["severities"][-1], 3.0)
+
+
+def test_report_sections_show_the_breaking_points_and_refuse_a_broken_summary(tmp_path):
+    from robocasa_shift.report.studies import sweep_sections
+
+    grid = grid_severities(specs.load_protocol(), "camera", 2)
+    run_sweep(tmp_path, "Reach", "camera", range(3), grid, StudyConfig(backend="fake", policy="fake", log_steps=True),
+              confirm_episodes=range(3), confirm_severities=[grid[1]])
+    html = "".join(sweep_sections(tmp_path))
+    assert "<h2>Breaking points</h2>" in html and "<h2>Behaviour</h2>" in html and "camera:L2" in html
+    (tmp_path / "sweep/summary.json").write_text("{not json")
+    assert "cannot be read" in "".join(sweep_sections(tmp_path))
+    assert sweep_sections(tmp_path / "nowhere") == []

@@ -47,7 +47,7 @@ from robocasa_shift.report.html import (
     num,
     src,
 )
-from robocasa_shift.report.studies import branching_sections, judge_sections, monitor_sections
+from robocasa_shift.report.studies import branching_sections, judge_sections, monitor_sections, sweep_sections
 from robocasa_shift.report.videos import check_video_dependencies, make_videos, stage_steps_text
 from robocasa_shift.rundir.files import (
     MAX_JSON_BYTES,
@@ -787,6 +787,7 @@ def _build_report(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, n_bo
     else:
         parts.append("<p>No formal-phase records yet.</p>")
 
+    parts += sweep_sections(run_dir)
     parts += branching_sections(run_dir)
     parts += monitor_sections(run_dir)
     parts += judge_sections(run_dir)

@@ -1,7 +1,7 @@
-"""The report's sections on the studies made from a run: counterfactual branching, runtime monitors and
-success judges.
+"""The report's sections on the studies made from a run: severity sweeps, counterfactual branching, runtime
+monitors and success judges.
 
-Each is read from what its command wrote (``branching/<name>/summary.json``, ``monitors/summary.json``,
+Each is read from what its command wrote (``sweep/summary.json``, ``branching/<name>/summary.json``, ``monitors/summary.json``,
 ``<judge set>/scores/scores.md`` of a judge set exported into the run directory); nothing is re-run here.
 """
 
@@ -166,4 +166,60 @@ def judge_sections(run_dir: Path) -> List[str]:
         first = text.splitlines()[0] if text else ""
         title = f"{folder.name}: {first[2:]}" if first.startswith("# ") else folder.name  # names the set's hash
         parts.append(f"<h3>{esc(title)}</h3>" + markdown_html(text))
+    return parts
+
+
+def _band(values: Any) -> str:
+    return "-" if not values else f"[{num(values[0], '.2f')}, {num(values[1], '.2f')}]"
+
+
+def sweep_sections(run_dir: Path) -> List[str]:
+    """The "Breaking points" and "Behaviour" sections from ``RUN_DIR/sweep/summary.json`` (none: nothing)."""
+    path = Path(run_dir) / "sweep" / "summary.json"
+    if not os.path.lexists(path):
+        return []
+    try:
+        summary = json.loads(read_text(path, None, MAX_JSON_BYTES, "sweep summary"))
+        curve, spent, med = summary["curve"], summary["cost"], summary["curve"]["median_breaking_point"]
+        rows = [[num(p["severity"], "g"), f"{p['surviving']}/{p['n']}", _band(p["pointwise"]), _band(p["simultaneous"])]
+                for p in curve["points"]]
+        stages: dict = {}
+        for e in summary["episodes"]:
+            if e.get("broke_at_stage"):
+                stages[e["broke_at_stage"]] = stages.get(e["broke_at_stage"], 0) + 1
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return ["<h2>Breaking points</h2>", f"<p class='bad'>sweep/summary.json cannot be read "
+                f"({esc(type(exc).__name__)}: {esc(exc)}); write it again with the sweep command.</p>"]
+    median = "beyond the maximum" if med["beyond_max"] else num(med["median"], "g")
+    parts = [
+        "<h2>Breaking points</h2>",
+        f"<p>{esc(summary['factor'])} on {esc(summary['task'])} ({esc(summary['mode'])}): {esc(curve['n'])} base "
+        f"episodes succeeded clean, {esc(curve['failed_clean'])} already failed clean, {esc(curve['never_broke'])} "
+        f"never broke up to the maximum. Median breaking point {esc(median)}, 95% interval "
+        f"{esc(_band(med['interval']))}. "
+        f"Non-monotone episodes: {esc(curve['non_monotone'] or 'none')}. Broke at stage: "
+        f"{esc(', '.join(f'{k} {v}' for k, v in sorted(stages.items())) or '-')}.</p>",
+        html_table(["severity", "still succeeding", "pointwise 95%", "simultaneous 95%"], rows),
+        f"<p class='small'>Rollouts {esc(spent['rollouts'])}; the dense grid would take "
+        f"{esc(spent['dense_grid_rollouts'])}, the frozen three levels {esc(spent['frozen_levels_rollouts'])}.</p>",
+    ]
+    conf = summary.get("confirmation")
+    if conf:
+        parts.append(html_table(["severity", "held-out rate", "curve rate", "difference 95%", "confirmed"],
+                                [[num(p["severity"], "g"), num(p["held_out_rate"], ".2f"), num(p["curve_rate"], ".2f"),
+                                  _band(p["difference_interval"]),
+                                  ("yes", "good") if p["confirmed"] else ("NO", "bad")] for p in conf["points"]]))
+    behaviour = summary.get("behaviour")
+    if behaviour:
+        parts.append("<h2>Behaviour</h2>")
+        header = ["condition", "pairs", "steps to success", "path length (m)", "idle steps", "jerk"]
+        cells = []
+        for cond, b in behaviour.items():
+            row: List[Any] = [cond, b["pairs"]]
+            for m in ("steps_to_success", "path_length_m", "idle_steps", "jerk"):
+                d = b["metrics"][m]
+                row.append("-" if d["mean"] is None else f"{num(d['mean'], '+.3g')} {_band(d['interval'])}")
+            cells.append(row)
+        parts.append(html_table(header, cells))
+        parts.append("<p class='small'>Perturbed minus clean twin, mean over pairs with a 95% t interval.</p>")
     return parts
