@@ -162,3 +162,26 @@ def test_report_sections_show_the_breaking_points_and_refuse_a_broken_summary(tm
     (tmp_path / "sweep/summary.json").write_text("{not json")
     assert "cannot be read" in "".join(sweep_sections(tmp_path))
     assert sweep_sections(tmp_path / "nowhere") == []
+
+
+def test_audit_rederives_the_sweep_spec_and_fails_a_tampered_copy(tmp_path):
+    from robocasa_shift.checks.audit import audit_run
+
+    grid = grid_severities(specs.load_protocol(), "camera", 2)
+    run_sweep(tmp_path, "Reach", "camera", range(3), grid, FAKE)
+    assert audit_run(tmp_path).passed
+    spec_dir = tmp_path / "sweep/spec"
+    text = (spec_dir / "camera.yaml").read_text()
+    doubled = text.replace("theta_max_deg: 10.0", "theta_max_deg: 20.0")
+    assert doubled != text
+    (spec_dir / "camera.yaml").write_text(doubled)
+    (spec_dir / "spec.lock").unlink()
+    specs.freeze(spec_dir)  # a copy consistent with its own lock, but not what the frozen spec gives
+    result = audit_run(tmp_path)
+    assert not result.passed
+    assert "not the one its frozen spec" in (tmp_path / "audit.md").read_text()
+    (spec_dir / "derived.json").write_bytes(b"\xff" * 10)
+    assert not audit_run(tmp_path).passed  # a forged record of the derivation: named, never a traceback
+    (spec_dir / "derived.json").unlink()
+    (spec_dir / "derived.json").symlink_to("/dev/zero")
+    assert not audit_run(tmp_path).passed

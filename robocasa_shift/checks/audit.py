@@ -42,10 +42,11 @@ from robocasa_shift.core.factors import (
 )
 from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.core.steplog import StepLogError
-from robocasa_shift.errors import Error, RunDirError, UnknownNameError
+from robocasa_shift.errors import Error, RunDirError, SpecError, UnknownNameError
 from robocasa_shift.rundir.files import MAX_JSON_BYTES, read_bytes, read_json
 from robocasa_shift.rundir.store import RunStore
 from robocasa_shift.study.pairing import DETERMINISM
+from robocasa_shift.sweep.spec import audited_protocol
 
 # Checks whose count must be zero, in the order of the paper's Table VII.
 ZERO_CHECKS = (
@@ -169,6 +170,11 @@ def audit_run(run_dir: Path | str, phase: str = "formal") -> CheckResult:
     store = RunStore(run_dir)
     manifest = store.require_manifest("audit")
     protocol = specs.load_protocol()
+    sweep_problem = None
+    try:  # a sweep's records mean the levels of its derived spec, derived again here from the frozen one
+        protocol = audited_protocol(run_dir, protocol) or protocol
+    except SpecError as exc:
+        sweep_problem = str(exc)
     all_entries = store.record_entries()
     entries = [(file, rec) for file, rec in all_entries if rec["phase"] == phase]
     expected = [k for k in store.planned_keys() if k.phase == phase]
@@ -190,6 +196,8 @@ def audit_run(run_dir: Path | str, phase: str = "formal") -> CheckResult:
         elsewhere = ", ".join(f"{p} {n}" for p, n in sorted(by_phase.items()))
         report["run_problems"].append(f"no {phase} rollouts planned or recorded" + (
             f"; records of other phases: {elsewhere} (audit one with --phase)" if elsewhere else ", nor any other"))
+    if sweep_problem:
+        report["run_problems"].append(sweep_problem)
     if manifest.get("spec_hash") not in (None, protocol.spec_hash):
         report["run_problems"].append(
             f"manifest spec hash {manifest.get('spec_hash')} differs from the frozen specs {protocol.spec_hash}"

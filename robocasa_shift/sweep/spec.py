@@ -13,15 +13,18 @@ as they read the frozen protocol. ``sweep/spec/derived.json`` names the frozen s
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
 from robocasa_shift.core import specs
-from robocasa_shift.errors import BadInput, SpecError
+from robocasa_shift.errors import BadInput, SpecError, UnknownNameError
+from robocasa_shift.rundir.files import MAX_JSON_BYTES, read_text
 
 SPEC_DIR = "sweep/spec"
+MAX_SPEC_BYTES = 2**20  # largest file of a derived spec the audit reads back from a run directory
 MAX_GRID = 64  # most levels a derived spec holds: a dense grid past this is a typo, not a sweep
 
 # The parameters at severity 0 (nothing changed), per factor kind: the kinds a sweep can dial continuously
@@ -160,5 +163,41 @@ def grid_severities(protocol: specs.Protocol, factor: str, points: int) -> List[
     return [round(low + step * (i + 1), 6) for i in range(points)]
 
 
+
+def audited_protocol(run_dir: Path | str, frozen: specs.Protocol) -> Optional[specs.Protocol]:
+    """The derived protocol of a sweep's run directory, recomputed from ``frozen`` and checked against the copy in
+    the directory (None when the directory holds no sweep). Nothing in the directory is trusted for its numbers:
+    the levels are derived again from the frozen spec and the factor and severities ``derived.json`` names.
+
+    Raises:
+        SpecError: ``derived.json`` is malformed, names another frozen spec, or the copy differs from the derivation.
+    """
+    directory = Path(run_dir) / SPEC_DIR
+    path = directory / "derived.json"
+    if not os.path.lexists(path):
+        return None
+    try:
+        origin = json.loads(read_text(path, run_dir, MAX_JSON_BYTES, "sweep spec origin"))
+        factor, severities = origin["factor"], [float(s) for s in origin["severities"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SpecError(path, "(document)", f"not a sweep's derived-spec record ({type(exc).__name__}: {exc})") from None
+    if origin.get("frozen_spec_hash") != frozen.spec_hash:
+        raise SpecError(path, "frozen_spec_hash", f"{origin.get('frozen_spec_hash')!r} is not the frozen spec's "
+                                                  f"{frozen.spec_hash}")
+    try:
+        expected = derived_content(frozen, factor, severities)
+    except (BadInput, UnknownNameError) as exc:
+        raise SpecError(path, "severities", str(exc)) from None
+    for file in directory.iterdir():  # the copy is parsed whole: regular files of a spec's size only
+        if file.is_symlink() or not file.is_file() or file.stat().st_size > MAX_SPEC_BYTES:
+            raise SpecError(file, "(document)", f"not a regular file of at most {MAX_SPEC_BYTES} bytes")
+    copy = specs.load_protocol(directory, verify=True)
+    want = {name: specs.canonical_hash(content) for name, content in expected.items()}
+    if dict(copy.file_hashes) != want:
+        raise SpecError(directory, "(document)", "the derived spec in the run directory is not the one its frozen "
+                                                 "spec, factor and severities give")
+    return copy
+
+
 __all__ = ["MAX_GRID", "NOMINAL", "SPEC_DIR", "check_severities", "derived_content", "grid_severities",
-           "severity_params", "write_derived_spec"]
+           "audited_protocol", "severity_params", "write_derived_spec"]
