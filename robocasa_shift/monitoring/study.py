@@ -547,7 +547,8 @@ def length_figure(out: Path, ep: pd.DataFrame) -> Dict[str, str]:
             if steps.size:
                 ax.hlines(np.median(steps), i + offset - 0.15, i + offset + 0.15, color="black", lw=1.4)
     ax.set_xticks(range(len(tasks)), tasks, rotation=20, fontsize=8)
-    ax.set(ylabel="episode length (control steps)", title="Episode length: successes vs failures (bar: median)")
+    ax.set(ylabel="episode length (control steps)")
+    ax.set_title("Successes vs failures (bar: median)", fontsize=9)  # short: a two-task figure is narrow
     ax.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, out / LENGTH_FIGURE, dpi=110)
