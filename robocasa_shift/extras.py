@@ -8,7 +8,9 @@ commands call it before they start writing, so a missing extra never leaves half
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import ModuleType
+from typing import Optional
 
 from robocasa_shift.errors import DependencyMissing
 
@@ -25,8 +27,11 @@ EXTRAS = {
 }
 
 
-def require(module: str, extra: str, purpose: str) -> ModuleType:
+def require(module: str, extra: str, purpose: str, load: bool = True) -> Optional[ModuleType]:
     """Import ``module``, or raise :class:`DependencyMissing` naming ``purpose`` and ``extra``'s pip line.
+
+    ``load=False`` only checks that it is installed (importing torch costs 180 MB: a command that may stop on
+    bad input first checks, and imports where it computes).
 
     Raises:
         DependencyMissing: ``module`` (or a module it imports) is not installed.
@@ -34,6 +39,10 @@ def require(module: str, extra: str, purpose: str) -> ModuleType:
     """
     if extra not in EXTRAS:
         raise KeyError(f"no extra {extra!r}; extras: {', '.join(EXTRAS)}")
+    if not load:
+        if importlib.util.find_spec(module) is None:
+            raise DependencyMissing(purpose, module, extra)
+        return None
     try:
         return importlib.import_module(module)
     except ImportError as exc:

@@ -15,7 +15,9 @@ def test_conditions_json_lists_the_thirteen_of_the_matrix_then_the_optional_ones
         "base:L1", "base:L2", "base:L3",
         "blur:L1", "blur:L2", "blur:L3",
         *(f"{f}:L{i}" for f in ("camera_pose", "motion_blur", "zoom_blur", "fog", "glass_blur", "arm_init", "language",
-                                "action_latency", "obs_latency", "control_rate") for i in (1, 2, 3)),
+                                "action_latency", "obs_latency", "control_rate", "joint_friction", "joint_damping",
+                                "actuator_gain", "gripper_force", "object_mass", "object_friction", "execution_noise")
+          for i in (1, 2, 3)),
         "camera_pose:L2+motion_blur:L2", "arm_init:L2+action_latency:L2", "obs_latency:L2+control_rate:L2",
     ]
     assert [r["condition"] for r in out["conditions"] if r.get("optional")] == list(rows)[13:]

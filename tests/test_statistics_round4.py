@@ -127,7 +127,7 @@ def test_the_interaction_interval_accounts_for_a_and_b_failing_on_the_same_episo
 def test_the_intervals_over_tasks_keep_their_level_with_three_tasks():
     """Before, the LOTO macro AUC's task bootstrap was the range of three values and covered the task-population mean
     0.74 of the time with 3 tasks; the gap's task-clustered bootstrap 0.71."""
-    from robocasa_shift.monitoring import detection
+    from robocasa_shift.analysis import monitor_detection as detection
 
     rng = np.random.default_rng(0)
     cell = detection.task_interval_coverage(3, 20, 1.0, 1.0, 300, rng)

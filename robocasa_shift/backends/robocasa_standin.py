@@ -721,7 +721,15 @@ def _panel_and_handle_paths() -> Dict[str, str]:
 
 
 def generate() -> Dict[str, bytes]:
-    """Every file of the kit (relative path -> bytes), the manifest excepted."""
+    """Every file of the kit (relative path -> bytes), the manifest excepted.
+
+    Raises:
+        BackendUnavailable: RoboCasa's code is not installed (the kit is generated from it).
+    """
+    if importlib.util.find_spec("robocasa") is None:  # the kit is generated from RoboCasa's own package
+        raise BackendUnavailable(f"the stand-in kit is generated from RoboCasa's code, which is not installed in "
+                                 f"{sys.executable}: run `make setup-robocasa`, then `.venv-robocasa/bin/robocasa-shift "
+                                 f"standin-kit build DIR`")
     import robocasa
 
     package = package_assets()
@@ -773,10 +781,6 @@ def build_kit(out_dir: str | os.PathLike) -> Dict[str, Any]:
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()) and kit_manifest(out) is None:
         raise KitError(f"{out} exists and is not a stand-in kit; choose an empty or new directory")
-    if importlib.util.find_spec("robocasa") is None:  # the kit is generated from RoboCasa's own package
-        raise BackendUnavailable(f"the stand-in kit is generated from RoboCasa's code, which is not installed in "
-                                 f"{sys.executable}: run `make setup-robocasa`, then `.venv-robocasa/bin/robocasa-shift "
-                                 f"standin-kit build {out}`")
     files = generate()
     digests = {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()}
     manifest = {

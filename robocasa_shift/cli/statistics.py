@@ -168,7 +168,7 @@ def _study_interval_coverage(studies: int, seed: int) -> Dict[str, Any]:
     import numpy as np
 
     from robocasa_shift.analysis import interactions
-    from robocasa_shift.monitoring import detection
+    from robocasa_shift.analysis import monitor_detection as detection
 
     started = time.perf_counter()
     grid = interactions.coverage_grid(studies=studies, seed=seed)

@@ -220,7 +220,7 @@ class EndStateJudge(Judge):
     inputs = "end"
 
     def __init__(self, weights_dir: Optional[str] = None, threshold: float = THRESHOLD):
-        require("torch", "policy", "the end-state judge")
+        require("torch", "policy", "the end-state judge", load=False)
         self.weights_dir = Path(weights_dir or WEIGHTS_DIR)
         path = self.weights_dir / MANIFEST
         if not path.exists():
