@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -96,9 +97,9 @@ def import_results(fmt: str, path: Path, run_dir: Path, classification: Optional
     }
     manifest = {"backend": f"imported:{fmt}", "policy": {"name": policy}, "spec_hash": spec_hash,
                 "study_seed": source.seed or 0, "imported": imported}
-    staging = run_dir.parent / f".{run_dir.name}.importing-{os.getpid()}"
-    if os.path.lexists(staging):
-        shutil.rmtree(staging)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    # a folder this call creates (never one that was there): the only thing it ever removes
+    staging = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.importing-", dir=run_dir.parent))
     try:
         store = RunStore(staging)
         store.ensure_manifest(manifest)
