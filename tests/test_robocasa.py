@@ -941,14 +941,21 @@ print(env.fingerprint())
 """
 
 
-def test_kitchen_resets_of_one_seed_agree_across_processes(kitchen):
-    """Defect: RoboCasa orders candidate counter tops by memory address (``list(set(...))``), so a seed's objects
-    landed left or right of the sink depending on the process. Two other processes (different hash seeds, run side
-    by side) and this one must reset a seed to one fingerprint, bit for bit (a seed's other resets and other seeds:
+def test_kitchen_resets_of_one_seed_agree_across_processes_and_asset_paths(kitchen, tmp_path):
+    """Defects: RoboCasa orders candidate counter tops by memory address (``list(set(...))``), so a seed's objects
+    landed left or right of the sink depending on the process; and fixtures keep their files' absolute paths, so the
+    fingerprint named the folder the kit was installed in (a golden run failed in another checkout). Two other
+    processes (different hash seeds, run side by side, the second reading the same assets through another path) and
+    this one must reset a seed to one fingerprint, bit for bit (a seed's other resets and other seeds:
     test_kitchen_reset_is_reproducible_and_leaves_global_random_alone)."""
+    import robocasa.models
+
+    elsewhere = tmp_path / "assets-elsewhere"
+    elsewhere.symlink_to(Path(robocasa.models.assets_root).resolve(), target_is_directory=True)
     procs = [subprocess.Popen([sys.executable, "-c", _FINGERPRINT, _kit_opt_in() or "", str(SEED)],
-                              env={**os.environ, "PYTHONHASHSEED": hash_seed}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for hash_seed in ("1", "2")]
+                              env={**os.environ, "PYTHONHASHSEED": hash_seed, "ROBOCASA_ASSETS_PATH": assets},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for hash_seed, assets in (("1", robocasa.models.assets_root), ("2", str(elsewhere)))]
     kitchen.reset(SEED)
     here = kitchen.fingerprint()
     printed = []

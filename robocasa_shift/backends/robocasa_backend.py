@@ -770,8 +770,12 @@ class RobocasaEnv(MujocoEnv):
 
     def fingerprint(self) -> str:
         """Hash of the integration state, controller state, perturbable model values and Python-side state."""
+        import robocasa.models
+
         arrays = self.physics_fingerprint()
-        python = json.dumps(self._python_state(), sort_keys=True)
+        # Fixtures keep their asset files' absolute paths: hashed relative to the asset root, so one kit gives one
+        # fingerprint wherever it is installed (a golden run reproduces from any checkout).
+        python = json.dumps(self._python_state(), sort_keys=True).replace(robocasa.models.assets_root, "<assets>")
         return hashlib.sha256(f"{arrays}\n{python}".encode()).hexdigest()
 
     # ------------------------------------------------------------------ base offset (through RoboCasa's placement)
