@@ -25,12 +25,12 @@ The result is a :class:`~robocasa_shift.checks.results.CheckResult`; the command
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 
 from robocasa_shift.backends import get_backend
-from robocasa_shift.checks.results import CheckResult
+from robocasa_shift.checks.results import CheckResult, Findings
 from robocasa_shift.core import specs
 from robocasa_shift.core.backend import CAPABILITIES, missing_hooks, offered_capabilities
 from robocasa_shift.core.factors import FACTOR_KINDS
@@ -49,24 +49,6 @@ PHASE = "validation"
 MIN_FRAME_STD = 2.0  # a frame with less spread than this (0-255) is blank
 
 
-class _Findings:
-    """Problems per check; a check with no problem passes."""
-
-    def __init__(self):
-        self.problems: Dict[str, List[str]] = {name: [] for name in CHECKS}
-
-    def add(self, check: str, problem: str) -> None:
-        self.problems[check].append(problem)
-
-    def guard(self, check: str, what: str, fn: Callable[[], Any]) -> Any:
-        """Run ``fn``; an exception is a problem of ``check`` (a contract breach), never a crash of the checker."""
-        try:
-            return fn()
-        except Exception as exc:  # the checker reports every breach; it must survive them
-            self.add(check, f"{what} raised {type(exc).__name__}: {exc}")
-            return None
-
-
 def _state_equal(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
     return np.array_equal(np.asarray(a.get("integration")), np.asarray(b.get("integration")))
 
@@ -80,7 +62,7 @@ def _probe_action(env, rng: np.random.Generator) -> np.ndarray:
 
 
 def _check_task(backend_name: str, backend, task: str, episodes: Sequence[int], image_size: int,
-                protocol: specs.Protocol, found: _Findings) -> Dict[str, Any]:
+                protocol: specs.Protocol, found: Findings) -> Dict[str, Any]:
     env = backend.make(task)
     try:
         missing = [m for m in ENV_METHODS if not callable(getattr(env, m, None))]
@@ -180,7 +162,7 @@ def _check_task(backend_name: str, backend, task: str, episodes: Sequence[int], 
         env.close()
 
 
-def _check_capabilities(env, task: str, spec, found: _Findings) -> Dict[str, str]:
+def _check_capabilities(env, task: str, spec, found: Findings) -> Dict[str, str]:
     """Each capability: "offered" or "not offered"; an offered one is called and its answers checked."""
     offered = offered_capabilities(env)
     fingerprint, state = env.fingerprint(), env.get_state()
@@ -218,7 +200,7 @@ def check_backend(name: str, tasks: Optional[Sequence[str]] = None, episodes: Se
         BackendUnavailable: the backend's simulator or assets are missing.
     """
     backend = get_backend(name, asset_kit=asset_kit)
-    found = _Findings()
+    found = Findings(CHECKS)
     for method in BACKEND_METHODS:
         if not callable(getattr(backend, method, None)):
             found.add("contract", f"backend lacks {method}()")
@@ -228,23 +210,19 @@ def check_backend(name: str, tasks: Optional[Sequence[str]] = None, episodes: Se
     for task in tasks:
         backend.task(task)  # an unknown name lists the valid ones
     per_task = {task: _check_task(name, backend, task, episodes, image_size, protocol, found) for task in tasks}
-    checks = {check: {"passed": not problems, "problems": problems} for check, problems in found.problems.items()}
+    checks = found.checks()
     passed = all(c["passed"] for c in checks.values())
     details = {"backend": name, "tasks": per_task, "episodes": list(episodes), "image_size": image_size,
                "checks": checks}
-    return CheckResult("check-backend", passed, details, _markdown(details, passed))
+    return CheckResult("check-backend", passed, details, _markdown(details, found, passed))
 
 
-def _markdown(details: Dict[str, Any], passed: bool) -> str:
+def _markdown(details: Dict[str, Any], found: Findings, passed: bool) -> str:
     lines = [f"# Backend contract: {details['backend']}", "",
              f"Tasks {', '.join(details['tasks'])}; base episodes {details['episodes']}; frames at "
-             f"{details['image_size']} px.", "", "| check | result | problems |", "|---|---|---|"]
-    for check, result in details["checks"].items():
-        shown = "; ".join(result["problems"][:3]) + (f" (+{len(result['problems']) - 3} more)"
-                                                      if len(result["problems"]) > 3 else "")
-        lines.append(f"| {check} | {'ok' if result['passed'] else 'FAILED'} | {shown or '-'} |")
-    for task, found in details["tasks"].items():
-        offered = found.get("capabilities") or {}
+             f"{details['image_size']} px.", "", *found.table()]
+    for task, per_task in details["tasks"].items():
+        offered = per_task.get("capabilities") or {}
         if offered:
             lines += ["", f"Capabilities of {task}: " + ", ".join(f"{k} {v}" for k, v in offered.items()) + "."]
     lines += ["", f"**{'PASSED' if passed else 'FAILED'}**", ""]

@@ -24,14 +24,14 @@ The result is a :class:`~robocasa_shift.checks.results.CheckResult`; the command
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
 from robocasa_shift import seeding
 from robocasa_shift.arrays import npz_bytes, read_npz
 from robocasa_shift.backends import get_backend
-from robocasa_shift.checks.results import CheckResult
+from robocasa_shift.checks.results import CheckResult, Findings
 from robocasa_shift.core import specs
 from robocasa_shift.core.backend import CAMERA_ROLES
 from robocasa_shift.core.policy import Observation, state_support
@@ -45,25 +45,6 @@ POLICY_METHODS = ("reset", "act", "rng_fingerprint", "identity", "close", "get_s
                   "sample_actions")
 PHASE = "validation"
 UNKNOWN_OPTION = "no_such_option_of_any_policy"
-
-
-class _Findings:
-    """Problems per check; a check with no problem passes. ``notes`` say what was not offered."""
-
-    def __init__(self):
-        self.problems: Dict[str, List[str]] = {name: [] for name in CHECKS}
-        self.notes: Dict[str, str] = {}
-
-    def add(self, check: str, problem: str) -> None:
-        self.problems[check].append(problem)
-
-    def guard(self, check: str, what: str, fn: Callable[[], Any]) -> Any:
-        """Run ``fn``; an exception is a problem of ``check``, never a crash of the checker."""
-        try:
-            return fn()
-        except Exception as exc:  # the checker reports every breach; it must survive them
-            self.add(check, f"{what} raised {type(exc).__name__}: {exc}")
-            return None
 
 
 def _trace(env, policy, key: RolloutKey, protocol, stage_spec, backend: str,
@@ -91,7 +72,7 @@ def _same(a: List[np.ndarray], b: List[np.ndarray]) -> bool:
     return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
-def _check_contract(policy, found: _Findings) -> None:
+def _check_contract(policy, found: Findings) -> None:
     for method in POLICY_METHODS:
         if not callable(getattr(policy, method, None)):
             found.add("contract", f"the policy lacks {method}()")
@@ -109,7 +90,7 @@ def _check_contract(policy, found: _Findings) -> None:
         found.add("contract", f"rng_fingerprint() returned {type(fingerprint).__name__}, not a str")
 
 
-def _check_chunks(chunks: List[np.ndarray], action_dim: int, found: _Findings) -> None:
+def _check_chunks(chunks: List[np.ndarray], action_dim: int, found: Findings) -> None:
     for i, chunk in enumerate(chunks):
         if chunk.ndim != 2 or chunk.shape[0] < 1 or chunk.shape[1] != action_dim:
             found.add("chunks", f"boundary {i}: a chunk of shape {chunk.shape}, expected (k, {action_dim})")
@@ -118,7 +99,7 @@ def _check_chunks(chunks: List[np.ndarray], action_dim: int, found: _Findings) -
 
 
 def _check_state(name: str, options: Dict[str, Any], seed: int, observations: List[Observation],
-                 found: _Findings) -> str:
+                 found: Findings) -> str:
     """get_state after the first chunk, set_state into a fresh instance: the rest must follow bit for bit."""
     source = make_policy(name, **options)
     why = state_support(source)
@@ -158,7 +139,7 @@ def _check_state(name: str, options: Dict[str, Any], seed: int, observations: Li
 
 
 def _check_samples(name: str, options: Dict[str, Any], seed: int, observations: List[Observation],
-                   action_dim: int, found: _Findings) -> str:
+                   action_dim: int, found: Findings) -> str:
     """Sampling at a boundary leaves the state, and so every later action, as it was."""
     plain, sampled = make_policy(name, **options), make_policy(name, **options)
     try:
@@ -184,7 +165,7 @@ def _check_samples(name: str, options: Dict[str, Any], seed: int, observations: 
 
 
 def _check_batch(name: str, options: Dict[str, Any], seeds: Tuple[int, int], observations: List[Observation],
-                 found: _Findings) -> None:
+                 found: Findings) -> None:
     alone = [make_policy(name, **options) for _ in seeds]
     batched = [make_policy(name, **options) for _ in seeds]
     try:
@@ -213,7 +194,7 @@ def check_policy(name: str, backend: str = "fake", task: Optional[str] = None,
         BackendUnavailable: the backend's simulator or assets are missing.
     """
     options = dict(options or {})
-    found = _Findings()
+    found = Findings(CHECKS)
     policy = make_policy(name, **options)
     try:
         try:
@@ -265,25 +246,18 @@ def check_policy(name: str, backend: str = "fake", task: Optional[str] = None,
         policy.close()
 
 
-def _result(name: str, backend: str, task: str, options: Dict[str, Any], found: _Findings,
+def _result(name: str, backend: str, task: str, options: Dict[str, Any], found: Findings,
             offered: Dict[str, str]) -> CheckResult:
-    checks = {check: {"passed": not problems, "problems": problems} for check, problems in found.problems.items()}
+    checks = found.checks()
     passed = all(c["passed"] for c in checks.values())
     details = {"policy": name, "backend": backend, "task": task, "options": sorted(options), "offered": offered,
                "notes": found.notes, "checks": checks}
-    return CheckResult("check-policy", passed, details, _markdown(details, passed))
+    return CheckResult("check-policy", passed, details, _markdown(details, found, passed))
 
 
-def _markdown(details: Dict[str, Any], passed: bool) -> str:
-    lines = [f"# Policy checklist: {details['policy']}", "",
-             f"On backend {details['backend']}, task {details['task']}.", "",
-             "| check | result | problems |", "|---|---|---|"]
-    for check, result in details["checks"].items():
-        shown = "; ".join(result["problems"][:3]) + (f" (+{len(result['problems']) - 3} more)"
-                                                      if len(result["problems"]) > 3 else "")
-        note = details["notes"].get(check)
-        lines.append(f"| {check} | {'ok' if result['passed'] else 'FAILED'} | {shown or note or '-'} |")
-    lines += ["", f"**{'PASSED' if passed else 'FAILED'}**", ""]
+def _markdown(details: Dict[str, Any], found: Findings, passed: bool) -> str:
+    lines = [f"# Policy checklist: {details['policy']}", "", f"On backend {details['backend']}, task {details['task']}.", "",
+             *found.table(), "", f"**{'PASSED' if passed else 'FAILED'}**", ""]
     return "\n".join(lines)
 
 

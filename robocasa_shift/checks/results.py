@@ -1,11 +1,12 @@
-"""The result every protocol check returns, and the one function that writes it into a run directory."""
+"""The result every protocol check returns, the findings of a checklist, and the one function that writes a result
+into a run directory."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, Mapping
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Sequence
 
 from robocasa_shift.rundir.files import atomic_write_text
 
@@ -45,6 +46,37 @@ class CheckResult(Mapping[str, Any]):
     def to_json(self) -> Dict[str, Any]:
         """The details with the verdict, as written to ``<stem>.json``."""
         return {**self.details, "passed": self.passed}
+
+
+class Findings:
+    """A checklist's problems per check (a check with none passes) and notes on what was not offered."""
+
+    def __init__(self, checks: Sequence[str]):
+        self.problems: Dict[str, List[str]] = {name: [] for name in checks}
+        self.notes: Dict[str, str] = {}
+
+    def add(self, check: str, problem: str) -> None:
+        self.problems[check].append(problem)
+
+    def guard(self, check: str, what: str, fn: Callable[[], Any]) -> Any:
+        """Run ``fn``; an exception is a problem of ``check`` (a contract breach), never a crash of the checker."""
+        try:
+            return fn()
+        except Exception as exc:  # the checker reports every breach; it must survive them
+            self.add(check, f"{what} raised {type(exc).__name__}: {exc}")
+            return None
+
+    def checks(self) -> Dict[str, Dict[str, Any]]:
+        """Per check: passed, and its problems."""
+        return {check: {"passed": not problems, "problems": problems} for check, problems in self.problems.items()}
+
+    def table(self) -> List[str]:
+        """The Markdown table of the checks: result, the first three problems (or the note, or -)."""
+        lines = ["| check | result | problems |", "|---|---|---|"]
+        for check, problems in self.problems.items():
+            shown = "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
+            lines.append(f"| {check} | {'FAILED' if problems else 'ok'} | {shown or self.notes.get(check) or '-'} |")
+        return lines
 
 
 def write_result(result: CheckResult, run_dir: Path | str) -> Path:
