@@ -185,3 +185,35 @@ def test_audit_rederives_the_sweep_spec_and_fails_a_tampered_copy(tmp_path):
     (spec_dir / "derived.json").unlink()
     (spec_dir / "derived.json").symlink_to("/dev/zero")
     assert not audit_run(tmp_path).passed
+
+
+def test_a_success_whose_stage_spec_asks_more_is_named_apart_never_read_as_a_stage(tmp_path, monkeypatch):
+    """A stage spec stricter than the success check (as Lift's reach: the grasp site within 2 cm of the cube's centre,
+    while a grasp at the cube's edge lifts it) leaves successes with no subgoal latched: the sweep and the audit name
+    them with their first unlatched subgoal, and they stay successes."""
+    import shutil
+
+    from robocasa_shift.checks.audit import audit_run
+
+    stage_dir = tmp_path / "stage_specs"
+    shutil.copytree(specs.STAGE_SPECS_DIR, stage_dir)
+    path = stage_dir / "fake" / "Reach.yaml"
+    strict = path.read_text().replace("args: {distance_m: 0.08}", "args: {distance_m: 0.0001}")
+    assert strict != path.read_text()
+    path.write_text(strict)
+    monkeypatch.setattr(specs, "STAGE_SPECS_DIR", stage_dir)
+    grid = grid_severities(specs.load_protocol(), "camera", 2)
+    summary = run_sweep(tmp_path / "run", "Reach", "camera", range(4), grid, FAKE, mode="grid")
+    successes = [(e["episode"], int(level)) for e in summary["episodes"] for level, ok in e["outcomes"].items() if ok]
+    unlatched = summary["unlatched_successes"]
+    assert successes and len(unlatched) == len(successes)
+    assert {u["first_unlatched"] for u in unlatched} == {"approach_object"}
+    assert {(u["episode"], u["severity"]) for u in unlatched} == \
+        {(ep, grid[level] if level >= 0 else 0.0) for ep, level in successes}
+    result = audit_run(tmp_path / "run")
+    assert result.passed  # a note, not a failure: the protocol lets the tracker and the success check differ
+    assert len(result.details["tasks"]["Reach"]["unlatched_successes"]) == len(successes)
+    assert "did not latch" in (tmp_path / "run/audit.md").read_text()
+    monkeypatch.undo()
+    plain = run_sweep(tmp_path / "plain", "Reach", "camera", range(4), grid, FAKE, mode="grid")
+    assert plain["unlatched_successes"] == []

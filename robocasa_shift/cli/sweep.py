@@ -85,6 +85,9 @@ def sweep_command(task: str, factor: str, episodes: str, grid_points: Optional[i
                f"{spent['frozen_levels_rollouts']})")
     if summary["invalid"]:
         click.echo(f"invalid rollouts left {len(summary['invalid'])} episode(s) without a breaking point")
+    if summary["unlatched_successes"]:
+        click.echo(f"{len(summary['unlatched_successes'])} success(es) with subgoals the stage tracker did not latch "
+                   "(the stage spec asks more than the success check; counted as successes)")
     click.echo(f"-> {run_dir / SUMMARY}")
     if "confirmation" in summary:
         conf = summary["confirmation"]

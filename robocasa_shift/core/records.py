@@ -114,6 +114,22 @@ def comparable(record: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in record.items() if k not in MACHINE_FIELDS}
 
 
+def unlatched_success(rec: Dict[str, Any]) -> Optional[str]:
+    """The first subgoal a valid official success left unlatched, None for any other record.
+
+    The tracker latches its subgoals in order and the official success check is the task's own, so a stage spec
+    that asks more than the success check does (Lift's first subgoal wants the grasp site within 2 cm of the cube's
+    centre; a grasp at the cube's edge lifts it from 2.5 cm) leaves a success with unlatched subgoals, every later
+    one included. Such a record is a success, not a rollout stopped at that subgoal: callers name it apart.
+    """
+    if not (rec.get("valid") and rec.get("success")) or rec.get("stage_error"):
+        return None
+    names, first = rec.get("stage_names") or [], rec.get("first_incomplete")
+    if not isinstance(first, int) or not 1 <= first <= len(names):
+        return None
+    return str(names[first - 1])
+
+
 def _per_entry(pert: Dict[str, Any], field_name: str) -> Any:
     """A field of a perturbation record; of a combined one (``entries``), the list of its entries' fields."""
     if isinstance(pert.get("entries"), list):

@@ -17,7 +17,7 @@ from robocasa_shift.analysis.behaviour import paired_differences, rollout_metric
 from robocasa_shift.config import StudyConfig
 from robocasa_shift.core import specs
 from robocasa_shift.core.conditions import CLEAN
-from robocasa_shift.core.records import RolloutKey
+from robocasa_shift.core.records import RolloutKey, unlatched_success
 from robocasa_shift.errors import BadInput
 from robocasa_shift.rundir.files import atomic_write_json
 from robocasa_shift.rundir.store import RunStore
@@ -102,6 +102,7 @@ def run_sweep(run_dir: Path | str, task: str, factor: str, episodes: Sequence[in
                 summary["behaviour"] = behaviour(store, [k for k in recorded if k.phase == "formal"], recorded)
             if confirm_episodes:
                 summary["confirmation"] = _confirm(run_dir, curve, grid, declared, confirm_episodes, outcome)
+            summary["unlatched_successes"] = unlatched_successes(recorded, conditions, grid)
             atomic_write_json(Path(run_dir) / SUMMARY, summary, store.root)
     finally:
         cache.close()
@@ -121,6 +122,20 @@ def behaviour(store: RunStore, keys: Sequence[RolloutKey], recorded: Dict[Rollou
         if key.condition != CLEAN and clean is not None:
             pairs.append({"condition": key.condition, "clean": clean, "perturbed": m})
     return paired_differences(pairs)
+
+
+def unlatched_successes(recorded: Dict[RolloutKey, Dict[str, Any]], conditions: Sequence[str],
+                        grid: Sequence[float]) -> List[Dict[str, Any]]:
+    """The sweep's successes whose subgoals did not all latch (see :func:`~robocasa_shift.core.records.unlatched_success`),
+    each with its severity and first unlatched subgoal: counted as successes, never as a stage they stopped at."""
+    out = []
+    for key in sorted(recorded):
+        first = unlatched_success(recorded[key])
+        if first is not None:
+            level = conditions.index(key.condition)
+            out.append({"phase": key.phase, "episode": key.episode, "condition": key.condition,
+                        "severity": grid[level - 1] if level else 0.0, "first_unlatched": first})
+    return out
 
 
 def _broke_at(recorded: Dict[RolloutKey, Dict[str, Any]], task: str, b: EpisodeBreak,
