@@ -57,6 +57,7 @@ class ToyServer:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def handle(self, ws):
+        self.authorization = ws.request.headers.get_all("Authorization")
         ws.send(msgpack.packb({"model": "toy-1"}))
         for message in ws:
             request = msgpack.unpackb(message)
@@ -132,3 +133,42 @@ def _observation():
     from robocasa_shift.core.policy import Observation
 
     return Observation({}, {}, {"eef_pos": np.array([0.1, 0.2])}, "reach", 0, task="Reach")
+
+
+def test_after_a_failure_the_base_refuses_until_the_next_reset_reconnects(toy_registered):
+    """A reconnect mid-rollout would reach a fresh server session (its seed lost): only a reset reconnects."""
+    from robocasa_shift.policies import make_policy
+
+    server = ToyServer()
+    try:
+        policy = make_policy("toy", port=server.port, timeout_s=0.3)
+        with pytest.warns(RuntimeWarning):
+            policy.reset(0)
+        server.reply = msgpack.packb([1, 2])  # not a dict: the connection is closed
+        with pytest.raises(PolicyServerError, match="expected a dict"):
+            policy.act(_observation())
+        server.reply = None
+        with pytest.raises(PolicyServerError, match="was closed after an earlier error"):
+            policy.act(_observation())
+        assert policy.client.closed
+        policy.reset(1)
+        assert not policy.client.closed and policy.act(_observation()).shape == (4, 3)
+        policy.close()
+    finally:
+        server.close()
+
+
+def test_the_connection_keeps_its_key_and_the_uri_password_out_of_its_attributes():
+    from robocasa_shift.policies.served.connection import Connection
+
+    server = ToyServer()
+    try:
+        client = Connection(f"ws://user:pw-XYZ@127.0.0.1:{server.port}", "the toy server", api_key="key-XYZ",
+                            auth_scheme="Api-Key")
+        client.connect()
+        assert "Api-Key key-XYZ" in server.authorization  # the key still reaches the server
+        shown = repr(vars(client)) + client.uri
+        assert "key-XYZ" not in shown and "pw-XYZ" not in shown and "user:<redacted>@" in client.uri
+        client.close()
+    finally:
+        server.close()

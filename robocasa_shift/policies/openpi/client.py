@@ -51,15 +51,12 @@ policy then implements ``get_state`` / ``set_state`` / ``sample_actions``
 (``served.policy``). Against a stock openpi server it refuses to be branched,
 with the reason, and offers no samples.
 
-Decoding replies. openpi-client's ``msgpack_numpy.unpackb`` builds an array
-straight from the dtype, shape and bytes the server sent: an object dtype
-turns 8 bytes into a raw pointer (reading it crashes the process), a short
-buffer or a structured dtype fail in numpy. Replies and metadata are decoded
-here instead (``unpackb``, in ``openpi.wire``, shared with the serving shim): plain numeric and bool dtypes only, the byte
-count checked against the shape, the array copied out of the message; a
-websocket message longer than ``max_message_bytes`` closes the connection.
-The API key goes in a header and never into an error, a log or the identity;
-an endpoint is recorded without any password or secret query parameter.
+Transport. The connection is ``served.connection.Connection`` (deadlines, bounded decoding, reconnect at the
+next reset, circuit breaker, redaction): openpi-client's ``msgpack_numpy.unpackb`` would build an array
+straight from the dtype, shape and bytes the server sent (an object dtype turns 8 bytes into a raw pointer),
+so replies and metadata are decoded with ``openpi.wire.decode_array`` instead (plain numeric and bool dtypes
+only, the byte count checked, the array copied); requests are packed with openpi-client's ``pack_array``,
+byte for byte as ``openpi_client`` sends them. The API key goes in an ``Authorization: Api-Key`` header.
 """
 
 from __future__ import annotations
@@ -71,12 +68,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from robocasa_shift.core.policy import Observation
-from robocasa_shift.errors import (
-    ActionFormatError,
-    PolicyServerError,
-    PolicyServerTimeout,
-    UnknownNameError,
-)
+from robocasa_shift.errors import ActionFormatError, UnknownNameError
 from robocasa_shift.extras import require
 from robocasa_shift.policies.model_io import (
     LIBERO_STATE,
@@ -94,27 +86,16 @@ from robocasa_shift.policies.model_io import (
     proprio_vector,
     resolve_layout,
 )
-from robocasa_shift.policies.served.connection import (
-    as_secret,
-    canonical,
-    content_hash,
-    redact_uri,
-)
 from robocasa_shift.policies.openpi.wire import (
     MAX_MESSAGE_BYTES,
     RESET_MESSAGE_KEY,
     SEEDED_RESET_KEY,
-    ReplyFormatError,
-    unpackb,
+    decode_array,
 )
-from robocasa_shift.policies.served.policy import StatefulRemotePolicy
-from robocasa_shift.policies.served.transport import open_websocket
-from robocasa_shift.policies.served.state import SAMPLE, SESSION_STATE
+from robocasa_shift.policies.served.connection import Connection, canonical, content_hash
+from robocasa_shift.policies.served.policy import ServedPolicy
 
 DEFAULT_PORT = 8000
-# the shim's state and sample messages: {"__get_state__": {}}, {"__set_state__": {"blob": bytes}},
-# {"__sample__": {"obs": dict, "n": int, "seed": int}}
-STATE_MESSAGE_KEYS = {"get_state": "__get_state__", "set_state": "__set_state__", "sample": "__sample__"}
 
 # Harness camera -> openpi observation key(s). Unlisted cameras map to "observation/<camera>".
 DEFAULT_CAMERA_MAP: Dict[str, Tuple[str, ...]] = {
@@ -170,178 +151,44 @@ def observation_to_openpi(
 # =========================================================================== client
 
 
-def _msgpack_numpy():
-    return require("openpi_client.msgpack_numpy", "openpi", "the openpi client")
-
-
 _CHECK = ("check that an openpi server is running there (openpi: `uv run scripts/serve_policy.py --port PORT "
           "policy:checkpoint --policy.config=... --policy.dir=...`), that host and port are right and reachable "
           "from this machine (firewall, SSH tunnel), and that the URI is ws:// (wss:// behind TLS)")
 
 
-class OpenpiClient:
-    """openpi's client, with timeouts on connect and on every reply, clear errors and reconnects.
-
-    openpi-client 0.1.2 waits forever for a reply and turns every failure
-    into a bare exception; a study needs a bounded wait and a message
-    naming the server. After a timeout or a server error the connection
-    is closed (a late reply would otherwise answer the next request);
-    ``reconnect`` opens a new one and refuses a server whose metadata changed.
-    Every message is decoded by ``wire.unpackb``, never by
-    openpi-client's, and bounded by ``max_message_bytes``.
-    """
+class OpenpiClient(Connection):
+    """A connection to an openpi server: openpi-client's address rule, ``Api-Key`` header and msgpack-numpy."""
 
     def __init__(self, host: str = "localhost", port: Optional[int] = DEFAULT_PORT, api_key: Any = None,
                  timeout_s: float = 30.0, connect_timeout_s: float = 10.0,
                  max_message_bytes: int = MAX_MESSAGE_BYTES):
-        self.timeout_s, self.connect_timeout_s = float(timeout_s), float(connect_timeout_s)
-        self.max_message_bytes = int(max_message_bytes)
-        # the key stays in a Secret, read only by _wait_for_server when it builds the header
-        self._secret = as_secret(api_key)
         # openpi-client's address rule: a ws:// or wss:// host is a URI, else ws://host; then :port if given
-        self._uri = str(host) if str(host).startswith("ws") else f"ws://{host}"
-        if port is not None:
-            self._uri += f":{int(port)}"
-        self._packer = _msgpack_numpy().Packer()
-        self._metadata_sha256: Optional[str] = None
-        self._ws, self._server_metadata = self._wait_for_server()
-        self._metadata_sha256 = content_hash(self._server_metadata)
+        uri = str(host) if str(host).startswith("ws") else f"ws://{host}"
+        super().__init__(uri + (f":{int(port)}" if port is not None else ""), "the openpi server", _CHECK,
+                         api_key=api_key, auth_scheme="Api-Key", timeout_s=timeout_s,
+                         connect_timeout_s=connect_timeout_s, max_message_bytes=max_message_bytes,
+                         encode=require("openpi_client.msgpack_numpy", "openpi", "the openpi client").pack_array,
+                         object_hook=decode_array,
+                         slow_hint=" (the first inference of a JAX server compiles the model: raise timeout_s)")
 
-    def get_server_metadata(self) -> Dict[str, Any]:
-        """The metadata the server sent on connect."""
-        return self._server_metadata
-
-    @property
-    def uri(self) -> str:
-        """The server's address as errors and the identity show it (no password or secret parameter)."""
-        return redact_uri(self._uri)
-
-    @property
-    def closed(self) -> bool:
-        return self._ws is None
-
-    @property
-    def seeded(self) -> bool:
-        return bool(isinstance(self._server_metadata, dict) and self._server_metadata.get(SEEDED_RESET_KEY))
-
-    def _wait_for_server(self):
-        from websockets.exceptions import ConnectionClosed
-
-        headers = {"Authorization": f"Api-Key {self._secret.reveal()}"} if self._secret else None
-        conn = open_websocket(self._uri, self.uri, "the openpi server", _CHECK, self.connect_timeout_s,
-                              self.max_message_bytes, headers)
-        try:
-            first = conn.recv(timeout=self.connect_timeout_s)
-        except (TimeoutError, ConnectionClosed) as exc:
-            conn.close()
-            raise PolicyServerTimeout(
-                f"{self.uri} accepted a websocket connection but sent no metadata within "
-                f"{self.connect_timeout_s:g} s ({type(exc).__name__}); an openpi policy server sends its "
-                f"metadata first: {_CHECK}", "connect") from None
-        try:
-            metadata = unpackb(first, self.max_message_bytes) if isinstance(first, bytes) else first
-        except ReplyFormatError as exc:
-            conn.close()
-            raise ReplyFormatError(f"{self.uri} sent metadata this client refuses: {exc}", "connect") from None
-        if not isinstance(metadata, dict):
-            conn.close()
-            raise PolicyServerError(f"{self.uri} sent {type(metadata).__name__} instead of openpi's metadata "
-                                    f"dict on connect: {str(metadata)[:200]!r}", "connect")
-        return conn, metadata
-
-    def reconnect(self) -> None:
-        self._drop()
-        self._ws, metadata = self._wait_for_server()
-        if self._metadata_sha256 is not None and content_hash(metadata) != self._metadata_sha256:
-            self._drop()
-            raise PolicyServerError(f"the openpi server at {self.uri} now sends different metadata than at the "
-                                    "first connection (another checkpoint?); the run's manifest would be wrong",
-                                    "connect")
-        self._server_metadata = metadata
-
-    def _drop(self) -> None:
-        if self._ws is not None:
-            try:
-                self._ws.close()
-            finally:
-                self._ws = None
-
-    def _exchange(self, message: Dict[str, Any], what: str) -> Dict[str, Any]:
-        from websockets.exceptions import ConnectionClosed
-
-        if self._ws is None:
-            raise PolicyServerError(f"the connection to the openpi server at {self.uri} was closed after an "
-                                    "earlier error or timeout; the next reset reconnects", what)
-        try:
-            self._ws.send(self._packer.pack(message))
-            reply = self._ws.recv(timeout=self.timeout_s)
-        except TimeoutError:
-            self._drop()
-            raise PolicyServerTimeout(f"the openpi server at {self.uri} did not answer {what} within "
-                                      f"{self.timeout_s:g} s (the first inference of a JAX server compiles "
-                                      "the model: raise timeout_s); the connection was closed", what) from None
-        except ConnectionClosed as exc:
-            self._drop()
-            too_big = getattr(getattr(exc, "rcvd", None), "code", None) == 1009 or \
-                getattr(getattr(exc, "sent", None), "code", None) == 1009
-            hint = (f"its reply exceeded max_message_bytes={self.max_message_bytes:,}" if too_big else _CHECK)
-            raise PolicyServerError(f"the openpi server at {self.uri} closed the connection during {what} "
-                                    f"({exc}); {hint}", what) from None
-        if isinstance(reply, str):  # openpi sends the traceback as text, then closes
-            self._drop()
-            raise PolicyServerError(f"the openpi server at {self.uri} failed {what}:\n{reply}", what, reply)
-        try:
-            result = unpackb(reply, self.max_message_bytes)
-        except ReplyFormatError as exc:
-            self._drop()  # the stream can no longer be trusted to pair replies with requests
-            raise ReplyFormatError(f"the openpi server at {self.uri} sent a reply to {what} this client "
-                                   f"refuses: {exc}", what) from None
-        if not isinstance(result, dict):
-            raise PolicyServerError(f"{what}: expected a dict from {self.uri}, got {type(result).__name__}", what)
-        return result
-
-    def infer(self, obs: Dict) -> Dict:
-        return self._exchange(obs, "infer")
-
-    def reset_seed(self, seed: int, owner: Optional[str] = None) -> Dict[str, Any]:
-        """Seed this connection's generator on a server that advertises ``seeded_reset``.
-
-        ``owner``: the session's owner tag (``served.state.owner_tag``), which state blobs are bound to.
-        """
-        if not self.seeded:
-            raise PolicyServerError(f"the openpi server at {self.uri} does not advertise '{SEEDED_RESET_KEY}' "
-                                    "in its metadata; a plain openpi server cannot be seeded", "reset")
-        data: Dict[str, Any] = {"seed": int(seed)}
-        if owner is not None:
-            data["owner"] = owner
-        return self._exchange({RESET_MESSAGE_KEY: data}, "reset")
-
-    def capabilities(self) -> Dict[str, Any]:
-        """What the server's metadata advertises beyond openpi's protocol ({} for a stock server)."""
-        metadata = self._server_metadata if isinstance(self._server_metadata, dict) else {}
-        return {k: metadata.get(k) is True for k in (SEEDED_RESET_KEY, SESSION_STATE, SAMPLE)}
-
-    def state_call(self, op: str, data: Dict[str, Any]) -> Dict[str, Any]:
-        """A state or sample message (``get_state``, ``set_state``, ``sample``) of the serving shim."""
-        if op not in STATE_MESSAGE_KEYS:
-            raise ValueError(f"unknown state request {op!r}")
-        return self._exchange({STATE_MESSAGE_KEYS[op]: data}, op)
-
-    def close(self) -> None:
-        self._drop()
+    def infer(self, obs: Dict[str, Any]) -> Dict[str, Any]:
+        """openpi's one call: an observation dict in, the server's reply dict out."""
+        return self.exchange(obs, "infer")
 
 
 def make_client(host: str = "localhost", port: Optional[int] = DEFAULT_PORT, api_key: Optional[str] = None,
                 timeout_s: float = 30.0, connect_timeout_s: float = 10.0,
                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> OpenpiClient:
-    """An ``OpenpiClient`` connected to an openpi server (see its docstring)."""
-    return OpenpiClient(host, port, api_key, timeout_s, connect_timeout_s, max_message_bytes)
+    """An ``OpenpiClient`` connected to an openpi server (its metadata read)."""
+    client = OpenpiClient(host, port, api_key, timeout_s, connect_timeout_s, max_message_bytes)
+    client.connect()
+    return client
 
 
 # =========================================================================== policy
 
 
-class OpenpiPolicy(StatefulRemotePolicy):
+class OpenpiPolicy(ServedPolicy):
     """An openpi policy server behind a websocket; one observation per ``n_action_steps`` control steps.
 
     Args:
@@ -399,7 +246,6 @@ class OpenpiPolicy(StatefulRemotePolicy):
         mode: str = "chunk",
         state_secret: Optional[str] = None,
     ):
-        self.init_session_state(mode, state_secret, api_key)
         if preset not in PRESETS:
             raise UnknownNameError("openpi preset", preset, sorted(PRESETS))
         chosen = PRESETS[preset]
@@ -414,22 +260,8 @@ class OpenpiPolicy(StatefulRemotePolicy):
         self.actions_key = actions_key
         self.n_action_steps = None if n_action_steps is None else int(n_action_steps)
         self.image_size = int(chosen["image_size"] if image_size is None else image_size)
-        self.client = make_client(host, port, api_key, timeout_s, connect_timeout_s, max_message_bytes)
-
-    def reset(self, seed: int) -> None:
-        """Seed this connection's generator on the server, or warn once that the server takes no seed."""
-        self.clear_buffer()
-        self.forget_server()
-        if self.client.closed:
-            self.client.reconnect()
-        if not self.client.seeded:
-            self.unseeded(
-                f"the openpi server at {self.client.uri} takes no seed (no '{SEEDED_RESET_KEY}' in its metadata): "
-                "its sampling noise depends on every request it served, so paired rollouts cannot be "
-                "guaranteed on the policy side"
-            )
-            return
-        self.seeded(self.client.reset_seed(seed, self._owner), self.client.uri)
+        self.open(OpenpiClient(host, port, api_key, timeout_s, connect_timeout_s, max_message_bytes), mode,
+                  state_secret, api_key)
 
     def payload(self, obs: Observation) -> Dict[str, Any]:
         return observation_to_openpi(obs, self.camera_map, self.state_key, self.state_layout, self.prompt_key,
@@ -443,26 +275,13 @@ class OpenpiPolicy(StatefulRemotePolicy):
 
     def act(self, obs: Observation) -> np.ndarray:
         check_layout_fits(self.layout, obs)
-        return self.chunked(lambda: self.actions_of(self.client.infer(self.payload(obs))))
-
-    # ------------------------------------------------------------------ session state (served.policy)
-
-    def fetch_capabilities(self) -> Mapping[str, Any]:
-        if self.client.closed:
-            self.client.reconnect()
-        return self.client.capabilities()
-
-    def state_request(self, op: str, data: Dict[str, Any]) -> Dict[str, Any]:
-        return self.client.state_call(op, data)
+        return super().act(obs)
 
     def action_dim(self) -> int:
         return layout_dim(self.layout)
 
-    def endpoint_name(self) -> str:
-        return f"the openpi server at {self.client.uri}"
-
     def identity(self) -> Dict[str, Any]:
-        server_metadata = self.client.get_server_metadata()
+        server_metadata = self.client.metadata
         return {
             "name": self.name,
             "endpoint": self.client.uri,
@@ -471,7 +290,7 @@ class OpenpiPolicy(StatefulRemotePolicy):
             "model_image_size": self.model_image_size,
             "server_metadata": canonical(server_metadata),
             "server_metadata_sha256": content_hash(server_metadata),
-            "seeded_reset": self.client.seeded,
+            "seeded_reset": self.client.capabilities()[SEEDED_RESET_KEY],
             "openpi_client_version": version("openpi-client"),
             "camera_map": {k: list(v) for k, v in sorted(self.camera_map.items())},
             "state_key": self.state_key,
@@ -484,7 +303,3 @@ class OpenpiPolicy(StatefulRemotePolicy):
             "image_size": self.image_size,
             **({"mode": self.mode} if self.mode != "chunk" else {}),
         }
-
-    def close(self) -> None:
-        self.client.close()
-

@@ -71,6 +71,7 @@ from robocasa_shift.policies.served.connection import (
 from robocasa_shift.policies.served.state import (
     MAX_SAMPLES,
     SAMPLE,
+    SESSION_MESSAGES,
     SESSION_STATE,
     StateSealer,
     copy_rng,
@@ -93,7 +94,7 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 8000
 KEY_ENV = "OPENPI_API_KEY"
 MAX_REQUEST_BYTES = 16 * 2**20  # two 224 x 224 images are 0.3 MB
-RESET, GET_STATE, SET_STATE, SAMPLE_KEY = "__reset__", "__get_state__", "__set_state__", "__sample__"
+RESET, GET_STATE, SET_STATE, SAMPLE_KEY = (SESSION_MESSAGES[k] for k in ("reset", "get_state", "set_state", "sample"))
 CONTROL = (RESET, GET_STATE, SET_STATE, SAMPLE_KEY)
 RNG_KINDS = ("auto", "key", "torch", "numpy")
 

@@ -14,9 +14,10 @@ from typing import Any, Dict, Optional
 
 from robocasa_shift.policies.served import codec
 from robocasa_shift.policies.served.codec import ReplyFormatError, checked_array, checked_dtype
+from robocasa_shift.policies.served.state import SEEDED_RESET, SESSION_MESSAGES
 
-SEEDED_RESET_KEY = "seeded_reset"  # in the server's metadata
-RESET_MESSAGE_KEY = "__reset__"  # the client's reset message: {"__reset__": {"seed": int}}
+SEEDED_RESET_KEY = SEEDED_RESET  # in the server's metadata
+RESET_MESSAGE_KEY = SESSION_MESSAGES["reset"]  # the client's reset message: {"__reset__": {"seed": int}}
 # Bound on one message from the server: an action chunk is a few kB and metadata rarely more, so this
 # only stops a server from making the client allocate without limit.
 MAX_MESSAGE_BYTES = 16 * 2**20

@@ -46,6 +46,7 @@ from robocasa_shift.policies.served.state import (
     MAX_SAMPLES,
     MAX_STATE_BYTES,
     SAMPLE,
+    SEEDED_RESET,
     SESSION_STATE,
     owner_tag,
 )
@@ -286,69 +287,61 @@ class StatefulRemotePolicy(RemotePolicy):
 
 
 
-# The session messages of this harness's servers (its openpi serving shim speaks them too).
-SESSION_MESSAGES = {"reset": "__reset__", "get_state": "__get_state__", "set_state": "__set_state__",
-                    "sample": "__sample__"}
-SEEDED_RESET = "seeded_reset"
-
-
 class ServedPolicy(StatefulRemotePolicy):
     """A policy behind a ``served.connection.Connection``: a protocol writes its payload and its reply parsing.
 
     Subclasses call :meth:`open` in their constructor with their connection, and write :meth:`payload`
     (observation -> request), :meth:`actions_of` (reply -> (k, action_dim) chunk, through
-    ``model_io.checked_chunk``) and :meth:`action_dim`. The rest is here: seeding when the server's first
-    message advertises ``seeded_reset`` (``{"__reset__": {"seed", "owner"}}`` answered with a fingerprint),
-    else one warning and an ``unseeded-server`` fingerprint; session state and samples when it advertises
+    ``model_io.checked_chunk``) and :meth:`action_dim`. The rest is here: seeding when the server's metadata
+    advertises ``seeded_reset`` (``{"__reset__": {"seed", "owner"}}`` answered with a fingerprint), else one
+    warning and an ``unseeded-server`` fingerprint; session state and samples when it advertises
     ``session_state`` and ``sample``; the client-side chunk buffer (``mode``); deadlines, bounded decoding,
-    reconnects and the circuit breaker of the connection; an identity with the metadata's hash.
+    reconnects at reset and the circuit breaker of the connection (``client``); an identity with the
+    metadata's hash.
     """
 
-    connection: Any = None
+    client: Any = None
 
-    def open(self, connection: Any, mode: str = "chunk", state_secret: Any = None, api_token: Any = None) -> None:
-        """Connect (the server's first message is read now) and set the mode and the state owner."""
+    def open(self, client: Any, mode: str = "chunk", state_secret: Any = None, api_token: Any = None) -> None:
+        """Connect (the server's metadata is read now) and set the mode and the state owner."""
         self.init_session_state(mode, state_secret, api_token)
-        self.connection = connection
-        connection.connect()
+        self.client = client
+        client.connect()
 
     def reset(self, seed: int) -> None:
-        """Seed this session on the server, or warn once that the server takes no seed."""
+        """Reconnect after a failure, then seed this session on the server, or warn once that it takes no seed."""
         self.clear_buffer()
         self.forget_server()
+        if self.client.closed:
+            self.client.reconnect()
         if self.capabilities().get(SEEDED_RESET) is not True:
-            self.unseeded(f"{self.endpoint_name()} takes no seed (no '{SEEDED_RESET}' in its first message): paired "
+            self.unseeded(f"{self.endpoint_name()} takes no seed (no '{SEEDED_RESET}' in its metadata): paired "
                           "rollouts cannot be guaranteed on the policy side")
             return
-        self.seeded(self.connection.exchange({SESSION_MESSAGES["reset"]: {"seed": int(seed), "owner": self._owner}},
-                                             "reset"), self.connection.uri)
+        self.seeded(self.client.reset_seed(seed, self._owner), self.client.uri)
 
     def act(self, obs: Observation) -> np.ndarray:
-        return self.chunked(lambda: self.actions_of(self.connection.exchange(self.payload(obs), "act")))
+        return self.chunked(lambda: self.actions_of(self.client.exchange(self.payload(obs), "act")))
 
     def fetch_capabilities(self) -> Mapping[str, Any]:
-        if self.connection.metadata is None:
-            self.connection.connect()
-        metadata = self.connection.metadata if isinstance(self.connection.metadata, dict) else {}
-        return {k: metadata.get(k) is True for k in (SEEDED_RESET, SESSION_STATE, SAMPLE)}
+        return self.client.capabilities()
 
     def state_request(self, op: str, data: Dict[str, Any]) -> Dict[str, Any]:
-        return self.connection.exchange({SESSION_MESSAGES[op]: data}, op)
+        return self.client.state_call(op, data)
 
     def endpoint_name(self) -> str:
-        return f"{self.connection.what} at {self.connection.uri}"
+        return f"{self.client.what} at {self.client.uri}"
 
     def identity(self) -> Dict[str, Any]:
         from robocasa_shift.policies.served.connection import content_hash
 
-        return {"name": self.name, "endpoint": self.connection.uri,
-                "server_metadata_sha256": content_hash(self.connection.metadata),
+        return {"name": self.name, "endpoint": self.client.uri,
+                "server_metadata_sha256": content_hash(self.client.metadata),
                 **({"mode": self.mode} if self.mode != "chunk" else {})}
 
     def close(self) -> None:
-        if self.connection is not None:
-            self.connection.close()
+        if self.client is not None:
+            self.client.close()
 
 
-__all__ = ["MODES", "SESSION_MESSAGES", "PolicyStateRefused", "RemotePolicy", "ServedPolicy", "StatefulRemotePolicy",
-           "UNSEEDED"]
+__all__ = ["MODES", "PolicyStateRefused", "RemotePolicy", "ServedPolicy", "StatefulRemotePolicy", "UNSEEDED"]

@@ -59,8 +59,12 @@ MAX_STATE_ARRAYS = 64
 # Bound on the draws one ``sample`` request may ask for (each is a model call).
 MAX_SAMPLES = 64
 # What a server offers, by name (GR00T: in ``ping``'s ``capabilities``; openpi shim: in its metadata).
+SEEDED_RESET = "seeded_reset"
 SESSION_STATE = "session_state"
 SAMPLE = "sample"
+# The session messages of this harness's websocket servers (its openpi serving shim): one key, its data.
+SESSION_MESSAGES = {"reset": "__reset__", "get_state": "__get_state__", "set_state": "__set_state__",
+                    "sample": "__sample__"}
 ARRAY_KINDS = frozenset("biuf")
 _OWNER_CONTEXT = b"robocasa-shift session-state owner\0"
 _ID_CONTEXT = b"robocasa-shift session-state server id\0"
@@ -312,6 +316,6 @@ def copy_rng(rng: Any) -> Any:
     return clone
 
 
-__all__ = ["FORMAT", "MAX_SAMPLES", "MAX_STATE_BYTES", "SAMPLE", "SESSION_STATE", "StateRefused", "StateSealer",
-           "copy_rng", "describe_blob", "is_owner_tag", "load_state_key", "owner_tag", "pack_state", "parse_header",
-           "read_blob", "restore_rng", "rng_arrays", "unpack_state"]
+__all__ = ["FORMAT", "MAX_SAMPLES", "MAX_STATE_BYTES", "SAMPLE", "SEEDED_RESET", "SESSION_MESSAGES", "SESSION_STATE",
+           "StateRefused", "StateSealer", "copy_rng", "describe_blob", "is_owner_tag", "load_state_key", "owner_tag",
+           "pack_state", "parse_header", "read_blob", "restore_rng", "rng_arrays", "unpack_state"]
