@@ -91,7 +91,7 @@ def test_the_monitor_study_writes_every_table_with_thresholds_frozen_from_clean_
     table = pd.read_csv(out / "detection.csv")
     # every registered monitor, and the hidden-state probe (the fake policy exposes features)
     assert set(table["window"]) == {"end", "early", "cap"} and set(table["monitor"]) == set(monitors.monitor_names()) | {
-        "hidden_state_probe"}
+        "hidden_state_probe", "label_leak"}
     # one threshold per (monitor, window), whatever the condition
     assert (table.groupby(["monitor", "window"])["threshold"].nunique(dropna=False) == 1).all()
     # the pooled AUC is its within/between decomposition
@@ -99,7 +99,7 @@ def test_the_monitor_study_writes_every_table_with_thresholds_frozen_from_clean_
     assert np.allclose(both["pooled_auc"], both["weight_within"] * both["within_auc"]
                        + both["weight_between"] * both["between_auc"])
     decision = pd.read_csv(out / "decision.csv")
-    assert len(decision) == (len(monitors.monitor_names()) + 1) * (5 + 1)  # five conditions and all of them pooled
+    assert len(decision) == (len(monitors.monitor_names()) + 2) * (5 + 1)  # five conditions and all of them pooled
     # enough clean validation successes: a finite threshold where the scores separate them, and alarms
     jerk = decision[decision["monitor"] == "action_jerk"]
     assert np.isfinite(jerk["threshold"]).all() and (jerk["alarm_rate"] > 0).any()
@@ -121,7 +121,14 @@ def test_the_monitor_study_writes_every_table_with_thresholds_frozen_from_clean_
                        and r["episode"] in summary["splits"][task]["validation"])
         assert summary["windows"]["early"][task] == shortest
     verdicts = {v["monitor"]: v for v in summary["verdicts"]}
-    assert set(verdicts) == set(monitors.monitor_names()) | {"hidden_state_probe"}
+    assert set(verdicts) == set(monitors.monitor_names()) | {"hidden_state_probe", "label_leak"}
+    # RESCUE's label-leak control: an ideal detector, so every criterion admits it, decision value included
+    leak = verdicts["label_leak"]
+    assert leak["end_auc"] == leak["early_auc"] == leak["cap_auc"] == 1.0
+    assert leak["end_auc_admits"] and leak["early_auc_admits"] and leak["decision_admits"]
+    leak_rows = decision[decision["monitor"] == "label_leak"]
+    assert (leak_rows["f"].dropna() == 0).all() and (leak_rows["d"].dropna() == 1).all() and (leak_rows["t_d"].dropna() == 0).all()
+    assert "label_leak" in summary["controls"] and "label_leak" not in summary["real_monitors"]
     assert all(isinstance(v["decision_admits"], bool) for v in verdicts.values())
     # the base-task robustness check beside the episode interval: its verdict, and whether it changed
     for v in verdicts.values():

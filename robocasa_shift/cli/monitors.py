@@ -14,8 +14,9 @@ from robocasa_shift.monitoring.monitors import monitor_names
 @click.command(name="monitors")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--monitor", "monitors", multiple=True,
-              help="Monitor(s) to evaluate (comma list) [default: every registered one: "
-                   + ", ".join(monitor_names()) + "].")
+              help="Monitor(s) to evaluate (comma list) [default: every registered one ("
+                   + ", ".join(monitor_names()) + "), the label_leak control and, where the step logs hold the "
+                   "policy's features, hidden_state_probe].")
 @click.option("--target-fa", default=DEFAULT_TARGET_FA, show_default=True, type=click.FloatRange(0, 1),
               help="False-alarm rate the threshold targets on clean validation successes.")
 @click.option("--kappa", default=0.1, show_default=True, type=click.FloatRange(0, min_open=True),

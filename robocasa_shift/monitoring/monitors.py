@@ -17,8 +17,11 @@ Built in (RESCUE, Sec. IV-A, and its controls):
 - controls: ``clock`` (the boundary's step: its threshold is a fixed alarm step,
   chosen on validation like any other), ``length_only`` (boundaries reached so
   far: what a timeout alone reveals), ``inverted_progress`` (minus
-  ``steps_since_progress``: a decoy that must not look good). The rate-matched
-  random alarm is not a score; ``detection.rate_matched_random_alarm`` draws it.
+  ``steps_since_progress``: a decoy that must not look good), ``label_leak``
+  (RESCUE Table II's positive control: a score that reads the rollout's outcome,
+  see :func:`label_leak_scores`; every criterion must admit it, so a criterion
+  that does not is broken). The rate-matched random alarm is not a score;
+  ``detection.rate_matched_random_alarm`` draws it.
 
 A user's monitor plugs in through the entry-point group ``robocasa_shift.monitors``::
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 from typing import Callable, List
 
 import numpy as np
+import pandas as pd
 
 from robocasa_shift.core.steplog import StepLog
 from robocasa_shift.registry import Registry
@@ -97,8 +101,27 @@ def inverted_progress(log: StepLog) -> np.ndarray:
     return -steps_since_progress(log)
 
 
+LABEL_LEAK = "label_leak"
+
+
+def label_leak_scores(table: pd.DataFrame) -> pd.DataFrame:
+    """RESCUE's label-leak control on a boundary-scores table: the same rows, the score replaced by the outcome.
+
+    A failed rollout scores +inf at every boundary, from its first; a successful one scores 0. The
+    threshold chosen on validation successes (``detection.select_threshold``: the smallest observed
+    success score, or +inf, meeting the target) is then +inf, which only failures reach: an alarm at
+    step 0 on every failure and none on any success, RESCUE's ideal detector (d = 1, t_d = 0, f = 0).
+    A finite score for failures would not do: successes that all tie at one value leave +inf as the
+    only threshold, and it would never fire. The control reads the label, so every criterion must
+    admit it (a criterion that does not cannot admit any monitor); it is never a monitor.
+    """
+    out = table.copy()
+    out["score"] = np.where(out["success"].astype(bool).to_numpy(), 0.0, np.inf)
+    return out
+
+
 REAL_MONITORS = ("steps_since_progress", "action_jerk", "sampling_disagreement")
-CONTROLS = ("clock", "length_only", "inverted_progress")
+CONTROLS = ("clock", "length_only", "inverted_progress", LABEL_LEAK)
 
 
 def monitor_names() -> List[str]:
@@ -121,6 +144,6 @@ def score(name: str, log: StepLog) -> np.ndarray:
     return values
 
 
-__all__ = ["CONTROLS", "JERK_WINDOW", "MONITORS", "Monitor", "PROGRESS_M", "REAL_MONITORS", "action_jerk",
+__all__ = ["CONTROLS", "JERK_WINDOW", "LABEL_LEAK", "label_leak_scores", "MONITORS", "Monitor", "PROGRESS_M", "REAL_MONITORS", "action_jerk",
            "boundary_positions", "clock", "inverted_progress", "length_only", "monitor_names", "sampling_disagreement",
            "score", "steps_since_progress"]

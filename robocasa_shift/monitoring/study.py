@@ -52,7 +52,9 @@ from robocasa_shift.analysis import monitor_decision as decision
 from robocasa_shift.analysis import monitor_detection as detection
 from robocasa_shift.monitoring.monitors import (
     CONTROLS,
+    LABEL_LEAK,
     REAL_MONITORS,
+    label_leak_scores,
     monitor_names,
     score,
 )
@@ -341,11 +343,12 @@ def evaluate(run_dir: Path | str, monitors: Optional[Sequence[str]] = None, targ
     """
     from robocasa_shift.monitoring.probe import PROBE
 
-    names = list(monitors or [*monitor_names(), PROBE])  # the probe joins when the logs hold features
+    # the label leak reads the records' outcomes; the probe joins when the logs hold features
+    names = list(monitors or [*monitor_names(), LABEL_LEAK, PROBE])
     for name in names:
         from robocasa_shift.monitoring.monitors import MONITORS
 
-        if name != PROBE:
+        if name not in (PROBE, LABEL_LEAK):
             MONITORS.get(name)  # unknown names fail here, listing the registered ones
     run_dir = Path(run_dir)
     with confined(run_dir):  # below the run directory nothing is read or written through a symbolic link
@@ -359,10 +362,17 @@ def _evaluate(run_dir: Path, names: List[str], target_fa: float, kappa: float, n
     store = RunStore(run_dir)
     manifest = store.manifest() or {}
     study_seed = int(manifest.get("study_seed", 0))
-    wants_probe = probe.PROBE in names
-    names = [n for n in names if n != probe.PROBE]
-    scores, excluded = boundary_scores(run_dir, names)
-    first = scores[names[0]]
+    wants_probe, wants_leak = probe.PROBE in names, LABEL_LEAK in names
+    registered = [n for n in names if n not in (probe.PROBE, LABEL_LEAK)]
+    # the rollouts' rows come with any registered monitor's scores (the clock's when none is asked for)
+    scores, excluded = boundary_scores(run_dir, registered or ["clock"])
+    first = next(iter(scores.values()))
+    if not registered:
+        scores = {}
+    names = list(registered)
+    if wants_leak:
+        scores[LABEL_LEAK] = label_leak_scores(first)
+        names.append(LABEL_LEAK)
     bundle_info = None
     if bundle is not None:  # monitors computed elsewhere, scored by every analysis below like built-in ones
         from robocasa_shift.monitoring import bundle as bundles
