@@ -101,7 +101,7 @@ from robocasa_shift.errors import (
     PolicyServerTimeout,
     UnknownNameError,
 )
-from robocasa_shift.policies.served.transport import health_url, http_ready, open_websocket
+from robocasa_shift.policies.served.transport import health_url, http_ready
 from robocasa_shift.policies.vla_eval.wire import (
     IMAGE_FORMATS,
     MAX_MESSAGE_BYTES,
@@ -123,16 +123,11 @@ from robocasa_shift.policies.model_io import (
     proprio_part,
     resolve_layout,
 )
-from robocasa_shift.policies.served.connection import (
-    as_secret,
-    canonical,
-    content_hash,
-    redact_uri,
-)
-from robocasa_shift.policies.served.policy import RemotePolicy
+from robocasa_shift.policies.served.connection import Connection, canonical, content_hash, redact_uri
+from robocasa_shift.policies.served.policy import ServedPolicy
+from robocasa_shift.policies.served.state import SAMPLE, SEEDED_RESET, SESSION_STATE
 
 DEFAULT_PORT = 8000
-SEEDED_RESET = "seeded_reset"  # in the hello's capabilities: the seeded-session extension
 # The libero backend settles every episode with 10 no-op steps before the first observation, as vla-eval's
 # LIBEROBenchmark does with ``num_steps_wait=10`` (both: open gripper, no motion).
 LIBERO_SETTLE_STEPS = 10
@@ -378,8 +373,9 @@ def _as_uri(host: str, port: Optional[int]) -> str:
     return f"ws://{host}:{int(port if port is not None else DEFAULT_PORT)}"
 
 
-class VlaEvalClient:
-    """One websocket session with a vla-eval model server: hello, then request-reply by ``seq``.
+class VlaEvalClient(Connection):
+    """A connection to a vla-eval model server: the client's hello first, then each request answered by the
+    message of its ``seq`` (deadlines, bounded decoding, reconnects, breaker and redaction: ``Connection``).
 
     Args:
         uri: ``ws://host:port`` (or ``wss://``).
@@ -390,35 +386,19 @@ class VlaEvalClient:
         ready_timeout_s: poll ``GET /health`` this long before the first connection (0: do not).
     """
 
+    greeting_changed = "now answers the hello differently"
+
     def __init__(self, uri: str, hello: Dict[str, Any], api_key: Any = None, timeout_s: float = 30.0,
                  connect_timeout_s: float = 10.0, max_message_bytes: int = MAX_MESSAGE_BYTES,
                  ready_timeout_s: float = 0.0, image_format: str = "png"):
-        self._uri, self.hello = uri, dict(hello)
-        self._secret = as_secret(api_key)
-        self.timeout_s, self.connect_timeout_s = float(timeout_s), float(connect_timeout_s)
-        self.max_message_bytes = int(max_message_bytes)
-        self.image_format = image_format
-        self._ws = None
-        self._seq = 0
-        self.server_info: Dict[str, Any] = {}
-        self._info_sha256: Optional[str] = None
+        # no keepalive pings, as vla-eval's own client: a server warming up a model may hold its GIL for long
+        super().__init__(uri, "the vla-eval server", _CHECK, api_key=api_key, auth_scheme="Bearer",
+                         timeout_s=timeout_s, connect_timeout_s=connect_timeout_s,
+                         max_message_bytes=max_message_bytes, ping_interval=None,
+                         slow_hint=" (a first inference may compile or load the model: raise timeout_s)")
+        self.hello, self.image_format, self._seq = dict(hello), image_format, 0
         if ready_timeout_s > 0:
             self.wait_ready(ready_timeout_s)
-        self.connect()
-
-    @property
-    def uri(self) -> str:
-        """The server's address as errors and the identity show it (no password or secret parameter)."""
-        return redact_uri(self._uri)
-
-    @property
-    def closed(self) -> bool:
-        return self._ws is None
-
-    @property
-    def seeded(self) -> bool:
-        capabilities = self.server_info.get("capabilities")
-        return isinstance(capabilities, dict) and capabilities.get(SEEDED_RESET) is True
 
     def wait_ready(self, timeout_s: float) -> None:
         """Poll ``GET /health`` until it answers 200 (the model is loaded); ``timeout_s`` in all.
@@ -426,131 +406,61 @@ class VlaEvalClient:
         Raises:
             PolicyServerTimeout: no 200 in time, however slowly the server answers.
         """
-        http_ready(health_url(self._uri, "/health"), self.uri, timeout_s, "the vla-eval server", _CHECK)
+        http_ready(health_url(self._uri.reveal(), "/health"), self.uri, timeout_s, self.what, self.hint)
 
-    def connect(self) -> None:
-        """Open the websocket and exchange hellos; a reconnect must meet the same server (same hello)."""
-        from websockets.exceptions import ConnectionClosed
+    def capabilities(self) -> Dict[str, bool]:
+        """``seeded_reset`` when the hello's ``capabilities`` offer it; vla-eval has no session state or samples."""
+        offered = self.metadata.get("capabilities") if isinstance(self.metadata, dict) else None
+        seeded = isinstance(offered, dict) and offered.get(SEEDED_RESET) is True
+        return {SEEDED_RESET: seeded, SESSION_STATE: False, SAMPLE: False}
 
-        headers = {"Authorization": f"Bearer {self._secret.reveal()}"} if self._secret else None
-        # no keepalive pings, as vla-eval's own client: a server warming up a model may hold its GIL for long
-        conn = open_websocket(self._uri, self.uri, "the vla-eval server", _CHECK, self.connect_timeout_s,
-                              self.max_message_bytes, headers, ping_interval=None)
-        self._ws, self._seq = conn, 0
+    def encode(self, message: Tuple[str, Dict[str, Any]]) -> bytes:
+        kind, payload = message
+        return pack_message(kind, payload, self._seq, image_format=self.image_format)
+
+    def decode(self, data: bytes) -> Tuple[str, Dict[str, Any], int, float]:
+        return unpack_message(data, self.max_message_bytes)
+
+    def handshake(self) -> Dict[str, Any]:
+        """The hellos: the client's, then the server's (``protocol_version`` checked), within ``connect_timeout_s``."""
+        self._seq = 0
+        seq = self.post("hello", self.hello)
         try:
-            seq = self._send("hello", self.hello)
-            try:
-                data = conn.recv(timeout=self.connect_timeout_s)
-            except (TimeoutError, ConnectionClosed) as exc:
-                raise PolicyServerTimeout(
-                    f"{self.uri} accepted a websocket connection but answered no hello within "
-                    f"{self.connect_timeout_s:g} s ({type(exc).__name__}); a vla-eval model server answers the "
-                    f"client's hello: {_CHECK}", "connect") from None
-            try:
-                kind, payload, reply_seq, _ = unpack_message(data, self.max_message_bytes)
-            except ReplyFormatError as exc:
-                raise ReplyFormatError(f"{self.uri} answered the hello with a message this client refuses: {exc}",
-                                       "connect") from None
-            if kind == "error":
-                raise PolicyServerError(f"the vla-eval server at {self.uri} refused the hello: "
-                                        f"{str(payload.get('error'))[:500]}", "connect", str(payload.get("error")))
-            if kind != "hello" or reply_seq != seq:
-                raise PolicyServerError(f"{self.uri} answered the hello (seq {seq}) with a {kind} message (seq "
-                                        f"{reply_seq}); not a vla-eval model server? {_CHECK}", "connect")
-            version = payload.get("protocol_version")
-            if version != PROTOCOL_VERSION:
-                raise PolicyServerError(f"the vla-eval server at {self.uri} speaks protocol version {version!r}; this "
-                                        f"client speaks version {PROTOCOL_VERSION} (vla-eval 0.8.0)", "connect")
-        except BaseException:
-            self.drop()
-            raise
-        digest = content_hash(payload)
-        if self._info_sha256 is not None and digest != self._info_sha256:
-            self.drop()
-            raise PolicyServerError(f"the vla-eval server at {self.uri} now answers the hello differently than at the "
-                                    "first connection (another model or configuration?); the run's manifest would be "
-                                    "wrong", "connect")
-        self.server_info, self._info_sha256 = payload, digest
+            payload = self.answer(seq, "hello", "the hello", self.connect_timeout_s)
+        except PolicyServerTimeout:
+            raise PolicyServerTimeout(f"{self.uri} accepted a websocket connection but answered no hello within "
+                                      f"{self.connect_timeout_s:g} s; a vla-eval model server answers the client's "
+                                      f"hello: {self.hint}", "connect") from None
+        version = payload.get("protocol_version")
+        if version != PROTOCOL_VERSION:
+            self.failed(PolicyServerError(f"{self.what} at {self.uri} speaks protocol version {version!r}; this client "
+                                          f"speaks version {PROTOCOL_VERSION} (vla-eval 0.8.0)", "connect"))
+        return payload
 
-    def reconnect(self) -> None:
-        self.drop()
-        self.connect()
-
-    def drop(self) -> None:
-        """Close the connection (after an error or a timeout a late reply must not answer the next request)."""
-        if self._ws is not None:
-            try:
-                self._ws.close()
-            except Exception:
-                pass
-            finally:
-                self._ws = None
-
-    def _send(self, kind: str, payload: Dict[str, Any]) -> int:
-        from websockets.exceptions import ConnectionClosed
-
-        if self._ws is None:
-            raise PolicyServerError(f"the connection to the vla-eval server at {self.uri} was closed after an earlier "
-                                    "error or timeout; the next reset reconnects", kind)
+    def post(self, kind: str, payload: Dict[str, Any]) -> int:
+        """Send one message; its ``seq``."""
         self._seq += 1
-        try:
-            self._ws.send(pack_message(kind, payload, self._seq, image_format=self.image_format))
-        except ConnectionClosed as exc:
-            self.drop()
-            raise PolicyServerError(f"the vla-eval server at {self.uri} closed the connection before {kind} "
-                                    f"({exc}); {_CHECK}", kind) from None
+        self.send((kind, payload), kind)
         return self._seq
 
-    def send(self, kind: str, payload: Dict[str, Any]) -> int:
-        """Send one message; its ``seq``."""
-        return self._send(kind, payload)
-
-    def receive(self, seq: int, want: str, what: str) -> Dict[str, Any]:
+    def answer(self, seq: int, want: str, what: str, timeout_s: Optional[float] = None) -> Dict[str, Any]:
         """The payload of the ``want`` message answering request ``seq``.
 
         Raises:
-            PolicyServerError: an ``error`` message (the server's text kept), or a message that answers
-                another request (the connection is closed: the stream no longer pairs replies).
-            PolicyServerTimeout: no answer within ``timeout_s`` (the connection is closed).
-            ReplyFormatError: a message this client refuses (the connection is closed).
+            PolicyServerError: an ``error`` message (the server's text kept; the session goes on), or a message
+                that answers another request (the connection is closed: the stream no longer pairs replies);
+                and as :meth:`Connection.receive`.
         """
-        from websockets.exceptions import ConnectionClosed
-
-        if self._ws is None:
-            raise PolicyServerError(f"the connection to the vla-eval server at {self.uri} was closed after an earlier "
-                                    "error or timeout; the next reset reconnects", what)
-        try:
-            data = self._ws.recv(timeout=self.timeout_s)
-        except TimeoutError:
-            self.drop()
-            raise PolicyServerTimeout(f"the vla-eval server at {self.uri} did not answer {what} within "
-                                      f"{self.timeout_s:g} s (a first inference may compile or load the model: "
-                                      "raise timeout_s); the connection was closed", what) from None
-        except ConnectionClosed as exc:
-            self.drop()
-            codes = {getattr(getattr(exc, side, None), "code", None) for side in ("rcvd", "sent")}
-            hint = f"its message exceeded max_message_bytes={self.max_message_bytes:,}" if 1009 in codes else _CHECK
-            raise PolicyServerError(f"the vla-eval server at {self.uri} closed the connection during {what} "
-                                    f"({exc}); {hint}", what) from None
-        try:
-            kind, payload, reply_seq, _ = unpack_message(data, self.max_message_bytes)
-        except ReplyFormatError as exc:
-            self.drop()
-            raise ReplyFormatError(f"the vla-eval server at {self.uri} sent a message during {what} this client "
-                                   f"refuses: {exc}", what) from None
+        kind, payload, reply_seq, _ = self.receive(what, timeout_s)
         if kind == "error":
             text = str(payload.get("error", payload))
-            raise PolicyServerError(f"the vla-eval server at {self.uri} failed {what}: {text[:2000]}", what, text)
+            raise PolicyServerError(f"{self.what} at {self.uri} failed {what}: {text[:2000]}", what, text)
         if kind != want or reply_seq != seq:
-            self.drop()
-            raise PolicyServerError(f"the vla-eval server at {self.uri} answered {what} (seq {seq}) with a {kind} "
-                                    f"message of seq {reply_seq}; replies no longer pair with requests, so the "
-                                    "connection was closed (a server in continuous-inference mode is not "
-                                    "supported)", what)
+            self.failed(PolicyServerError(f"{self.what} at {self.uri} answered {what} (seq {seq}) with a {kind} "
+                                          f"message of seq {reply_seq}; replies no longer pair with requests, so the "
+                                          "connection was closed (a server in continuous-inference mode is not "
+                                          "supported)", what))
         return payload
-
-    def close(self) -> None:
-        self.drop()
 
 
 # =========================================================================== policy
@@ -564,7 +474,7 @@ def _as_names(value: Union[None, str, Sequence[str]]) -> Tuple[str, ...]:
     return tuple(sorted({str(v).strip() for v in value if str(v).strip()}))
 
 
-class VlaEvalPolicy(RemotePolicy):
+class VlaEvalPolicy(ServedPolicy):
     """A vla-eval model server behind a websocket; one observation and one action per control step.
 
     Args:
@@ -633,15 +543,15 @@ class VlaEvalPolicy(RemotePolicy):
         self.quat_no_antipodal = False
         hello = {"harness_version": f"robocasa-shift {_own_version()}", "protocol_version": PROTOCOL_VERSION,
                  "benchmark": self.benchmark}
-        self.client = VlaEvalClient(_as_uri(host, port), hello, api_key, timeout_s, connect_timeout_s,
-                                    max_message_bytes, ready_timeout_s, image_format)
+        self.open(VlaEvalClient(_as_uri(host, port), hello, api_key, timeout_s, connect_timeout_s, max_message_bytes,
+                                ready_timeout_s, image_format), api_token=api_key)
         try:
             self.honoured, self.waived = self._apply_observation_params(image_size)
         except BaseException:
             self.client.close()
             raise
         self.camera_roles = ("third_person", "wrist") if self.send_wrist_image else ("third_person",)
-        info = self.client.server_info
+        info = self.client.metadata
         self.spec_warnings = spec_warnings(_spec_dict(info.get("action_spec")), chosen["action_spec"],
                                            _spec_dict(info.get("observation_spec")), self._observation_spec())
         if self.spec_warnings:
@@ -660,7 +570,7 @@ class VlaEvalPolicy(RemotePolicy):
         Raises:
             PolicyOptionError: a key this client cannot honour and ``waive`` does not name (all such keys listed).
         """
-        params = self.client.server_info.get("observation_params") or {}
+        params = self.client.metadata.get("observation_params") or {}
         if not isinstance(params, dict):
             raise PolicyServerError(f"the vla-eval server at {self.client.uri} sent observation_params that are not a "
                                     f"map: {str(params)[:200]}", "connect")
@@ -744,14 +654,15 @@ class VlaEvalPolicy(RemotePolicy):
     def reset(self, seed: int) -> None:
         """End the previous episode, then start a seeded one (seeded-session servers) or warn once that no seed
         reaches the server; a plain server's ``episode_start`` goes with the first observation, carrying the task."""
+        self.forget_server()
         if self.client.closed:
             self.client.reconnect()
             self._episode_open = False
         self._end_episode()
         self._steps = 0
-        if self.client.seeded:
-            seq = self.client.send("episode_start", {"task": {}, "seed": int(seed)})
-            reply = self.client.receive(seq, "episode_start", "reset")
+        if self.capabilities()[SEEDED_RESET]:
+            seq = self.client.post("episode_start", {"task": {}, "seed": int(seed)})
+            reply = self.client.answer(seq, "episode_start", "reset")
             self._episode_open, self._pending_start = True, False
             self.seeded(reply, self.client.uri)
             return
@@ -762,7 +673,7 @@ class VlaEvalPolicy(RemotePolicy):
 
     def _end_episode(self) -> None:
         if self._episode_open and not self.client.closed:
-            self.client.send("episode_end", {"steps": self._steps})
+            self.client.post("episode_end", {"steps": self._steps})
         self._episode_open = False
 
     def task_info(self, obs: Observation) -> Dict[str, Any]:
@@ -771,25 +682,25 @@ class VlaEvalPolicy(RemotePolicy):
             return libero_task_info(obs.task, str(self.instruction if self.instruction is not None else obs.instruction))
         return {"name": obs.task}
 
-    def observation(self, obs: Observation) -> Dict[str, Any]:
+    def payload(self, obs: Observation) -> Dict[str, Any]:
         """The observation message's payload (:func:`observation_payload` with this server's observation_params)."""
         return observation_payload(obs, self.preset, self.camera_map, self.send_wrist_image, self.send_state,
                                    self.quat_no_antipodal, self.instruction)
 
-    def to_action(self, reply: Dict[str, Any]) -> np.ndarray:
+    def actions_of(self, reply: Mapping[str, Any]) -> np.ndarray:
         """The (1, A) action of one ``action`` payload (:func:`action_from_reply`)."""
         return action_from_reply(reply, self.preset, self.layout)
 
     def _send_observation(self, obs: Observation) -> int:
         check_layout_fits(self.layout, obs)
-        payload = self.observation(obs)
+        payload = self.payload(obs)
         if self._pending_start:
-            self.client.send("episode_start", {"task": self.task_info(obs)})
+            self.client.post("episode_start", {"task": self.task_info(obs)})
             self._pending_start, self._episode_open = False, True
-        return self.client.send("observation", payload)
+        return self.client.post("observation", payload)
 
     def _receive_action(self, seq: int) -> np.ndarray:
-        action = self.to_action(self.client.receive(seq, "action", "observation"))
+        action = self.actions_of(self.client.answer(seq, "action", "observation"))
         self._steps += 1
         return action
 
@@ -807,11 +718,11 @@ class VlaEvalPolicy(RemotePolicy):
             return [policy._receive_action(seq) for policy, seq in sent]
         except BaseException:
             for policy, _ in sent:  # unanswered requests would answer the next ones: drop their connections
-                policy.client.drop()
+                policy.client.close()
             raise
 
     def identity(self) -> Dict[str, Any]:
-        info = self.client.server_info
+        info = self.client.metadata
         return {
             "name": self.name,
             "endpoint": self.client.uri,
@@ -822,7 +733,7 @@ class VlaEvalPolicy(RemotePolicy):
             "server_harness_version": info.get("harness_version"),
             "server_hello": canonical(info),
             "server_hello_sha256": content_hash(info),
-            "seeded_reset": self.client.seeded,
+            "seeded_reset": self.capabilities()[SEEDED_RESET],
             "observation_params": canonical(info.get("observation_params") or {}),
             "honoured": canonical(self.honoured),
             "waived": canonical(self.waived),
@@ -838,6 +749,9 @@ class VlaEvalPolicy(RemotePolicy):
             "image_size": self.image_size,
             "actions_per_observation": self.actions_per_observation,
         }
+
+    def action_dim(self) -> int:
+        return layout_dim(self.layout)
 
     def close(self) -> None:
         try:
