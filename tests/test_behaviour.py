@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from robocasa_shift.analysis.behaviour import latch_steps, paired_differences, rollout_metrics
+from robocasa_shift.analysis.behaviour import contact_events, latch_steps, paired_differences, rollout_metrics
 from robocasa_shift.config import StudyConfig
 from robocasa_shift.core import specs
 from robocasa_shift.core.steplog import StepLog
@@ -11,14 +11,16 @@ from robocasa_shift.sweep.spec import grid_severities
 from robocasa_shift.sweep.study import run_sweep
 
 
-def hand_made(moves, latched, arm, stages=("reach", "grasp", "lift")):
-    """A step log whose end effector moves by ``moves`` (x only), with the given latch counts and arm commands."""
+def hand_made(moves, latched, arm, stages=("reach", "grasp", "lift"), contacts=None):
+    """A step log whose end effector moves by ``moves`` (x only), with the given latch counts, arm commands and
+    contact rows (``CONTACT_COLUMNS``)."""
     eef = np.zeros((len(moves) + 1, 3))
     eef[1:, 0] = np.cumsum(moves)
     action = np.zeros((len(moves), 4))
     action[:, 0] = arm
     meta = {"stage_names": list(stages), "arm_dims": [0, 1, 2], "gripper_dim": 3}
-    return StepLog(meta=meta, eef_pos=eef, action=action, latched=np.array(latched), boundary=np.array([0]))
+    return StepLog(meta=meta, eef_pos=eef, action=action, latched=np.array(latched), boundary=np.array([0]),
+                   contacts=None if contacts is None else np.array(contacts))
 
 
 def test_hand_made_trajectory_gives_the_known_values():
@@ -56,3 +58,54 @@ def test_a_sweep_with_step_logs_reports_behaviour_per_level(tmp_path):
     assert set(behaviour) == {"camera:L1", "camera:L2"}
     assert all(b["pairs"] == 4 for b in behaviour.values())
     assert behaviour["camera:L1"]["metrics"]["path_length_m"]["n"] == 4
+
+
+# columns: robot-scene pairs, robot-other-object pairs, holding, object supported, object height (mm)
+ON_TABLE, TOUCH_TABLE, HIT_OTHER = [0, 0, 0, 1, 20], [2, 0, 0, 1, 20], [0, 1, 0, 1, 20]
+HELD_UP, LET_GO_HIGH, FALLING, LANDED = [0, 0, 1, 0, 80], [0, 0, 0, 0, 80], [0, 0, 0, 0, 50], [0, 0, 0, 1, 20]
+LET_GO_LOW = [0, 0, 0, 0, 52]  # released 5 mm above its support, lands 2 mm lower: a placement
+
+
+def test_contacts_collisions_and_drops_from_hand_made_rows_give_the_known_counts_per_stage():
+    rows = [ON_TABLE, TOUCH_TABLE, HIT_OTHER, HELD_UP, LET_GO_HIGH, FALLING, LANDED, TOUCH_TABLE]
+    log = hand_made([0.01] * 8, [0, 1, 1, 2, 2, 2, 2, 2], [0] * 8, contacts=rows)
+    m = rollout_metrics(log, success=False)
+    assert (m["scene_contact_steps"], m["object_collision_steps"], m["drops"]) == (2, 1, 1)
+    # reach: step 2 (a table touch); grasp: steps 3-4 (the other object); lift, never reached: steps 5-8 (the drop at 5)
+    assert m["stage_contact_steps"] == {"reach": 1, "grasp": 1, "lift": 1}
+    assert m["stage_drops"] == {"reach": 0, "grasp": 0, "lift": 1}
+    assert list(np.flatnonzero(contact_events(np.array(rows))["drop"])) == [4]
+    placed = contact_events(np.array([HELD_UP, LET_GO_LOW, [0, 0, 0, 1, 50]]))
+    assert not placed["drop"].any()  # let go in the air but caught 2 mm lower
+    regrasped = contact_events(np.array([HELD_UP, LET_GO_HIGH, HELD_UP]))
+    assert not regrasped["drop"].any()  # let go and held again before it fell
+    unlogged = rollout_metrics(hand_made([0.01] * 3, [0, 1, 1], [0] * 3), success=False)
+    assert unlogged["drops"] is None and unlogged["stage_contact_steps"] == {"reach": None, "grasp": None, "lift": None}
+
+
+def test_contact_differences_are_paired_per_stage_and_flip_with_the_pair():
+    clean = rollout_metrics(hand_made([0.01] * 4, [1, 1, 2, 3], [0] * 4, contacts=[ON_TABLE] * 4), success=True)
+    bumpy = rollout_metrics(hand_made([0.01] * 4, [0, 1, 2, 3], [0] * 4,
+                                      contacts=[TOUCH_TABLE, TOUCH_TABLE, ON_TABLE, ON_TABLE]), success=True)
+    d = paired_differences([{"condition": "blur:L3", "clean": clean, "perturbed": bumpy}] * 2)["blur:L3"]
+    assert d["metrics"]["scene_contact_steps"]["mean"] == 2 and d["metrics"]["drops"]["mean"] == 0
+    assert d["stage_contact_steps"]["reach"]["mean"] == 2 and d["stage_contact_steps"]["grasp"]["mean"] == 0
+    flipped = paired_differences([{"condition": "blur:L3", "clean": bumpy, "perturbed": clean}] * 2)["blur:L3"]
+    assert flipped["stage_contact_steps"]["reach"]["mean"] == -2
+
+
+def test_fake_rollouts_log_what_the_plane_allows(tmp_path):
+    from robocasa_shift.core.steplog import StepLog
+    from robocasa_shift.core.records import RolloutKey
+    from robocasa_shift.study.worker import StudyCache
+
+    cache = StudyCache(StudyConfig(backend="fake", policy="fake-expert", log_steps=True))
+    try:
+        (record, data), = cache.run_keys_logged([RolloutKey("formal", "PickPlace", 0, "clean")])
+    finally:
+        cache.close()
+    log = StepLog.read(data)
+    assert record.success and log.contacts.shape == (log.steps, 5)
+    held = log.contacts[:, 2] == 1
+    assert held.any() and (log.contacts[:, 3] == 1 - log.contacts[:, 2]).all()  # on the table unless held
+    assert not log.contacts[:, [1, 4]].any()  # one object, no height

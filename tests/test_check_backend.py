@@ -72,15 +72,20 @@ def test_a_backend_that_breaks_the_contract_fails_the_check_that_names_the_breac
 
 
 class WithoutCapabilities(FakeEnv):
-    """The fake environment declaring neither optional capability (a protocol method set to None is not offered)."""
+    """The fake environment declaring no optional capability (a protocol method set to None is not offered)."""
 
-    outcome_points = camera_frame = target_contact = None
+    outcome_points = camera_frame = target_contact = contact_state = None
 
 
 class ContactThatMovesTheObject(FakeEnv):
     def target_contact(self):
         self.x[5] += 0.01  # reading the event pushes the object
         return super().target_contact()
+
+
+class ContactsOutOfRange(FakeEnv):
+    def contact_state(self):
+        return np.array([0, 0, 2, 1, 0])  # holding is a flag, not a count
 
 
 class SkewedCameraFrame(FakeEnv):
@@ -91,8 +96,9 @@ class SkewedCameraFrame(FakeEnv):
 
 def test_check_backend_reports_each_capability_offered_or_not_offered():
     result = check_backend("fake", ["PickPlace"], episodes=(0,))
-    assert result["tasks"]["PickPlace"]["capabilities"] == {"object_points": "offered", "task_events": "offered"}
-    assert "Capabilities of PickPlace: object_points offered, task_events offered." in result.markdown
+    assert result["tasks"]["PickPlace"]["capabilities"] == {"object_points": "offered", "task_events": "offered",
+                                                            "contacts": "offered"}
+    assert "Capabilities of PickPlace: object_points offered, task_events offered, contacts offered." in result.markdown
 
 
 def test_a_backend_without_the_optional_capabilities_passes_and_is_told_they_are_not_offered(monkeypatch):
@@ -100,13 +106,14 @@ def test_a_backend_without_the_optional_capabilities_passes_and_is_told_they_are
     result = check_backend("fake", ["PickPlace"], episodes=(0,))
     assert result.passed, result.markdown
     assert result["tasks"]["PickPlace"]["capabilities"] == {"object_points": "not offered",
-                                                            "task_events": "not offered"}
-    assert "object_points not offered, task_events not offered" in result.markdown
+                                                            "task_events": "not offered", "contacts": "not offered"}
+    assert "object_points not offered, task_events not offered, contacts not offered" in result.markdown
 
 
 @pytest.mark.parametrize("env_class,problem", [
     (ContactThatMovesTheObject, "reading a capability changed the state"),
     (SkewedCameraFrame, "camera_frame is not a position (3,) and a rotation (3, 3)"),
+    (ContactsOutOfRange, "not 5 integers"),
 ])
 def test_an_offered_capability_that_breaks_its_promise_fails_the_capabilities_check(monkeypatch, env_class, problem):
     break_fake(monkeypatch, env_class)

@@ -560,7 +560,14 @@ def test_forged_step_log_metadata_is_refused_before_a_monitor_indexes_with_it():
     forged = [(forge({"arm_dims": "abc"}), "arm_dims"), (forge({"arm_dims": list(range(10**6))}), "arm_dims"),
               (forge({"arm_dims": [0, 0, 0, 0, 0, 0]}), "arm_dims"), (forge({"gripper_dim": 7}), "gripper_dim"),
               (forge(boundary=np.array([0, 4, 99])), "boundaries"), (forge(boundary=np.array([-1, 4])), "boundaries"),
-              (forge(action=np.zeros((steps, 3), "S4")), "action"), (forge(eef_pos=np.zeros((steps + 1, 2))), "eef_pos")]
+              (forge(action=np.zeros((steps, 3), "S4")), "action"), (forge(eef_pos=np.zeros((steps + 1, 2))), "eef_pos"),
+              # contact rows the behaviour metrics index: one per step, five integer columns, flags 0 or 1
+              (forge(contacts=np.zeros((steps, 3), np.int64)), "contacts"),
+              (forge(contacts=np.zeros((steps - 1, 5), np.int64)), "contact rows"),
+              (forge(contacts=np.zeros((steps, 5))), "contacts"),
+              (forge(contacts=np.full((steps, 5), 7, np.int64)), "contacts"),
+              (forge(contacts=np.full((steps, 5), -1, np.int64)), "contacts")]
+    assert StepLog.read(forge(contacts=np.tile([1, 0, 1, 0, -5], (steps, 1)))).contacts.shape == (steps, 5)
     for data, word in forged:
         with pytest.raises(StepLogError, match=word):
             StepLog.read(data)

@@ -323,3 +323,38 @@ def test_resume_skips_recorded_keys_and_keeps_them(tmp_path):
     manifest = store.manifest()
     assert manifest["render_profile"] == "fast" and manifest["renderer"]["shadows"] is False
     assert len((run_dir / "commands.jsonl").read_text().splitlines()) == 2
+
+
+def test_contacts_a_drop_and_a_table_touch_are_read_from_the_simulator(lift_env, protocol):
+    """A scripted grasp that lets the cube go 15 cm up, then presses the open gripper into the table: the contact rows
+    read from MuJoCo hold the grasp, the drop and the robot-scene contacts, and nothing before them."""
+    from robocasa_shift.analysis.behaviour import contact_events
+
+    env, layout = lift_env, lift_env.action_layout
+    prepare_episode(env, protocol, key())
+    rows = [env.contact_state()]
+    start_height = rows[0][4]
+
+    def move(target, grip, steps):
+        for _ in range(steps):
+            env.step(layout.arm_action(np.clip(10 * (np.asarray(target) - env.eef_pos()), -1, 1), grip))
+            rows.append(env.contact_state())
+
+    cube = env.point("cube").copy()
+    move(cube + [0, 0, 0.08], layout.open, 30)
+    move(cube, layout.open, 30)
+    move(cube, layout.close, 15)
+    lifted = len(rows)
+    move(cube + [0, 0, 0.15], layout.close, 40)
+    released = len(rows)
+    move(env.eef_pos().copy(), layout.open, 20)
+    move(cube + [0.15, 0.0, -0.08], layout.open, 60)
+    c = np.array(rows)
+    # placed a few mm above the table, the cube lands on the first step; then it rests with its centre ~2 cm up
+    assert c[1, 3] == 1 and c[1, 2] == 0 and 15 <= c[1, 4] <= 25 and start_height >= c[1, 4]
+    assert c[lifted:released, 2].all() and c[released - 1, 4] > 100  # held the whole lift, 10+ cm above the table
+    events = contact_events(c[1:])
+    drops = np.flatnonzero(events["drop"]) + 1
+    assert len(drops) == 1 and released <= drops[0] < released + 20
+    assert not events["scene"][:released].any()  # nothing touched the table before the press
+    assert events["scene"][released + 20:].any() and not c[:, 1].any()  # Lift has no other object to hit

@@ -1,11 +1,13 @@
 """Behaviour beyond success, from step logs: how a rollout moved, paired with its clean twin, and by stage.
 
 Per rollout (:func:`rollout_metrics`, from its step log and record): the control step at which each subgoal
-latched, the end effector's path length and idle steps, the arm commands' jerk, and the steps to success. Per
-condition (:func:`paired_differences`): the mean of perturbed minus clean over the pairs where both rollouts have
-the metric, with a 95% Student-t interval over pairs; the time spent in each stage (steps from the previous
-subgoal's latch to this one's) is compared the same way, so a shift that slows the approach but not the lift
-shows as a difference in one stage only.
+latched, the end effector's path length and idle steps, the arm commands' jerk, the steps to success and, from a
+log with contacts, the steps in contact with the scene or with an object not to be hit and the drops (the held
+object let go with nothing but the robot under it). Per condition (:func:`paired_differences`): the mean of
+perturbed minus clean over the pairs where both rollouts have the metric, with a 95% Student-t interval over pairs.
+Per stage the same: the steps spent in it (from the previous subgoal's latch to its own) and its contact steps and
+drops (the first unreached stage's window runs to the rollout's end), so a shift that slows the approach but not
+the lift shows as a difference in one stage only.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 from scipy import stats
 
-from robocasa_shift.core.steplog import StepLog
+from robocasa_shift.core.steplog import CONTACT_COLUMNS, StepLog
 
 IDLE_M = 0.001  # an end-effector move below this (metres per control step) counts as idle
-METRICS = ("path_length_m", "idle_steps", "jerk", "steps_to_success")
+DROP_M = 0.02  # an object let go in the air that falls this far before landing is dropped
+METRICS = ("path_length_m", "idle_steps", "jerk", "steps_to_success", "scene_contact_steps", "object_collision_steps",
+           "drops")
+STAGE_METRICS = ("stage_steps", "stage_contact_steps", "stage_drops")
 
 
 def latch_steps(latched: np.ndarray, n_subgoals: int) -> List[Optional[int]]:
@@ -32,21 +37,50 @@ def latch_steps(latched: np.ndarray, n_subgoals: int) -> List[Optional[int]]:
     return out
 
 
+def contact_events(contacts: np.ndarray) -> Dict[str, np.ndarray]:
+    """Per step, from a log's ``contacts`` (``CONTACT_COLUMNS``): ``scene`` and ``object``, the robot touching the
+    scene or an object it should not hit, ``contact`` either; ``drop``, the held object let go with nothing but the
+    robot under it that then falls at least :data:`DROP_M` before anything else holds it (or the log ends), so a
+    placement released just above its support is no drop."""
+    c = np.asarray(contacts, dtype=np.int64).reshape(-1, len(CONTACT_COLUMNS))
+    holding, supported, height = c[:, 2] > 0, c[:, 3] > 0, c[:, 4]
+    before = np.concatenate([[False], holding[:-1]])
+    drop = np.zeros(len(c), dtype=bool)
+    for t in np.flatnonzero(before & ~holding & ~supported):
+        caught = np.flatnonzero(supported[t:] | holding[t:])
+        landed = t + int(caught[0]) if caught.size else len(c) - 1
+        drop[t] = height[t] - height[t:landed + 1].min() >= DROP_M * 1000
+    scene, other = c[:, 0] > 0, c[:, 1] > 0
+    return {"scene": scene, "object": other, "contact": scene | other, "drop": drop}
+
+
 def rollout_metrics(log: StepLog, success: Optional[bool]) -> Dict[str, Any]:
-    """The behaviour metrics of one rollout (layout in the module docstring)."""
+    """The behaviour metrics of one rollout (layout in the module docstring); the contact metrics are None for a log
+    without contacts."""
     moves = np.linalg.norm(np.diff(log.eef_pos, axis=0), axis=1) if len(log.eef_pos) > 1 else np.zeros(0)
     arm = log.arm
     jerk = float(np.mean(np.sum(np.diff(arm, n=3, axis=0) ** 2, axis=1))) if len(arm) > 3 else None
     names = list(log.meta.get("stage_names") or [])
     latches = latch_steps(log.latched, len(names))
+    events = contact_events(log.contacts) if log.contacts is not None else None
     stage_steps: Dict[str, Optional[int]] = {}
+    stage_contacts: Dict[str, Optional[int]] = {}
+    stage_drops: Dict[str, Optional[int]] = {}
     previous: Optional[int] = 0
     for name, at in zip(names, latches):
         stage_steps[name] = at - previous if at is not None and previous is not None else None
+        # the stage's steps: after the previous latch up to its own (the first unreached one: to the rollout's end)
+        window = slice(previous, at if at is not None else log.steps) if previous is not None else None
+        stage_contacts[name] = int(events["contact"][window].sum()) if events and window else None
+        stage_drops[name] = int(events["drop"][window].sum()) if events and window else None
         previous = at
     return {"path_length_m": float(moves.sum()), "idle_steps": int(np.count_nonzero(moves < IDLE_M)),
             "jerk": jerk, "steps_to_success": log.steps if success else None,
-            "latch_steps": dict(zip(names, latches)), "stage_steps": stage_steps}
+            "scene_contact_steps": int(events["scene"].sum()) if events else None,
+            "object_collision_steps": int(events["object"].sum()) if events else None,
+            "drops": int(events["drop"].sum()) if events else None,
+            "latch_steps": dict(zip(names, latches)), "stage_steps": stage_steps,
+            "stage_contact_steps": stage_contacts, "stage_drops": stage_drops}
 
 
 def mean_interval(values: Sequence[float], level: float = 0.95) -> Dict[str, Any]:
@@ -68,20 +102,19 @@ def paired_differences(pairs: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     Args:
         pairs: ``{"condition", "clean": metrics, "perturbed": metrics}`` per rollout pair.
     """
+    def diffs(mine, get) -> Dict[str, Any]:
+        values = [(get(p["perturbed"]), get(p["clean"])) for p in mine]
+        return mean_interval([a - b for a, b in values if a is not None and b is not None])
+
     out: Dict[str, Any] = {}
     for cond in sorted({p["condition"] for p in pairs}):
         mine = [p for p in pairs if p["condition"] == cond]
-        metrics = {m: mean_interval([p["perturbed"][m] - p["clean"][m] for p in mine
-                                     if p["perturbed"][m] is not None and p["clean"][m] is not None])
-                   for m in METRICS}
-        stages = sorted({s for p in mine for s in p["clean"]["stage_steps"]},
-                        key=lambda s: list(mine[0]["clean"]["stage_steps"]).index(s))
-        by_stage = {s: mean_interval([p["perturbed"]["stage_steps"][s] - p["clean"]["stage_steps"][s] for p in mine
-                                      if p["perturbed"]["stage_steps"].get(s) is not None
-                                      and p["clean"]["stage_steps"].get(s) is not None])
-                    for s in stages}
-        out[cond] = {"pairs": len(mine), "metrics": metrics, "stage_steps": by_stage}
+        order = list(mine[0]["clean"]["stage_steps"])
+        stages = sorted({s for p in mine for s in p["clean"]["stage_steps"]}, key=order.index)
+        out[cond] = {"pairs": len(mine), "metrics": {m: diffs(mine, lambda x, m=m: x.get(m)) for m in METRICS}}
+        for per_stage in STAGE_METRICS:
+            out[cond][per_stage] = {s: diffs(mine, lambda x, s=s, k=per_stage: (x.get(k) or {}).get(s)) for s in stages}
     return out
 
 
-__all__ = ["IDLE_M", "METRICS", "latch_steps", "mean_interval", "paired_differences", "rollout_metrics"]
+__all__ = ["DROP_M", "IDLE_M", "METRICS", "STAGE_METRICS", "contact_events", "latch_steps", "mean_interval", "paired_differences", "rollout_metrics"]

@@ -274,6 +274,16 @@ class FakeEnv(PerturbableModel):
         points = [np.array([*self.x[OBJECT], 0.0]), np.array([*self.x[TARGET], 0.0])]
         return points[:1] if self.spec.name == "Reach" else points
 
+    def contact_state(self) -> np.ndarray:
+        """The contacts its plane allows, in ``CONTACT_COLUMNS`` order (``core/steplog.py``): the gripper against the
+        edge of its reach (1 when a coordinate sits on a bound, the plane's only obstacle), no other object to hit (0:
+        each task has one object), whether it holds the object, and whether the object rests on the table (always
+        unless held: a planar object cannot fall, so the fake logs no drop) at height 0."""
+        eef = self.x[EEF]
+        at_edge = bool(np.isclose(eef, [ARM_X_M[0], ARM_Y_M[0]]).any() or np.isclose(eef, [ARM_X_M[1], ARM_Y_M[1]]).any())
+        held = bool(self.x[HOLDING])
+        return np.array([int(at_edge), 0, int(held), int(not held), 0], dtype=np.int64)
+
     def camera_frame(self, camera: str) -> Tuple[np.ndarray, np.ndarray, float]:
         """The camera's world pose (:meth:`camera_pose`) and vertical field of view."""
         pos, rot = self.camera_pose(camera)

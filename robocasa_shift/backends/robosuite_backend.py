@@ -42,6 +42,8 @@ CONTROL_FREQ_HZ = 20
 # is built); frozen so every process builds the same model.
 MAKE_SEED = 0
 THIRD_PERSON_CAMERAS = ("robot0_robotview",)
+# Geom classes of contact_state, ordered so that a pair's (min, max) names its kind.
+_SCENE, _ROBOT, _HELD, _OTHER = 0, 1, 2, 3
 WRIST_CAMERAS = ("robot0_eye_in_hand",)
 # robosuite macros (global settings, overridable by a private file) that change rollouts.
 MACROS_THAT_CHANGE_ROLLOUTS = ("SIMULATION_TIMESTEP", "ENABLE_NUMBA", "USING_INSTANCE_RANDOMIZATION", "IMAGE_CONVENTION")
@@ -174,6 +176,39 @@ class RobosuiteEnv(DynamicsHooks, CameraPoseHooks, ArmJointHooks, MujocoEnv):
     def _object_root_bodies(self) -> Dict[str, int]:
         """The stage spec's manipulated objects (the task table's names) -> their root bodies (``dynamics``)."""
         return {name: int(self.sim.model.body_name2id(self.object(name).root_body)) for name in self._stage_objects()}
+
+    # ------------------------------------------------------------------ capability: contacts (step logs)
+
+    def contact_state(self) -> np.ndarray:
+        """The post-step contacts, in ``CONTACT_COLUMNS`` order (``core/steplog.py``): the robot's contact pairs with
+        the scene (table, bins, pegs, floor), its pairs with the task's other objects (Stack's cubeB), whether it holds
+        the object it manipulates (the task table's first object; robosuite's grasp check), whether that object
+        touches anything but the robot and its centre's height above its starting surface (mm). Read from MuJoCo's
+        contact list and body poses; nothing is changed."""
+        classes = self._geom_classes()
+        pairs = classes[np.asarray(self.data.contact.geom, dtype=np.int64).reshape(-1, 2)] if self.data.ncon else \
+            np.zeros((0, 2), dtype=np.int64)
+        low, high = pairs.min(axis=1), pairs.max(axis=1)
+        robot_scene = int(np.count_nonzero((low == _SCENE) & (high == _ROBOT)))
+        robot_other = int(np.count_nonzero((low == _ROBOT) & (high == _OTHER)))
+        supported = bool(np.any((pairs == _HELD).any(axis=1) & ~(pairs == _ROBOT).any(axis=1)
+                                & ~((low == _HELD) & (high == _HELD))))
+        name = next(iter(self.spec.objects))
+        height = int(round((float(self.point(name)[2]) - self.surface_z()) * 1000))
+        return np.array([robot_scene, robot_other, int(grasped(self, name)), int(supported), height], dtype=np.int64)
+
+    def _geom_classes(self) -> np.ndarray:
+        """Per geom of the bound model: scene, robot, the manipulated object or another task object (by root body)."""
+        if getattr(self, "_classes_of", None) is not self.model:
+            m = self.model
+            root = m.body_rootid[m.geom_bodyid]
+            classes = np.full(m.ngeom, _SCENE, dtype=np.int64)
+            classes[root == self._robot_root] = _ROBOT
+            for i, name in enumerate(self.spec.objects):
+                body = int(self.sim.model.body_name2id(self.object(name).root_body))
+                classes[root == m.body_rootid[body]] = _HELD if i == 0 else _OTHER
+            self._classes, self._classes_of = classes, self.model
+        return self._classes
 
     def surface_z(self) -> float:
         """Height of the surface the task's objects start on (table top, or the source bin's floor)."""

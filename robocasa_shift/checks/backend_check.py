@@ -185,6 +185,13 @@ def _check_capabilities(env, task: str, spec, found: Findings) -> Dict[str, str]
         contact = found.guard("capabilities", f"{task}: target_contact()", env.target_contact)
         if contact is not None and not isinstance(contact, (bool, np.bool_)):
             found.add("capabilities", f"{task}: target_contact() returned {type(contact).__name__}, not a bool or None")
+    if "contacts" in offered:
+        row = found.guard("capabilities", f"{task}: contact_state()", env.contact_state)
+        if row is not None:
+            row = np.asarray(row)
+            if row.shape != (5,) or row.dtype.kind not in "iu" or row[:4].min() < 0 or row[2:4].max() > 1:
+                found.add("capabilities", f"{task}: contact_state() gave {row!r}, not 5 integers (two counts, two 0/1 "
+                                          "flags, a height in mm)")
     if env.fingerprint() != fingerprint or not _state_equal(state, env.get_state()):
         found.add("capabilities", f"{task}: reading a capability changed the state")
     return {name: "offered" if name in offered else "not offered" for name in CAPABILITIES}

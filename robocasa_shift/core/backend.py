@@ -283,8 +283,19 @@ class TaskEvents(Protocol):
         target. Side-effect free, like a predicate."""
 
 
+@runtime_checkable
+class Contacts(Protocol):
+    """Capability: what the robot touches, read from the simulator's contacts after each step (step logs' ``contacts``
+    and the behaviour metrics from them)."""
+
+    def contact_state(self) -> np.ndarray:
+        """(5,) ints in ``core.steplog.CONTACT_COLUMNS`` order: the robot's contact pairs with the scene and with the
+        task's objects it should not hit, whether it holds the object it manipulates (0/1), whether that object
+        touches anything but the robot (0/1), its centre's height above its starting surface (mm). Side-effect free."""
+
+
 # Capability name -> protocol: optional parts of the contract that ``check-backend`` reports as offered or not.
-CAPABILITIES: Dict[str, type] = {"object_points": ObjectPoints, "task_events": TaskEvents}
+CAPABILITIES: Dict[str, type] = {"object_points": ObjectPoints, "task_events": TaskEvents, "contacts": Contacts}
 
 # Hook name (as factor kinds declare it in ``requires``) -> protocol.
 HOOKS: Dict[str, type] = {"lights": Lights, "cameras": Cameras, "base": MobileBase, "instructions": Instructions,

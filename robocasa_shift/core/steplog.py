@@ -25,6 +25,12 @@ with ``allow_pickle=False``):
 - ``features`` (boundaries, F) float32, only for policies that offer them
   (``Policy.features``): the policy's internal representation of each boundary's
   observation, what hidden-state monitors probe (meta ``features``: F, 0 when none).
+- ``contacts`` (steps, 5) int64, only from backends that read contacts
+  (``contact_state``): per post-step state, in :data:`CONTACT_COLUMNS` order, the
+  robot's contact pairs with the scene, its contact pairs with task objects other
+  than the one it manipulates, whether it holds that object (1/0), whether that
+  object touches anything but the robot (1/0), and its centre's height above the
+  surface it started on (mm, rounded).
 
 Logs never change a rollout: the logger only reads, and sampling restores the
 policy's state (tested: records with and without logs are identical).
@@ -50,6 +56,7 @@ DEFAULT_SAMPLES = 8  # per boundary, for sampling-disagreement monitors (RESCUE 
 MAX_ACTION_DIMS = 64  # a step log with wider actions is refused (see max_log_bytes)
 MAX_FEATURES = 4096  # a step log with wider feature vectors is refused (see max_log_bytes)
 MAX_LOG_BYTES = 256 * 2**20  # the documented maximum of one step log's arrays
+CONTACT_COLUMNS = ("robot_scene", "robot_other_object", "holding", "object_supported", "object_height_mm")
 
 
 class StepLogError(RunDirError):
@@ -67,6 +74,7 @@ class StepLog:
     boundary: np.ndarray
     samples: Optional[np.ndarray] = None
     features: Optional[np.ndarray] = None
+    contacts: Optional[np.ndarray] = None
 
     @property
     def steps(self) -> int:
@@ -92,6 +100,8 @@ class StepLog:
             entries["samples"] = np.asarray(self.samples, dtype=np.float32)
         if self.features is not None:
             entries["features"] = np.asarray(self.features, dtype=np.float32)
+        if self.contacts is not None:
+            entries["contacts"] = np.asarray(self.contacts, dtype=np.int64).reshape(-1, len(CONTACT_COLUMNS))
         return npz_bytes(entries)
 
     def summary(self, data: bytes) -> Dict[str, Any]:
@@ -119,7 +129,7 @@ class StepLog:
                 raise ValueError("its metadata is not a JSON object")
             log = cls(meta=meta, eef_pos=entries.pop("eef_pos"), action=entries.pop("action"),
                       latched=entries.pop("latched"), boundary=entries.pop("boundary"), samples=entries.pop("samples", None),
-                      features=entries.pop("features", None))
+                      features=entries.pop("features", None), contacts=entries.pop("contacts", None))
         except StepLogError:
             raise
         except Exception as exc:
@@ -138,6 +148,8 @@ class StepLog:
                 problems.append(f"{len(log.boundary)} boundaries but {len(log.samples)} sample sets")
             if log.features is not None and len(log.features) != len(log.boundary):
                 problems.append(f"{len(log.boundary)} boundaries but {len(log.features)} feature vectors")
+            if log.contacts is not None and len(log.contacts) != log.steps:
+                problems.append(f"{log.steps} actions but {len(log.contacts)} contact rows")
             problems += log._meta_problems()
         if problems:
             raise StepLogError(f"{name}: " + "; ".join(problems))
@@ -150,6 +162,8 @@ class StepLog:
             wanted["samples"] = (3, "fiub")
         if self.features is not None:
             wanted["features"] = (2, "fiub")
+        if self.contacts is not None:
+            wanted["contacts"] = (2, "iu")
         for entry, (ndim, kinds) in wanted.items():
             value = getattr(self, entry)
             if value.ndim != ndim or value.dtype.kind not in kinds:
@@ -158,6 +172,11 @@ class StepLog:
             problems.append(f"entry 'eef_pos' has {self.eef_pos.shape[1]} columns, expected 3")
         if not problems and self.features is not None and self.features.shape[1] > MAX_FEATURES:
             problems.append(f"entry 'features' has {self.features.shape[1]} dimensions, more than {MAX_FEATURES}")
+        if not problems and self.contacts is not None:
+            sound = self.contacts.shape[1] == len(CONTACT_COLUMNS)
+            if not sound or self.contacts[:, :4].min(initial=0) < 0 or self.contacts[:, 2:4].max(initial=0) > 1:
+                problems.append(f"entry 'contacts' must be {len(CONTACT_COLUMNS)} columns {list(CONTACT_COLUMNS)}: two counts "
+                                "of at least 0, two flags of 0 or 1, a height")
         if not problems and self.action.shape[1] > MAX_ACTION_DIMS:
             problems.append(f"entry 'action' has {self.action.shape[1]} dimensions, more than {MAX_ACTION_DIMS}")
         return problems
@@ -198,7 +217,7 @@ def max_log_bytes(summary: Any) -> int:
         return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else MAX_LOG_BYTES
 
     steps, boundaries, samples = count("steps"), count("boundaries"), count("samples")
-    derived = 2**20 + (steps + 1) * 8 * (3 + MAX_ACTION_DIMS + 1) + boundaries * (8 + max(samples, 1) * MAX_ACTION_DIMS * 4
+    derived = 2**20 + (steps + 1) * 8 * (3 + MAX_ACTION_DIMS + 1 + len(CONTACT_COLUMNS)) + boundaries * (8 + max(samples, 1) * MAX_ACTION_DIMS * 4
                                                                      + MAX_FEATURES * 4)
     return min(MAX_LOG_BYTES, derived)
 
@@ -208,5 +227,5 @@ def log_path(record_path: Path) -> Path:
     return record_path.with_name(record_path.name[: -len(".json")] + SUFFIX)
 
 
-__all__ = ["DEFAULT_SAMPLES", "FORMAT", "MAX_ACTION_DIMS", "MAX_FEATURES", "MAX_LOG_BYTES", "SUFFIX", "StepLog", "StepLogError", "VERSION",
+__all__ = ["CONTACT_COLUMNS", "DEFAULT_SAMPLES", "FORMAT", "MAX_ACTION_DIMS", "MAX_FEATURES", "MAX_LOG_BYTES", "SUFFIX", "StepLog", "StepLogError", "VERSION",
            "log_path", "max_log_bytes"]

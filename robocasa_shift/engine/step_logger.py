@@ -11,8 +11,9 @@ from typing import List
 import numpy as np
 
 from robocasa_shift import seeding
+from robocasa_shift.core.backend import Contacts
 from robocasa_shift.core.records import RolloutKey
-from robocasa_shift.core.steplog import DEFAULT_SAMPLES, StepLog
+from robocasa_shift.core.steplog import CONTACT_COLUMNS, DEFAULT_SAMPLES, StepLog
 from robocasa_shift.engine.rollout import Observer
 
 
@@ -35,6 +36,7 @@ class StepLogger(Observer):
         self.boundaries: List[int] = []
         self.samples: List[np.ndarray] = []
         self.features: List[np.ndarray] = []
+        self.contacts: List[np.ndarray] = []
         self._count = 0
         self._layout = None
 
@@ -63,6 +65,8 @@ class StepLogger(Observer):
         self.actions.append(np.array(action, dtype=np.float64))
         self.latched.append(self._count)
         self.eef.append(np.array(env.eef_pos(), dtype=np.float64))
+        if isinstance(env, Contacts):  # an optional capability: backends that read contacts
+            self.contacts.append(np.asarray(env.contact_state(), dtype=np.int64).reshape(len(CONTACT_COLUMNS)))
 
     def log(self, stage_names: List[str]) -> StepLog:
         """The log of what was observed so far."""
@@ -79,7 +83,9 @@ class StepLogger(Observer):
                        action=np.array(self.actions, dtype=np.float64).reshape(-1, dim),
                        latched=np.array(self.latched, dtype=np.int64), boundary=np.array(self.boundaries, dtype=np.int64),
                        samples=np.stack(self.samples) if sampled else None,
-                       features=np.stack(self.features) if featured else None)
+                       features=np.stack(self.features) if featured else None,
+                       contacts=np.stack(self.contacts) if self.contacts and len(self.contacts) == len(self.actions)
+                       else None)
 
 
 __all__ = ["StepLogger"]

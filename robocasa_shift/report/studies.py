@@ -173,6 +173,31 @@ def _band(values: Any) -> str:
     return "-" if not values else f"[{num(values[0], '.2f')}, {num(values[1], '.2f')}]"
 
 
+BEHAVIOUR_COLUMNS = (("steps_to_success", "steps to success"), ("path_length_m", "path length (m)"),
+                     ("idle_steps", "idle steps"), ("jerk", "jerk"), ("scene_contact_steps", "scene contact steps"),
+                     ("object_collision_steps", "object collision steps"), ("drops", "drops"))
+STAGE_COLUMNS = (("stage_steps", "steps in stage"), ("stage_contact_steps", "contact steps"), ("stage_drops", "drops"))
+
+
+def _difference(d: Any) -> str:
+    return "-" if not d or d.get("mean") is None else f"{num(d['mean'], '+.3g')} {_band(d.get('interval'))}"
+
+
+def behaviour_tables(behaviour: Any) -> List[str]:
+    """The paired behaviour differences (``analysis/behaviour.py``'s ``paired_differences``): one row per condition,
+    then one per condition and stage."""
+    rows = [[cond, b["pairs"]] + [_difference(b["metrics"].get(m)) for m, _ in BEHAVIOUR_COLUMNS]
+            for cond, b in behaviour.items()]
+    stage_rows = [[cond, stage] + [_difference((b.get(key) or {}).get(stage)) for key, _ in STAGE_COLUMNS]
+                  for cond, b in behaviour.items() for stage in b.get("stage_steps", {})]
+    return [html_table(["condition", "pairs"] + [label for _, label in BEHAVIOUR_COLUMNS], rows),
+            html_table(["condition", "stage"] + [label for _, label in STAGE_COLUMNS], stage_rows),
+            "<p class='small'>Perturbed minus clean twin, mean over the pairs where both have the metric, with a 95% "
+            "t interval. Contact steps: steps with the robot touching the scene or an object it should not hit; a drop: "
+            "the held object let go in the air, falling 2 cm or more. A stage's row counts the steps after the previous "
+            "subgoal latched up to its own (the first unreached stage: to the rollout's end).</p>"]
+
+
 def sweep_sections(run_dir: Path) -> List[str]:
     """The "Breaking points" and "Behaviour" sections from ``RUN_DIR/sweep/summary.json`` (none: nothing)."""
     path = Path(run_dir) / "sweep" / "summary.json"
@@ -211,15 +236,5 @@ def sweep_sections(run_dir: Path) -> List[str]:
                                   ("yes", "good") if p["confirmed"] else ("NO", "bad")] for p in conf["points"]]))
     behaviour = summary.get("behaviour")
     if behaviour:
-        parts.append("<h2>Behaviour</h2>")
-        header = ["condition", "pairs", "steps to success", "path length (m)", "idle steps", "jerk"]
-        cells = []
-        for cond, b in behaviour.items():
-            row: List[Any] = [cond, b["pairs"]]
-            for m in ("steps_to_success", "path_length_m", "idle_steps", "jerk"):
-                d = b["metrics"][m]
-                row.append("-" if d["mean"] is None else f"{num(d['mean'], '+.3g')} {_band(d['interval'])}")
-            cells.append(row)
-        parts.append(html_table(header, cells))
-        parts.append("<p class='small'>Perturbed minus clean twin, mean over pairs with a 95% t interval.</p>")
+        parts += ["<h2>Behaviour</h2>"] + behaviour_tables(behaviour)
     return parts
