@@ -1,5 +1,7 @@
 """Behaviour metrics from step logs: hand-made trajectories give the known values, and pairs differ by stage."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -109,3 +111,62 @@ def test_fake_rollouts_log_what_the_plane_allows(tmp_path):
     held = log.contacts[:, 2] == 1
     assert held.any() and (log.contacts[:, 3] == 1 - log.contacts[:, 2]).all()  # on the table unless held
     assert not log.contacts[:, [1, 4]].any()  # one object, no height
+
+
+def _tamper(path, change):
+    import json
+
+    summary = json.loads(path.read_text())
+    change(summary["behaviour"])
+    path.write_text(json.dumps(summary))
+
+
+def test_the_audit_recomputes_a_sweeps_behaviour_from_the_step_logs_and_fails_a_tampered_summary(tmp_path):
+    from robocasa_shift.checks.audit import audit_run
+
+    grid = grid_severities(specs.load_protocol(), "camera", 2)
+    run_sweep(tmp_path, "Reach", "camera", range(4), grid, StudyConfig(backend="fake", policy="fake", log_steps=True),
+              mode="grid")
+    result = audit_run(tmp_path)
+    assert result.passed and result["behaviour_checked"] == ["sweep/summary.json"]
+
+    def shorter_path(b):
+        b["camera:L2"]["metrics"]["path_length_m"]["mean"] += 0.01
+
+    _tamper(tmp_path / "sweep/summary.json", shorter_path)
+    result = audit_run(tmp_path)
+    assert not result.passed
+    assert any("camera:L2.metrics.path_length_m.mean" in p for p in result["run_problems"]), result["run_problems"]
+
+    def stage_dropped(b):
+        del b["camera:L1"]["stage_contact_steps"]["approach_object"]
+
+    run_sweep(tmp_path, "Reach", "camera", range(4), grid, StudyConfig(backend="fake", policy="fake", log_steps=True),
+              mode="grid")  # resumed: nothing re-run, the summary written again from the logs
+    assert audit_run(tmp_path).passed
+    _tamper(tmp_path / "sweep/summary.json", stage_dropped)
+    assert not audit_run(tmp_path).passed
+
+
+def test_a_formal_reports_behaviour_table_sits_beside_the_verdicts_and_the_audit_checks_its_summary(tmp_path):
+    from robocasa_shift.checks.audit import audit_run
+    from robocasa_shift.config import ExecutionConfig
+    from robocasa_shift.report.page import build_report
+    from robocasa_shift.study.runner import run
+
+    run(tmp_path, ["Reach", "PickPlace"], ["clean", "camera:L3", "blur:L3"], range(4),
+        StudyConfig(backend="fake", policy="fake", log_steps=True), ExecutionConfig(progress=False))
+    page = build_report(tmp_path, videos_per_kind=0, n_boot=100).read_text()
+    summary = json.loads((tmp_path / "analysis/summary.json").read_text())
+    assert set(summary["behaviour"]) == {"Reach", "PickPlace"}
+    assert summary["behaviour"]["PickPlace"]["blur:L3"]["pairs"] == 4
+    assert page.index("Paired degradation") < page.index("Behaviour (paired, from the step logs)") < \
+        page.index("Success rate per condition")
+    result = audit_run(tmp_path)
+    assert result.passed and result["behaviour_checked"] == ["analysis/summary.json"]
+
+    def more_contacts(b):
+        b["Reach"]["camera:L3"]["metrics"]["scene_contact_steps"]["n"] += 1
+
+    _tamper(tmp_path / "analysis/summary.json", more_contacts)
+    assert not audit_run(tmp_path).passed

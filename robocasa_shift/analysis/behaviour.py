@@ -13,12 +13,14 @@ the lift shows as a difference in one stage only.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 from scipy import stats
 
-from robocasa_shift.core.steplog import CONTACT_COLUMNS, StepLog
+from robocasa_shift.core.conditions import CLEAN
+from robocasa_shift.core.records import RolloutKey
+from robocasa_shift.core.steplog import CONTACT_COLUMNS, StepLog, StepLogError
 
 IDLE_M = 0.001  # an end-effector move below this (metres per control step) counts as idle
 DROP_M = 0.02  # an object let go in the air that falls this far before landing is dropped
@@ -117,4 +119,62 @@ def paired_differences(pairs: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     return out
 
 
-__all__ = ["DROP_M", "IDLE_M", "METRICS", "STAGE_METRICS", "contact_events", "latch_steps", "mean_interval", "paired_differences", "rollout_metrics"]
+def run_behaviour(store, records: Iterable[Mapping[str, Any]], task: str, phase: str = "formal") -> Dict[str, Any]:
+    """:func:`paired_differences` of ``task``'s ``phase`` rollouts in a run directory, from their step logs: every valid
+    record with a readable log (``store``: its :class:`~robocasa_shift.rundir.store.RunStore`; a log that is not
+    sound fails the audit and is left out here), each perturbed one paired with its clean twin."""
+    metrics: Dict[RolloutKey, Dict[str, Any]] = {}
+    for rec in records:
+        key = RolloutKey.from_record(rec)
+        if key.phase != phase or key.task != task or not rec.get("valid"):
+            continue
+        try:
+            log = store.step_log(rec)
+        except StepLogError:
+            continue
+        if log is not None:
+            metrics[key] = rollout_metrics(log, rec.get("success"))
+    pairs = []
+    for key, m in sorted(metrics.items()):
+        clean = metrics.get(RolloutKey(key.phase, key.task, key.episode, CLEAN, key.replicate))
+        if key.condition != CLEAN and clean is not None:
+            pairs.append({"condition": key.condition, "clean": clean, "perturbed": m})
+    return paired_differences(pairs)
+
+
+def formal_behaviour(store, records: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """Task -> :func:`run_behaviour` of its formal rollouts, for the tasks with at least one logged pair."""
+    tasks = sorted({str(rec.get("task")) for rec in records if rec.get("phase") == "formal"})
+    out = {task: run_behaviour(store, records, task) for task in tasks}
+    return {task: b for task, b in out.items() if b}
+
+
+def differences(expected: Any, found: Any, where: str = "behaviour", limit: int = 5) -> List[str]:
+    """Where ``found`` differs from ``expected`` (JSON values; numbers within 1e-9 relative), at most ``limit``."""
+    out: List[str] = []
+
+    def walk(a: Any, b: Any, path: str) -> None:
+        if len(out) >= limit:
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b), key=str):
+                if k not in a or k not in b:
+                    out.append(f"{path}.{k}: {'missing' if k not in b else 'not in the step logs'}")
+                else:
+                    walk(a[k], b[k], f"{path}.{k}")
+        elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            for i, (x, y) in enumerate(zip(a, b)):
+                walk(x, y, f"{path}[{i}]")
+        elif isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
+                and not isinstance(b, bool):
+            if not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12):
+                out.append(f"{path}: {b!r}, the step logs give {a!r}")
+        elif a != b:
+            out.append(f"{path}: {str(b)[:60]}, the step logs give {str(a)[:60]}")
+
+    walk(expected, found, where)
+    return out
+
+
+__all__ = ["DROP_M", "IDLE_M", "METRICS", "STAGE_METRICS", "contact_events", "differences", "formal_behaviour", "latch_steps", "mean_interval", "paired_differences", "rollout_metrics",
+           "run_behaviour"]

@@ -1186,12 +1186,15 @@ def tables(summary: Mapping[str, Any]) -> Dict[str, pd.DataFrame]:
     }
 
 
-def write_analysis(df: pd.DataFrame, out_dir: Path | str, **kwargs: Any) -> Dict[str, Any]:
+def write_analysis(df: pd.DataFrame, out_dir: Path | str, behaviour: Optional[Mapping[str, Any]] = None,
+                   **kwargs: Any) -> Dict[str, Any]:
     """Analyze a records table and write ``summary.json`` and the tidy CSV tables into ``out_dir``.
 
     Args:
         df: a records table.
         out_dir: created if missing; existing files of the same names are replaced.
+        behaviour: task -> paired behaviour differences from the step logs (``behaviour.formal_behaviour``), kept as
+            the summary's ``behaviour`` when given and not empty.
         **kwargs: passed to :func:`analyze` (``phase``, ``n_boot``, ``bootstrap_seed``, ...).
 
     Returns:
@@ -1200,6 +1203,8 @@ def write_analysis(df: pd.DataFrame, out_dir: Path | str, **kwargs: Any) -> Dict
     from robocasa_shift.rundir.files import atomic_write_text, write_csv
 
     summary = analyze(df, **kwargs)
+    if behaviour:
+        summary["behaviour"] = dict(behaviour)
     out = Path(out_dir)
     # allow_nan=False: a NaN that slipped through is a bug, not a number to publish.
     text = json.dumps(summary, indent=2, allow_nan=False)

@@ -40,6 +40,7 @@ from robocasa_shift.core.factors import (
     max_abs_difference,
     perturbation_entries,
 )
+from robocasa_shift.analysis.behaviour import differences, formal_behaviour, run_behaviour
 from robocasa_shift.core.records import RolloutKey, unlatched_success
 from robocasa_shift.core.steplog import StepLogError
 from robocasa_shift.errors import Error, RunDirError, SpecError, UnknownNameError
@@ -293,6 +294,10 @@ def audit_run(run_dir: Path | str, phase: str = "formal") -> CheckResult:
     report["asset_kit"] = kits.run_asset_kit(manifest)
     report["banner"] = kits.run_banner(manifest)
     report["run_problems"] += kits.kit_problems(manifest, [rec for _, rec in all_entries])
+    # Behaviour metrics a summary reports (a sweep's, the formal analysis's), recomputed from the step logs.
+    if phase == "formal":
+        report["behaviour_checked"], problems = behaviour_problems(store, [rec for _, rec in all_entries])
+        report["run_problems"] += problems
     # Branch studies (counterfactual continuations) of this run: seeds, snapshot hashes, fidelity, estimates.
     report["branching"] = audit_branch_studies(run_dir)
     report["run_problems"] += [f"branch study {name}: {problem}" for name, study in report["branching"].items()
@@ -303,6 +308,36 @@ def audit_run(run_dir: Path | str, phase: str = "formal") -> CheckResult:
     result = replace(result, markdown=audit_markdown(result))
     write_result(result, run_dir)
     return result
+
+
+BEHAVIOUR_SUMMARIES = ("sweep/summary.json", "analysis/summary.json")  # a sweep's, and the formal analysis's (report)
+
+
+def behaviour_problems(store: RunStore, records: List[Dict[str, Any]]) -> Tuple[List[str], List[str]]:
+    """(the summaries whose ``behaviour`` was recomputed, the problems): every behaviour metric a summary of the run
+    directory reports is recomputed from the step logs (``analysis/behaviour.py``), and any difference is named."""
+    checked, problems = [], []
+    for name in BEHAVIOUR_SUMMARIES:
+        path = store.root / name
+        if not os.path.lexists(path):
+            continue
+        try:
+            summary = read_json(path, store.root, MAX_JSON_BYTES, "summary")
+            reported = summary.get("behaviour") if isinstance(summary, dict) else None
+            if reported is None:
+                continue
+            if name.startswith("sweep/"):
+                recomputed = run_behaviour(store, records, str(summary.get("task")))
+            else:
+                recomputed = formal_behaviour(store, records)
+        except (Error, OSError, ValueError) as exc:
+            problems.append(f"{name}: its behaviour cannot be checked ({type(exc).__name__}: {str(exc)[:200]})")
+            continue
+        checked.append(name)
+        found = differences(recomputed, reported, where=f"{name}: behaviour")
+        if found:
+            problems.append(f"{name}: the behaviour it reports is not what the step logs give: " + "; ".join(found))
+    return checked, problems
 
 
 def step_log_problem(store: RunStore, rec: Dict[str, Any]) -> Optional[str]:

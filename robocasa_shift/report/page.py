@@ -22,6 +22,7 @@ import pandas as pd
 
 from robocasa_shift.analysis.export import records_frame
 from robocasa_shift.analysis import statistics as stats
+from robocasa_shift.analysis.behaviour import formal_behaviour
 from robocasa_shift.analysis.measures import write_analysis
 from robocasa_shift.checks.audit import LABELS, ZERO_CHECKS, read_audit
 from robocasa_shift.core import kits
@@ -47,7 +48,7 @@ from robocasa_shift.report.html import (
     num,
     src,
 )
-from robocasa_shift.report.studies import branching_sections, judge_sections, monitor_sections, sweep_sections
+from robocasa_shift.report.studies import behaviour_tables, branching_sections, judge_sections, monitor_sections, sweep_sections
 from robocasa_shift.report.videos import check_video_dependencies, make_videos, stage_steps_text
 from robocasa_shift.rundir.files import (
     MAX_JSON_BYTES,
@@ -721,6 +722,18 @@ def build_report(run_dir: Path | str, videos_per_kind: int = 2, bootstrap_seed: 
                              trust_run_dir, progress)
 
 
+def _behaviour_section(behaviour: Mapping[str, Any]) -> List[str]:
+    """The "Behaviour" tables beside the verdicts: per task, the paired differences from the step logs (none without
+    step logs)."""
+    if not behaviour:
+        return []
+    parts = ["<h2>Behaviour (paired, from the step logs)</h2>"]
+    for task, per_condition in behaviour.items():
+        parts += [f"<h3>{esc(task)}</h3>", *[f"<div class='scroll'>{t}</div>" if t.startswith("<table") else t
+                                            for t in behaviour_tables(per_condition)]]
+    return parts
+
+
 def _build_report(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, n_boot: int, min_effect: float,
                   policy_options: Optional[Mapping[str, Any]], trust_run_dir: bool, progress: bool) -> Path:
     out = run_dir / "report"
@@ -752,7 +765,8 @@ def _build_report(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, n_bo
     videos: List[Dict[str, Any]] = []
     if not formal.empty:
         variants = manifest.get("task_variants") if isinstance(manifest.get("task_variants"), dict) else {}
-        summary = write_analysis(formal, run_dir / "analysis", n_boot=n_boot, bootstrap_seed=bootstrap_seed,
+        behaviour = formal_behaviour(store, store.records())
+        summary = write_analysis(formal, run_dir / "analysis", behaviour, n_boot=n_boot, bootstrap_seed=bootstrap_seed,
                                  min_effect=min_effect, variant_of={str(k): str(v) for k, v in variants.items()},
                                  factor_order=factor_order)
         stage_names = {t: json.loads(formal[formal.task == t].stage_names.iloc[0]) for t in summary["tasks"]}
@@ -764,6 +778,7 @@ def _build_report(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, n_bo
             _lead(run_dir, summary, manifest, audit, audit_note, stage_names, factor_order, formal),
             "<h2>Paired degradation (macro over tasks)</h2>",
             f"<div class='scroll'>{html_table(DSR_HEADER, dsr_rows(summary))}</div>",
+            *_behaviour_section(behaviour),
             _statistics_notes(summary),
             _per_task_section(summary),
             "<h2>Success rate per condition and task</h2>",

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from robocasa_shift.analysis.behaviour import paired_differences, rollout_metrics
+from robocasa_shift.analysis.behaviour import run_behaviour
 from robocasa_shift.config import StudyConfig
 from robocasa_shift.core import specs
 from robocasa_shift.core.conditions import CLEAN
@@ -99,7 +99,7 @@ def run_sweep(run_dir: Path | str, task: str, factor: str, episodes: Sequence[in
                 "invalid": invalid, "curve": curve, "cost": cost(breaks, len(grid)),
             }
             if study.log_steps:
-                summary["behaviour"] = behaviour(store, [k for k in recorded if k.phase == "formal"], recorded)
+                summary["behaviour"] = run_behaviour(store, list(recorded.values()), task)
             if confirm_episodes:
                 summary["confirmation"] = _confirm(run_dir, curve, grid, declared, confirm_episodes, outcome)
             summary["unlatched_successes"] = unlatched_successes(recorded, conditions, grid)
@@ -107,21 +107,6 @@ def run_sweep(run_dir: Path | str, task: str, factor: str, episodes: Sequence[in
     finally:
         cache.close()
     return summary
-
-
-def behaviour(store: RunStore, keys: Sequence[RolloutKey], recorded: Dict[RolloutKey, Dict[str, Any]]) -> Dict[str, Any]:
-    """Paired behaviour differences per grid level, from the step logs of every level each episode ran."""
-    metrics: Dict[RolloutKey, Dict[str, Any]] = {}
-    for key in keys:
-        log = store.step_log(recorded[key])
-        if log is not None:
-            metrics[key] = rollout_metrics(log, recorded[key].get("success"))
-    pairs = []
-    for key, m in metrics.items():
-        clean = metrics.get(RolloutKey(key.phase, key.task, key.episode, CLEAN, key.replicate))
-        if key.condition != CLEAN and clean is not None:
-            pairs.append({"condition": key.condition, "clean": clean, "perturbed": m})
-    return paired_differences(pairs)
 
 
 def unlatched_successes(recorded: Dict[RolloutKey, Dict[str, Any]], conditions: Sequence[str],
