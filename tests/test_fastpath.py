@@ -71,6 +71,50 @@ def test_compiled_substeps_set_the_controls_the_python_substeps_set(task, condit
         env.close()
 
 
+def test_the_indexed_contact_check_answers_what_robosuites_answers_on_every_group_and_state(protocol):
+    """``check_contact`` from geom ids against robosuite's own function, on a Stack rollout whose gripper closes on the
+    cubes: every pair of groups (models, single names, lists with and without unnamed geoms, any-contact), every step."""
+    from robosuite.utils import sim_utils
+
+    env = get_backend("robosuite").make("Stack")
+    try:
+        assert env.fastpath["contacts_indexed"]
+        check = env.raw.check_contact
+        assert isinstance(check, robosuite_fastpath.ContactCheck)
+        prepare_episode(env, protocol, RolloutKey("formal", "Stack", 0, "clean"))
+        raw = env.raw
+        names = [raw.sim.model.geom_id2name(i) for i in range(raw.sim.model.ngeom)]
+        named = [n for n in names if n is not None]
+        models = [raw.cubeA, raw.cubeB, raw.robots[0].gripper["right"], raw.robots[0].robot_model]
+        groups = models + [named[0], named[-1], named[::3], tuple(named[1::5]), set(named[::7]), [None, named[2]],
+                           [n for n in named if "table" in n]]
+        answers = {True: 0, False: 0}
+        rng = np.random.default_rng(3)
+        for step in range(40):
+            action = np.clip(rng.normal(0.0, 0.5, env.action_dim), -1, 1)
+            action[6] = 1.0 if step > 20 else -1.0  # the gripper closes: contacts between it and whatever is there
+            action[2] = -1.0  # down, onto the cubes
+            env.step(action)
+            for first in groups:
+                for second in groups + [None]:
+                    stock = sim_utils.check_contact(raw.sim, first, second)
+                    assert check(first, second) is stock, (step, first, second)
+                    answers[stock] += 1
+        assert raw.sim.data.ncon > 0 and answers[True] > 100 and answers[False] > 100  # both answers were tested
+        model = raw.sim.model  # the joints' qpos addresses, kept: what robosuite's lookup answers, of its type
+        assert isinstance(vars(model)["get_joint_qpos_addr"], robosuite_fastpath.JointAddresses)
+        for name in model.joint_names * 2:
+            kept, stock = model.get_joint_qpos_addr(name), type(model).get_joint_qpos_addr(model, name)
+            assert kept == stock and type(kept) is type(stock), name
+        assert {type(model.get_joint_qpos_addr(n)) for n in model.joint_names} == {tuple, np.int32}  # free and hinge
+        with pytest.raises(ValueError, match="no_such_joint"):
+            model.get_joint_qpos_addr("no_such_joint")
+        robosuite_fastpath.disable(raw)
+        assert "check_contact" not in vars(raw) and "get_joint_qpos_addr" not in vars(model)
+    finally:
+        env.close()
+
+
 def test_compiled_clipping_is_numpys_clip_on_edge_values():
     from robocasa_shift.backends.robosuite_kernels import _actuate
 

@@ -22,6 +22,14 @@ which changes a floating-point operation:
   constants (control ranges, the gripper's and base's bias and weight, the OSC's fixed gains'
   halves) re-derived from constants. The first substep of every step (where goals are set and the
   robot's history buffers are pushed) and ``_post_action`` / ``_get_observations`` run stock.
+- ``env.check_contact`` (robosuite's ``sim_utils.check_contact``) looks every contact's two geom ids up by
+  name, four times, and tests each name against a list: RoboCasa's fixtures ask it several times after every
+  control step (is the gripper on a microwave's or a coffee machine's button), over hundreds of contacts.
+  :class:`ContactCheck` answers the same question from the contact list's geom-id arrays and, per model and geom
+  group, a table of which ids the group's names name (built with robosuite's own lookup): the same boolean.
+  The fixtures also look their joints' ``qpos`` addresses up by name after every step
+  (``MjModel.get_joint_qpos_addr``, a few array reads through the binding each): a model constant, so
+  :class:`JointAddresses` keeps each answer robosuite gave for the model's lifetime.
 - The substeps between the first and the last compute only what they leave behind, the actuator
   controls, in compiled code (:mod:`robosuite_kernels`) that calls numpy's own BLAS
   (:mod:`numpy_blas`); robosuite recomputes every controller attribute from the simulator at
@@ -75,6 +83,11 @@ def enable(raw) -> Dict[str, Any]:
     disabled = sorted(name for name, obs in raw._observables.items() if obs.modality in UNREAD_MODALITIES)
     for name in disabled:
         raw._observables[name].set_enabled(False)
+    contacts = contact_check_problem(raw)
+    if contacts is None and not isinstance(vars(raw).get("check_contact"), ContactCheck):
+        raw.check_contact = ContactCheck(raw)  # an instance attribute: the class's own method is untouched
+    if not isinstance(vars(raw.sim.model).get("get_joint_qpos_addr"), JointAddresses):
+        raw.sim.model.get_joint_qpos_addr = JointAddresses(raw.sim.model)
     problem = fused_step_problem(raw)
     compiled = None
     if problem is None:
@@ -85,7 +98,9 @@ def enable(raw) -> Dict[str, Any]:
         raw.step = fused.step  # an instance attribute: the class's own step is untouched
         compiled = fused.compiled_problem
     return {"enabled": True, "robosuite": VERIFIED_ROBOSUITE, "action_dim_cached": True,
-            "observables_disabled": disabled, "fused_step": problem is None,
+            "observables_disabled": disabled, "contacts_indexed": contacts is None,
+            **({"contacts_indexed_reason": contacts} if contacts else {}), "joint_addresses_kept": True,
+            "fused_step": problem is None,
             **({"fused_step_reason": problem} if problem else
                {"compiled_substeps": compiled is None, **({"compiled_substeps_reason": compiled} if compiled else {})})}
 
@@ -93,6 +108,8 @@ def enable(raw) -> Dict[str, Any]:
 def disable(raw) -> None:
     """Stock robosuite again (the identity test's reference)."""
     vars(raw).pop("step", None)
+    vars(raw).pop("check_contact", None)
+    vars(raw.sim.model).pop("get_joint_qpos_addr", None)
     for robot in raw.robots:
         if getattr(type(robot), "_fastpath", False):
             robot.__class__ = type(robot)._stock_class
@@ -447,6 +464,91 @@ class FusedStep:
         c.vels = bias + weight * np.array(c.goal_qvel)
         c.new_update = True
         return c.vels
+
+
+def contact_check_problem(raw) -> Optional[str]:
+    """Why :class:`ContactCheck` does not answer this environment's ``check_contact``, or None when it does."""
+    from robosuite.environments.base import MujocoEnv
+
+    if type(raw).check_contact is not MujocoEnv.check_contact:
+        return f"check_contact is overridden ({type(raw).check_contact.__qualname__})"
+    return None
+
+
+class ContactCheck:
+    """``MujocoEnv.check_contact`` of robosuite 1.5.2 (``sim_utils.check_contact``), from geom ids.
+
+    robosuite tests, for each of the first ``ncon`` contacts, whether the name of each of its two geoms is in each
+    group (``name in group``; unnamed geoms are named None, which no group of names holds) and returns True at the
+    first contact joining the groups. A geom's membership is a function of its id and the group, so it is tabulated
+    once per model and group with robosuite's own ``geom_id2name`` and the same ``in`` test, and the contacts are
+    tested together: the same answer. Groups that are not strings, models or collections of strings are passed to
+    robosuite's function.
+    """
+
+    def __init__(self, raw):
+        self.raw = raw
+        self.model = None
+        self.tables: Dict[frozenset, np.ndarray] = {}
+
+    def __call__(self, geoms_1, geoms_2=None) -> bool:
+        from robosuite.utils import sim_utils
+
+        sim = self.raw.sim
+        group_1, group_2 = self._names(geoms_1), (None if geoms_2 is None else self._names(geoms_2))
+        if group_1 is None or (geoms_2 is not None and group_2 is None):
+            return sim_utils.check_contact(sim=sim, geoms_1=geoms_1, geoms_2=geoms_2)
+        if sim.model is not self.model:  # RoboCasa's kitchens build a new model at every reset
+            self.model, self.tables = sim.model, {}
+        ncon = sim.data.ncon
+        if ncon == 0:
+            return False
+        contacts = sim.data._data.contact
+        first, second = contacts.geom1[:ncon], contacts.geom2[:ncon]
+        in_1 = self._table(group_1)
+        if group_2 is None:  # any contact with the first group
+            return bool(np.any(in_1[first]) or np.any(in_1[second]))
+        in_2 = self._table(group_2)
+        return bool(np.any((in_1[first] & in_2[second]) | (in_2[first] & in_1[second])))
+
+    @staticmethod
+    def _names(geoms) -> Optional[frozenset]:
+        """The group's names as robosuite reads them, or None for a group it is not certain to read the same way."""
+        from robosuite.models.base import MujocoModel
+
+        if type(geoms) is str:
+            return frozenset((geoms,))
+        if isinstance(geoms, MujocoModel):
+            geoms = geoms.contact_geoms
+        if type(geoms) in (list, tuple, set, frozenset) and all(type(name) is str for name in geoms):
+            return frozenset(geoms)
+        return None
+
+    def _table(self, names: frozenset) -> np.ndarray:
+        """Whether each geom id's name is in ``names``, for the current model."""
+        table = self.tables.get(names)
+        if table is None:
+            id2name = self.model.geom_id2name
+            table = np.array([id2name(i) in names for i in range(self.model._model.ngeom)], dtype=bool)
+            self.tables[names] = table
+        return table
+
+
+class JointAddresses:
+    """``MjModel.get_joint_qpos_addr`` with each name's answer kept: a joint's type and address are constants of the
+    compiled model, and RoboCasa builds a new model (and gets a new instance of this) at every reset."""
+
+    def __init__(self, model):
+        self.lookup = type(model).get_joint_qpos_addr.__get__(model)
+        self.addresses: Dict[str, Any] = {}
+
+    def __call__(self, name):
+        if type(name) is not str:  # not a key robosuite's name table could hold: its own lookup (and error)
+            return self.lookup(name)
+        address = self.addresses.get(name)
+        if address is None:  # an int or a (start, end) tuple: immutable, so the kept one is as good as a new one
+            address = self.addresses[name] = self.lookup(name)
+        return address
 
 
 class SharedClock:
