@@ -127,11 +127,12 @@ def test_the_elided_forward_step_changes_no_bit_of_stock_stepping(env, protocol,
     from robocasa_shift.backends import libero_fastpath
     from robocasa_shift.core.records import RolloutKey
 
-    assert env.fastpath == {"enabled": True, "robosuite": "1.4.0", "elided_forward": True}
+    assert env.fastpath == {"enabled": True, "robosuite": "1.4.0", "elided_forward": True, "flat_arm": True}
     key = RolloutKey("formal", "spatial-0", 1, condition)
     actions = np.clip(np.random.default_rng(4).normal(0.0, 0.6, (20, 7)), -1, 1)
     actions[:, 6] = np.sign(actions[:, 6])
     fast = trajectory(env, protocol, key, actions)
+    assert isinstance(env.raw.step.__self__.arm, libero_fastpath.FlatArm)  # the written-out substeps ran
     libero_fastpath.disable(env.raw)
     try:
         stock = trajectory(env, protocol, key, actions)

