@@ -194,6 +194,28 @@ def test_a_gr00t_client_says_in_seconds_that_nothing_listens():
     client.close()
 
 
+def test_a_gr00t_client_stops_calling_a_server_that_went_away_and_tries_again_later():
+    """The served base's circuit breaker, shared by the ZeroMQ client: after three failed calls in a row the next
+    is refused at once (no probe, no timeout), until ``open_s`` has passed; a failure to reach the server then
+    fails again by its own message."""
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        port = probe.getsockname()[1]
+    client = Gr00tClient(HOST, port, timeout_s=30.0, retries=0)
+    client.breaker.open_s = 0.5
+    for _ in range(3):
+        with pytest.raises(PolicyServerTimeout, match="nothing listens"):
+            client.call("ping", requires_input=False)
+    with pytest.raises(PolicyServerError, match="failed 3 times in a row .*nothing listens.*not trying again") as info:
+        client.call("ping", requires_input=False)
+    assert not isinstance(info.value, PolicyServerTimeout) and info.value.endpoint == "circuit"
+    assert client.ping() is False  # a refused ping is a server that does not answer
+    time.sleep(0.6)
+    with pytest.raises(PolicyServerTimeout, match="nothing listens"):  # half open: one try goes through
+        client.call("ping", requires_input=False)
+    client.close()
+
+
 def test_a_launcher_taking_the_token_in_its_own_frame_reads_nothing_of_a_message_before_it(monkeypatch):
     import robocasa_shift.policies.served.codec as codec
     from robocasa_shift.policies.gr00t.server import Gr00tLauncher

@@ -9,6 +9,14 @@ clients sharing one id would re-seed and answer each other.
 The API token is held as a ``served.connection.Secret`` and sent inside the request, as
 GR00T's wire format wants it; it never appears in an error, a log line or
 the policy's identity.
+
+ZeroMQ, not a websocket: this client shares the served base's limits where they apply and keeps its own
+where the transport differs. Shared: ``served.connection.Breaker`` (a server that went away costs one
+timeout, not one per rollout), ``Secret``, and ``served.codec``'s bounded decoding (``gr00t.wire``). Its own:
+ZeroMQ delivers a message whole or not at all, so each try's ``RCVTIMEO`` is already a total deadline that a
+dripping server cannot stretch, with ``MAXMSGSIZE`` bounding the reply before it is read; and a REQ socket that
+missed a reply is replaced and the request retried with the same sequence number (the launcher answers a
+retry from its cache), where a websocket ``Connection`` refuses requests until the next reset.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from robocasa_shift.policies.gr00t.wire import (
     MAX_MESSAGE_BYTES,
     Serializer,
 )
-from robocasa_shift.policies.served.connection import as_secret
+from robocasa_shift.policies.served.connection import Breaker, as_secret
 
 log = logging.getLogger(__name__)
 _SESSION_PREFIX = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -106,6 +114,7 @@ class Gr00tClient:
                 raise PolicyOptionError("curve_server_key must be the launcher's Z85 public key (40 characters)")
             public, secret = zmq.curve_keypair()
             self._curve = (curve_server_key.encode("ascii"), public, secret)
+        self.breaker = Breaker()
         self.sockets_created = 0
         self._seq = 0
         self._probe = True  # ask TCP whether anything listens before the next wait (first call, after a timeout)
@@ -142,8 +151,26 @@ class Gr00tClient:
 
         Raises:
             PolicyServerTimeout: no reply after ``retries + 1`` tries.
-            PolicyServerError: the server answered ``{"error": ...}`` or something undecodable.
+            PolicyServerError: the server answered ``{"error": ...}`` or something undecodable, or failed
+                the last ``breaker.failures`` calls in a row (then refused at once for ``breaker.open_s``).
         """
+        self.breaker.check(f"the GR00T policy server at {self.endpoint}")
+        try:
+            response = self._roundtrip(endpoint, data, requires_input, extra)
+        except PolicyServerError as exc:
+            self.breaker.record(exc)
+            raise
+        self.breaker.record(None)  # an error reply below comes from a server that answers
+        if isinstance(response, dict) and "error" in response:
+            raise PolicyServerError(
+                f"the GR00T policy server at {self.endpoint} failed '{endpoint}': {response['error']}",
+                endpoint=endpoint,
+                server_message=str(response["error"]),
+            )
+        return response
+
+    def _roundtrip(self, endpoint: str, data: Any, requires_input: bool, extra: Dict[str, Any]) -> Any:
+        """The decoded reply to one request, after up to ``retries`` retries on new sockets."""
         request: Dict[str, Any] = {"endpoint": endpoint, "session": self.session, **extra}
         if requires_input:
             request["data"] = data
@@ -178,20 +205,13 @@ class Gr00tClient:
             )
         self._probe = False
         try:
-            response = self.serializer.loads(reply)
+            return self.serializer.loads(reply)
         except Exception as exc:
             raise PolicyServerError(
                 f"could not decode the reply of {self.endpoint} to '{endpoint}' with the '{self.serializer.name}' "
                 f"serializer ({type(exc).__name__}: {exc}); does the server use another serializer?",
                 endpoint=endpoint,
             ) from exc
-        if isinstance(response, dict) and "error" in response:
-            raise PolicyServerError(
-                f"the GR00T policy server at {self.endpoint} failed '{endpoint}': {response['error']}",
-                endpoint=endpoint,
-                server_message=str(response["error"]),
-            )
-        return response
 
     def _refuse_if_nothing_listens(self, endpoint: str) -> None:
         """A TCP connect to the server's port (at most 2 s): a refused or unreachable port is said at once, instead
@@ -213,11 +233,15 @@ class Gr00tClient:
                 endpoint=endpoint) from None
 
     def ping(self) -> bool:
-        """True when the server answers ``ping``; False on a timeout."""
+        """True when the server answers ``ping``; False on a timeout (or while the breaker refuses calls)."""
         try:
             self.call("ping", requires_input=False)
             return True
         except PolicyServerTimeout:
+            return False
+        except PolicyServerError as exc:
+            if exc.endpoint != "circuit":
+                raise
             return False
 
     def get_modality_config(self) -> Dict[str, Any]:
