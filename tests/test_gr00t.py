@@ -287,6 +287,31 @@ def test_action_mapping_places_every_key_and_names_a_bad_one():
         gr00t_to_actions({**reply, "action.end_effector_position": np.zeros((10, 3))})
 
 
+def test_action_map_and_action_layout_are_read_by_one_parser_with_one_rule():
+    """GR00T's ``action_map`` is model_io's layout parser in its {key, dim, targets, binary} form: the same slot
+    type, the same messages, and the same rule (every index of an embodiment's action exactly once), so a map
+    that no embodiment takes is refused when the policy is built, not at its first action."""
+    from robocasa_shift.errors import PolicyOptionError
+    from robocasa_shift.policies.gr00t.mapping import as_action_map
+    from robocasa_shift.policies.model_io import ActionSlot, resolve_layout
+
+    planar = as_action_map('[{"key": "action.planar", "dim": 2, "targets": [0, 1]}, '
+                           '{"key": "action.grip", "dim": 1, "targets": [2], "binary": true}]')
+    assert planar == (ActionSlot("action.planar", (0, 1), (0, 1)), ActionSlot("action.grip", (0,), (2,), True))
+    assert planar == resolve_layout([{"name": "action.planar", "columns": [0, 1], "targets": [0, 1]},
+                                     {"name": "action.grip", "columns": [0], "targets": [2], "binary": True}])
+    for option, slot in (("action_map", {"key": "a", "dim": 5, "targets": [0, 1, 2, 3, 4]}),
+                         ("action_layout", {"name": "a", "columns": [0, 1, 2, 3, 4], "targets": [0, 1, 2, 3, 4]})):
+        with pytest.raises(ValueError, match=f"an {option} must map one column to each index .* exactly once"):
+            resolve_layout([slot], option)
+    with pytest.raises(ValueError, match="exactly once"):
+        as_action_map([{"key": "a", "dim": 5, "targets": [0, 1, 2, 3, 4]}])
+    with pytest.raises(PolicyOptionError, match=r"action_map: slot 1, .* is not \{key, dim, targets, binary\}"):
+        as_action_map([{"name": "a", "columns": [0, 1, 2], "targets": [0, 1, 2]}])
+    with pytest.raises(PolicyOptionError, match="action_map is not JSON"):
+        as_action_map("robocasa-lerobot")  # layouts by name are action_layout's
+
+
 # --------------------------------------------------------------------------- server
 
 

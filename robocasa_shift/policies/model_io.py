@@ -319,25 +319,37 @@ def parse_slots(items: Any, option: str, form: str,
     return tuple(slots)
 
 
-def resolve_layout(layout: LayoutLike) -> Tuple[ActionSlot, ...]:
-    """A layout by name, or from slots (dicts with name, columns, targets, binary; or their JSON).
+# How a slot is spelled in each option that takes slots: a part of a flat (T, D) model action (``action_layout``),
+# or one reply key's (T, dim) array (GR00T's ``action_map``): the form errors name, and the slot it builds.
+SLOT_FORMS: Dict[str, Tuple[str, Callable[[Mapping[str, Any]], ActionSlot]]] = {
+    "action_layout": ("{name, columns, targets, binary}",
+                      lambda s: ActionSlot(str(s["name"]), tuple(int(c) for c in s["columns"]),
+                                           tuple(int(t) for t in s["targets"]), bool(s.get("binary", False)))),
+    "action_map": ("{key, dim, targets, binary}",
+                   lambda s: ActionSlot(str(s["key"]), tuple(range(int(s["dim"]))),
+                                        tuple(int(t) for t in s["targets"]), bool(s.get("binary", False)))),
+}
+
+
+def resolve_layout(layout: LayoutLike, option: str = "action_layout") -> Tuple[ActionSlot, ...]:
+    """A layout by name (``action_layout`` only), or from slots (dicts in ``option``'s form, ``SLOT_FORMS``; or
+    their JSON): the one parser of every option that places a model's actions.
 
     Raises:
         UnknownNameError: an unknown layout name.
-        PolicyOptionError: a slot that is not {name, columns, targets, binary}.
-        ValueError: the slots do not fill each index of an action exactly once.
+        PolicyOptionError: a slot that is not in ``option``'s form.
+        ValueError: the slots do not fill each index of an embodiment's action exactly once.
     """
-    if isinstance(layout, str) and not layout.lstrip().startswith("["):
+    if option == "action_layout" and isinstance(layout, str) and not layout.lstrip().startswith("["):
         if layout not in ACTION_LAYOUTS:
             raise UnknownNameError("action layout", layout, sorted(ACTION_LAYOUTS))
         return ACTION_LAYOUTS[layout]
-    slots = parse_slots(layout, "action_layout", "{name, columns, targets, binary}",
-                        lambda s: ActionSlot(str(s["name"]), tuple(int(c) for c in s["columns"]),
-                                             tuple(int(t) for t in s["targets"]), bool(s.get("binary", False))))
+    form, build = SLOT_FORMS[option]
+    slots = parse_slots(layout, option, form, build)
     targets = sorted(t for s in slots for t in s.targets)
     if (len(targets) not in EMBODIMENT_DIMS.values() or targets != list(range(len(targets)))
             or any(len(s.columns) != len(s.targets) for s in slots)):
-        raise ValueError(f"an action layout must map one column to each index of the embodiment's action (0-11 "
+        raise ValueError(f"an {option} must map one column to each index of the embodiment's action (0-11 "
                          f"for PandaOmron, 0-6 for LIBERO's Panda, 0-2 for the testing backend) exactly once; got "
                          f"targets {targets}")
     return slots
@@ -348,13 +360,16 @@ def layout_dim(slots: Sequence[ActionSlot]) -> int:
     return sum(len(s.targets) for s in slots)
 
 
-def check_layout_fits(slots: Sequence[ActionSlot], obs: Observation) -> None:
+def check_layout_fits(slots: Sequence[ActionSlot], obs: Observation, option: str = "action_layout") -> None:
     """Refuse a layout whose actions the environment cannot take (a 12-D layout on LIBERO's 7-D Panda).
 
     Raises:
-        ActionFormatError: naming both lengths and the layouts that fit.
+        ActionFormatError: naming both lengths and the layouts that fit (``option``: the option that gave it).
     """
     wanted = obs.action_layout.dim if obs.action_layout is not None else ACTION_DIM
+    if layout_dim(slots) != wanted and option != "action_layout":
+        raise ActionFormatError(f"the {option} makes {layout_dim(slots)}-D actions; this environment takes "
+                                f"{wanted}-D ones: give {option} for its embodiment")
     if layout_dim(slots) != wanted:
         fits = sorted(n for n, known in ACTION_LAYOUTS.items() if layout_dim(known) == wanted)
         raise ActionFormatError(f"action layout {layout_name(slots) or 'custom'} makes {layout_dim(slots)}-D actions; "

@@ -17,7 +17,6 @@ import numpy as np
 
 from robocasa_shift.core.policy import Observation
 from robocasa_shift.embodiments.panda_omron import (
-    ACTION_DIM,
     ARM_POS,
     ARM_ROT,
     BASE_MOTION,
@@ -33,8 +32,9 @@ from robocasa_shift.policies.model_io import (
     binarize,
     checked_image,
     chunk_length,
-    parse_slots,
+    layout_dim,
     proprio_part,
+    resolve_layout,
 )
 
 LANGUAGE_KEY = "annotation.human.task_description"
@@ -74,39 +74,9 @@ def as_state_map(state_map: Any) -> Dict[str, Tuple[str, int]]:
 
 
 def as_action_map(action_map: Any) -> Tuple[ActionSlot, ...]:
-    """Action slots from a list of {key, dim, targets, binary} (or its JSON), or None (``ACTION_LAYOUT``).
-
-    Raises:
-        PolicyOptionError: a slot that is not {key, dim, targets, binary}.
-        ValueError: the slots do not fill each index of an action ``0..A-1`` exactly once.
-    """
-    if action_map is None:
-        return ACTION_LAYOUT
-    slots = parse_slots(action_map, "action_map", "{key, dim, targets, binary}",
-                        lambda s: ActionSlot(str(s["key"]), tuple(range(int(s["dim"]))),
-                                             tuple(int(t) for t in s["targets"]), bool(s.get("binary", False))))
-    targets = sorted(t for s in slots for t in s.targets)
-    if not slots or targets != list(range(len(targets))) or any(len(s.targets) != len(s.columns) for s in slots):
-        raise ValueError(f"an action_map must give each of its keys one target per column and fill every index of "
-                         f"the action 0..A-1 exactly once; got targets {targets}")
-    return slots
-
-
-def action_map_dim(layout: Sequence[ActionSlot]) -> int:
-    """The length of the action an action map fills."""
-    return sum(len(s.targets) for s in layout)
-
-
-def check_action_map_fits(layout: Sequence[ActionSlot], obs: Observation) -> None:
-    """Refuse an action map whose actions the environment cannot take (12-D actions on a 3-D embodiment).
-
-    Raises:
-        ActionFormatError: naming both lengths.
-    """
-    wanted = obs.action_layout.dim if obs.action_layout is not None else ACTION_DIM
-    if action_map_dim(layout) != wanted:
-        raise ActionFormatError(f"the GR00T action map makes {action_map_dim(layout)}-D actions; this environment "
-                                f"takes {wanted}-D ones: give action_map for its embodiment")
+    """Action slots from a list of {key, dim, targets, binary} (or its JSON; ``model_io.resolve_layout``'s
+    ``action_map`` form), or None (``ACTION_LAYOUT``)."""
+    return ACTION_LAYOUT if action_map is None else resolve_layout(action_map, "action_map")
 
 
 def observation_to_gr00t(
@@ -160,7 +130,7 @@ def gr00t_to_actions(
     if len(set(lengths.values())) != 1:
         raise ActionFormatError(f"action keys disagree on the chunk length: {lengths}")
     steps = chunk_length(next(iter(lengths.values())), n_action_steps, " the server sent")
-    actions = np.zeros((steps, action_map_dim(layout)))
+    actions = np.zeros((steps, layout_dim(layout)))
     for slot in layout:
         value = arrays[slot.name][:steps, list(slot.columns)]
         actions[:, list(slot.targets)] = binarize(value) if slot.binary else value

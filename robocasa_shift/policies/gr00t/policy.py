@@ -22,15 +22,13 @@ from robocasa_shift.policies.gr00t.mapping import (
     DEFAULT_CAMERA_MAP,
     LANGUAGE_KEY,
     STATE_MAP,
-    action_map_dim,
     as_action_map,
     as_state_map,
-    check_action_map_fits,
     gr00t_to_actions,
     observation_to_gr00t,
 )
 from robocasa_shift.policies.gr00t.wire import DEFAULT_PORT
-from robocasa_shift.policies.model_io import CameraMapLike, as_camera_map
+from robocasa_shift.policies.model_io import CameraMapLike, as_camera_map, check_layout_fits, layout_dim
 from robocasa_shift.policies.served.connection import canonical, content_hash
 from robocasa_shift.policies.served.policy import StatefulRemotePolicy
 
@@ -131,7 +129,7 @@ class Gr00tPolicy(StatefulRemotePolicy):
         return gr00t_to_actions(reply, self.chunk_size, self.n_action_steps, self.action_map)
 
     def act(self, obs: Observation) -> np.ndarray:
-        check_action_map_fits(self.action_map, obs)
+        check_layout_fits(self.action_map, obs, "action_map")
         return self.chunked(lambda: self.actions_of(self.client.get_action(self.payload(obs))))
 
     # ------------------------------------------------------------------ session state (served.policy)
@@ -149,7 +147,7 @@ class Gr00tPolicy(StatefulRemotePolicy):
         raise ValueError(f"unknown state request {op!r}")
 
     def action_dim(self) -> int:
-        return action_map_dim(self.action_map)
+        return layout_dim(self.action_map)
 
     def endpoint_name(self) -> str:
         return f"the GR00T server at {self.client.endpoint}"
