@@ -366,12 +366,7 @@ class Gr00tLauncher:
         session_id = request.get("session")
         if session_id is None or "reset" not in self.endpoints:
             return self.model.get_action(obs)
-        session = self.sessions.get(session_id) if isinstance(session_id, str) else None
-        if session is None:
-            raise ValueError(f"session {str(session_id)[:MAX_SESSION_ID_CHARS]!r} was never reset on this server (or was dropped, "
-                             "or the server restarted); call reset(seed) first")
-        self.sessions.move_to_end(session_id)
-        session.last_used_s = time.monotonic()
+        session = self._session(request)
         seq = request.get("seq")
         # A retry resends the very same bytes: the cache answers it only when the whole request matches,
         # so another client that reuses the session id and sequence number never gets this one's action.
