@@ -303,3 +303,7 @@ class OpenpiPolicy(ServedPolicy):
             "image_size": self.image_size,
             **({"mode": self.mode} if self.mode != "chunk" else {}),
         }
+
+
+__all__ = ["DEFAULT_CAMERA_MAP", "DEFAULT_PORT", "PRESETS", "RESET_MESSAGE_KEY", "SEEDED_RESET_KEY", "OpenpiClient",
+           "OpenpiPolicy", "make_client", "observation_to_openpi"]

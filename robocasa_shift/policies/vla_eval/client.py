@@ -87,7 +87,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
