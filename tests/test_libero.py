@@ -127,7 +127,8 @@ def test_the_elided_forward_step_changes_no_bit_of_stock_stepping(env, protocol,
     from robocasa_shift.backends import libero_fastpath
     from robocasa_shift.core.records import RolloutKey
 
-    assert env.fastpath == {"enabled": True, "robosuite": "1.4.0", "elided_forward": True, "flat_arm": True}
+    assert env.fastpath == {"enabled": True, "robosuite": "1.4.0", "elided_forward": True, "flat_arm": True,
+                            "contacts_indexed": True}
     key = RolloutKey("formal", "spatial-0", 1, condition)
     actions = np.clip(np.random.default_rng(4).normal(0.0, 0.6, (20, 7)), -1, 1)
     actions[:, 6] = np.sign(actions[:, 6])
@@ -143,6 +144,30 @@ def test_the_elided_forward_step_changes_no_bit_of_stock_stepping(env, protocol,
         assert f.keys() == s.keys(), i
         assert [k for k in s if f[k] != s[k]] == [], f"control step {i}"
     assert len({f["integration"] for f in fast}) == 20  # the robot moved
+
+
+@needs_libero
+def test_the_indexed_contact_check_answers_what_robosuite_1_4_answers(env):
+    """LIBERO's check_contact (grasp predicates, goal checks) from geom ids against robosuite 1.4's own method, on every
+    pair of the scene's objects, the gripper and its fingerpads, at every step of a rollout that closes the gripper."""
+    from robocasa_shift.backends import robosuite_fastpath
+    from robocasa_shift.core.backend import BaseEpisode
+
+    raw = env.raw
+    assert isinstance(vars(raw)["check_contact"], robosuite_fastpath.ContactCheck)
+    env.reset(3, BaseEpisode("formal", 0))
+    gripper = raw.robots[0].gripper
+    groups = [gripper, *gripper.important_geoms.values(), *raw.objects_dict.values(), *raw.fixtures_dict.values()]
+    answers = {True: 0, False: 0}
+    rng = np.random.default_rng(2)
+    for step in range(15):
+        env.step(np.concatenate([rng.normal(0.0, 0.5, 6), [1.0 if step > 7 else -1.0]]))
+        for first in groups:
+            for second in groups + [None]:
+                stock = type(raw).check_contact(raw, first, second)
+                assert raw.check_contact(first, second) is stock, (step, first, second)
+                answers[stock] += 1
+    assert answers[True] > 20 and answers[False] > 20, answers  # both answers were tested
 
 
 @needs_libero

@@ -26,7 +26,9 @@ torque limits and the gripper's actuator range re-read from the model, copies of
 and MuJoCo calls run on arrays made the same way, in the same order, with robosuite's numba kernels; the
 controller's ``mj_forward`` is not called at all there (nothing it reads has changed since ``mj_step1``, so
 :meth:`ElidedForwardStep._forward_if_changed` would skip it), and the observables, which keep one clock, keep it
-once (robosuite 1.5's ``SharedClock``: 1.4's ``Observable.update`` is the same code).
+once (robosuite 1.5's ``SharedClock``: 1.4's ``Observable.update`` is the same code). ``check_contact``, which
+the grasp predicates and LIBERO's goal checks call, answers from geom ids (robosuite 1.5's ``ContactCheck``: 1.4's
+method is the same loop).
 
 A substep whose state MuJoCo would reject (a position or velocity beyond ``mjMAXVAL`` or NaN:
 ``mj_step`` then resets the simulation) runs stock, and so does every substep of a stack this was
@@ -41,6 +43,8 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Optional
 
 import numpy as np
+
+from robocasa_shift.backends import robosuite_fastpath
 
 VERIFIED_ROBOSUITE = "1.4.0"
 # the ufunc np.clip calls after its argument checks (numpy < 2, which LIBERO's environment pins)
@@ -123,13 +127,18 @@ def enable(raw, before_integration: Callable[[], None]) -> Dict[str, Any]:
     step = ElidedForwardStep(raw, before_integration)
     raw.step = step.step  # an instance attribute: the class is untouched
     flat = flat_arm_problem(raw)
+    contacts = robosuite_fastpath.contact_check_problem(raw)
+    if contacts is None:  # the grasp and contact predicates' check_contact, from geom ids (same answers)
+        raw.check_contact = robosuite_fastpath.ContactCheck(raw)
     return {"enabled": True, "robosuite": VERIFIED_ROBOSUITE, "elided_forward": True, "flat_arm": flat is None,
-            **({"flat_arm_reason": flat} if flat else {})}
+            **({"flat_arm_reason": flat} if flat else {}), "contacts_indexed": contacts is None,
+            **({"contacts_indexed_reason": contacts} if contacts else {})}
 
 
 def disable(raw) -> None:
     """Stock robosuite again."""
     vars(raw).pop("step", None)
+    vars(raw).pop("check_contact", None)
 
 
 class ElidedForwardStep:
@@ -167,9 +176,7 @@ class ElidedForwardStep:
         if arm is not None:  # RobotEnv._pre_action's check, once: the action is the same at every substep
             assert len(action) == arm.action_dim, \
                 "environment got invalid action dimension -- expected {}, got {}".format(arm.action_dim, len(action))
-            from robocasa_shift.backends.robosuite_fastpath import SharedClock
-
-            clock = SharedClock.of(raw._observables.values())
+            clock = robosuite_fastpath.SharedClock.of(raw._observables.values())
         policy_step = True
         for _ in range(self.substeps):
             if not self._valid(data):  # MuJoCo's own checks would reset it: exactly stock

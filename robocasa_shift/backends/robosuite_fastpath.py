@@ -476,14 +476,15 @@ def contact_check_problem(raw) -> Optional[str]:
 
 
 class ContactCheck:
-    """``MujocoEnv.check_contact`` of robosuite 1.5.2 (``sim_utils.check_contact``), from geom ids.
+    """``MujocoEnv.check_contact`` of robosuite 1.5.2 (``sim_utils.check_contact``) and 1.4.0 (the same loop, in the
+    method itself; LIBERO's fast path uses this too), from geom ids.
 
     robosuite tests, for each of the first ``ncon`` contacts, whether the name of each of its two geoms is in each
     group (``name in group``; unnamed geoms are named None, which no group of names holds) and returns True at the
     first contact joining the groups. A geom's membership is a function of its id and the group, so it is tabulated
     once per model and group with robosuite's own ``geom_id2name`` and the same ``in`` test, and the contacts are
     tested together: the same answer. Groups that are not strings, models or collections of strings are passed to
-    robosuite's function.
+    robosuite's own method.
     """
 
     def __init__(self, raw):
@@ -492,12 +493,11 @@ class ContactCheck:
         self.tables: Dict[frozenset, np.ndarray] = {}
 
     def __call__(self, geoms_1, geoms_2=None) -> bool:
-        from robosuite.utils import sim_utils
-
-        sim = self.raw.sim
+        raw = self.raw
+        sim = raw.sim
         group_1, group_2 = self._names(geoms_1), (None if geoms_2 is None else self._names(geoms_2))
         if group_1 is None or (geoms_2 is not None and group_2 is None):
-            return sim_utils.check_contact(sim=sim, geoms_1=geoms_1, geoms_2=geoms_2)
+            return type(raw).check_contact(raw, geoms_1, geoms_2)
         if sim.model is not self.model:  # RoboCasa's kitchens build a new model at every reset
             self.model, self.tables = sim.model, {}
         ncon = sim.data.ncon
