@@ -201,6 +201,18 @@ def test_msgpack_numpy_encodes_arrays_as_openpi_does_byte_for_byte():
         msgpack_numpy.packb(np.array([object()]))
 
 
+def test_the_client_sends_what_openpi_client_sends_byte_for_byte():
+    """The client's requests go through the served base's Connection with openpi-client's pack_array: the bytes
+    of an observation, a reset and a sample are openpi-client's own Packer's."""
+    from robocasa_shift.policies.openpi.client import OpenpiClient
+
+    client = OpenpiClient(HOST, free_port())  # not connected: encoding needs no server
+    payload = observation_to_openpi(make_obs())
+    for message in (payload, {RESET_MESSAGE_KEY: {"seed": 3, "owner": "a" * 64}},
+                    {"__sample__": {"obs": payload, "n": 2, "seed": None}}, {"x": np.float64(1.5)}):
+        assert client.encode(message) == msgpack_numpy.Packer().pack(message)
+
+
 # --------------------------------------------------------------------------- mapping
 
 

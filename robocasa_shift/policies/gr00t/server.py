@@ -98,11 +98,8 @@ from robocasa_shift.policies.served.state import (
     SESSION_STATE,
     StateSealer,
     copy_rng,
-    is_owner_tag,
     load_state_key,
-    owner_tag,
-    restore_rng,
-    rng_arrays,
+    sample_request,
 )
 
 log = logging.getLogger(__name__)
@@ -302,18 +299,10 @@ class Gr00tLauncher:
         now = time.monotonic()
         if self.sessions.pop(session, None) is None:
             self._make_room(now)
-        owner = self.sealer.owner_binding(self._owner(data))
+        owner = self.sealer.bind(data, "reset")
         self.sessions[session] = _Session(self._new_rng(int(data["seed"])), now, owner=owner)
         return {"rng_fingerprint": self.sessions[session].rng.fingerprint(), "session": session,
                 "server_id": self.sealer.server_id, "model_sha256": self.model_sha256()}
-
-    @staticmethod
-    def _owner(data: Mapping[str, Any]) -> str:
-        """The owner tag a reset names (a client without a secret sends none: the empty secret's tag)."""
-        owner = data.get("owner", owner_tag(None))
-        if not is_owner_tag(owner):
-            raise ValueError("reset's 'owner' must be a 64-character hex owner tag")
-        return owner
 
     def _session(self, request: Mapping[str, Any]) -> _Session:
         """The requesting session (it must have been reset on this launcher)."""
@@ -329,9 +318,7 @@ class Gr00tLauncher:
     def _get_state(self, request, message):
         """The session's generator state, sealed for this launcher, its model and the session's owner."""
         session = self._session(request)
-        return {"blob": self.sealer.seal(rng_arrays(session.rng), self.model_sha256(), session.owner),
-                "rng_fingerprint": session.rng.fingerprint(), "server_id": self.sealer.server_id,
-                "model_sha256": self.model_sha256()}
+        return self.sealer.sealed(session.rng, self.model_sha256(), session.owner)
 
     def _set_state(self, request, message):
         """Apply a sealed state to the requesting session: size, seal, model and owner are checked before it is
@@ -339,9 +326,7 @@ class Gr00tLauncher:
         session = self._session(request)
         data = request.get("data")
         blob = data.get("blob") if isinstance(data, dict) else None
-        arrays = self.sealer.open(blob, self.model_sha256(), session.owner)
-        rng = copy_rng(session.rng)
-        restore_rng(rng, arrays)
+        rng = self.sealer.restored(session.rng, blob, self.model_sha256(), session.owner)
         session.rng, session.last_request, session.last_reply = rng, None, None
         return {"rng_fingerprint": rng.fingerprint(), "server_id": self.sealer.server_id}
 
@@ -349,16 +334,8 @@ class Gr00tLauncher:
         """``n`` chunks for one observation, from a generator seeded by ``seed`` (or a copy of the session's);
         the session's generator and retry cache are left as they were."""
         session = self._session(request)
-        data = request.get("data")
-        if not isinstance(data, dict) or not isinstance(data.get("obs"), dict):
-            raise ValueError("sample needs {'obs': payload, 'n': int, 'seed': int or None} as data")
-        n, seed = data.get("n"), data.get("seed")
-        if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_SAMPLES):
-            raise ValueError(f"sample's n must be an integer in 1..{MAX_SAMPLES}")
-        if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0):
-            raise ValueError("sample's seed must be a non-negative integer or None")
+        obs, n, seed = sample_request(request.get("data"), "sample")
         rng = copy_rng(session.rng) if seed is None else self._new_rng(seed)
-        obs = data["obs"]
         return {"samples": [rng.run(lambda: self.model.get_action(obs)) for _ in range(n)]}
 
     def _get_action(self, request, message):

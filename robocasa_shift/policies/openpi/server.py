@@ -69,17 +69,13 @@ from robocasa_shift.policies.served.connection import (
     content_hash,
 )
 from robocasa_shift.policies.served.state import (
-    MAX_SAMPLES,
     SAMPLE,
     SESSION_MESSAGES,
     SESSION_STATE,
     StateSealer,
     copy_rng,
-    is_owner_tag,
     load_state_key,
-    owner_tag,
-    restore_rng,
-    rng_arrays,
+    sample_request,
 )
 from robocasa_shift.policies.served.serving import (
     DEFAULT_HOST,
@@ -292,29 +288,17 @@ class OpenpiShim:
             seed = data.get("seed")
             if not (isinstance(seed, int) and not isinstance(seed, bool)):
                 raise ValueError("__reset__ needs {'seed': int}")
-            owner = data.get("owner", owner_tag(None))
-            if not is_owner_tag(owner):
-                raise ValueError("__reset__'s 'owner' must be a 64-character hex owner tag")
-            conn.rng, conn.owner = self._new_rng(seed), self.sealer.owner_binding(owner)
+            conn.rng, conn.owner = self._new_rng(seed), self.sealer.bind(data, RESET)
             return {"rng_fingerprint": conn.rng.fingerprint(), "server_id": self.sealer.server_id,
                     "model_sha256": self.model_sha256}
         if conn.rng is None:
             raise ValueError(f"{key}: this connection was never reset; send {{'{RESET}': {{'seed': S}}}} first")
         if key == GET_STATE:
-            return {"blob": self.sealer.seal(rng_arrays(conn.rng), self.model_sha256, conn.owner),
-                    "rng_fingerprint": conn.rng.fingerprint(), "server_id": self.sealer.server_id,
-                    "model_sha256": self.model_sha256}
+            return self.sealer.sealed(conn.rng, self.model_sha256, conn.owner)
         if key == SET_STATE:
-            arrays = self.sealer.open(data.get("blob"), self.model_sha256, conn.owner)
-            rng = copy_rng(conn.rng)
-            restore_rng(rng, arrays)
-            conn.rng = rng
-            return {"rng_fingerprint": rng.fingerprint(), "server_id": self.sealer.server_id}
-        n, seed, obs = data.get("n"), data.get("seed"), data.get("obs")
-        if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_SAMPLES) or not isinstance(obs, dict):
-            raise ValueError(f"__sample__ needs {{'obs': dict, 'n': 1..{MAX_SAMPLES}, 'seed': int or None}}")
-        if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0):
-            raise ValueError("__sample__'s seed must be a non-negative integer or None")
+            conn.rng = self.sealer.restored(conn.rng, data.get("blob"), self.model_sha256, conn.owner)
+            return {"rng_fingerprint": conn.rng.fingerprint(), "server_id": self.sealer.server_id}
+        obs, n, seed = sample_request(data, SAMPLE_KEY)
         rng = copy_rng(conn.rng) if seed is None else self._new_rng(seed)
         return {"samples": [dict(rng.run(lambda: self.policy.infer(obs))) for _ in range(n)]}
 

@@ -170,6 +170,32 @@ class StateSealer:
         ground back to the client's secret nor presented in place of the tag."""
         return hmac.new(self._key, _BINDING_CONTEXT + tag.encode("ascii"), hashlib.sha256).hexdigest()
 
+    def bind(self, data: Mapping[str, Any], what: str) -> str:
+        """The owner binding of the owner tag a reset's ``data`` names (none: the empty secret's tag, anyone's).
+
+        Raises:
+            ValueError: an ``owner`` that is not a 64-character hex owner tag (``what``: the reset's name).
+        """
+        owner = data.get("owner", owner_tag(None))
+        if not is_owner_tag(owner):
+            raise ValueError(f"{what}'s 'owner' must be a 64-character hex owner tag")
+        return self.owner_binding(owner)
+
+    def sealed(self, rng: Any, model: str, owner: str) -> Dict[str, Any]:
+        """A ``get_state`` reply: the session generator's state sealed for ``model`` and ``owner``, and its identity."""
+        return {"blob": self.seal(rng_arrays(rng), model, owner), "rng_fingerprint": rng.fingerprint(),
+                "server_id": self.server_id, "model_sha256": model}
+
+    def restored(self, rng: Any, blob: Any, model: str, owner: str) -> Any:
+        """A new session generator of ``rng``'s kind holding the state of ``blob`` (checked by :meth:`open` first).
+
+        Raises:
+            StateRefused: as :meth:`open`, or a blob of another kind of generator.
+        """
+        restored = copy_rng(rng)
+        restore_rng(restored, self.open(blob, model, owner))
+        return restored
+
     def _tag(self, header: bytes, data: bytes) -> bytes:
         return hmac.new(self._key, _TAG_CONTEXT + len(header).to_bytes(8, "big") + header + data, hashlib.sha256).digest()
 
@@ -266,6 +292,24 @@ def describe_blob(blob: bytes) -> Dict[str, Any]:
 # =========================================================================== session generators
 
 
+def sample_request(data: Any, what: str) -> Tuple[Any, int, Optional[int]]:
+    """``(obs, n, seed)`` of a ``sample`` request's data: a dict observation, 1 <= n <= ``MAX_SAMPLES``, and a seed
+    >= 0 or None (``what``: the request's name in messages).
+
+    Raises:
+        ValueError: any of these does not hold.
+    """
+    if not isinstance(data, dict) or not isinstance(data.get("obs"), dict):
+        raise ValueError(f"{what} needs {{'obs': payload, 'n': 1..{MAX_SAMPLES}, 'seed': int or None}} as data")
+    n, seed = data.get("n"), data.get("seed")
+    if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_SAMPLES):
+        raise ValueError(f"{what}'s n must be an integer in 1..{MAX_SAMPLES}")
+    if seed is not None and not _count(seed):
+        raise ValueError(f"{what}'s seed must be a non-negative integer or None")
+    return data["obs"], n, seed
+
+
+
 def rng_arrays(rng: Any) -> Dict[str, np.ndarray]:
     """A session generator's state as arrays (``TorchSessionRNG``, ``NumpySessionRNG``, or any generator with
     ``state_arrays()`` and ``load_state_arrays(arrays)``, such as the openpi shim's PRNG key holder)."""
@@ -318,4 +362,4 @@ def copy_rng(rng: Any) -> Any:
 
 __all__ = ["FORMAT", "MAX_SAMPLES", "MAX_STATE_BYTES", "SAMPLE", "SEEDED_RESET", "SESSION_MESSAGES", "SESSION_STATE",
            "StateRefused", "StateSealer", "copy_rng", "describe_blob", "is_owner_tag", "load_state_key", "owner_tag",
-           "pack_state", "parse_header", "read_blob", "restore_rng", "rng_arrays", "unpack_state"]
+           "pack_state", "parse_header", "read_blob", "restore_rng", "rng_arrays", "sample_request", "unpack_state"]
