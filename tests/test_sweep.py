@@ -214,6 +214,9 @@ def test_a_success_whose_stage_spec_asks_more_is_named_apart_never_read_as_a_sta
     assert result.passed  # a note, not a failure: the protocol lets the tracker and the success check differ
     assert len(result.details["tasks"]["Reach"]["unlatched_successes"]) == len(successes)
     assert "did not latch" in (tmp_path / "run/audit.md").read_text()
+    from robocasa_shift.report.studies import sweep_sections
+
+    assert f"counted as successes): {len(successes)}." in "".join(sweep_sections(tmp_path / "run"))
     monkeypatch.undo()
     plain = run_sweep(tmp_path / "plain", "Reach", "camera", range(4), grid, FAKE, mode="grid")
     assert plain["unlatched_successes"] == []

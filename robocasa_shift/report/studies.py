@@ -223,7 +223,9 @@ def sweep_sections(run_dir: Path) -> List[str]:
         f"never broke up to the maximum. Median breaking point {esc(median)}, 95% interval "
         f"{esc(_band(med['interval']))}. "
         f"Non-monotone episodes: {esc(curve['non_monotone'] or 'none')}. Broke at stage: "
-        f"{esc(', '.join(f'{k} {v}' for k, v in sorted(stages.items())) or '-')}.</p>",
+        f"{esc(', '.join(f'{k} {v}' for k, v in sorted(stages.items())) or '-')}. Successes with a subgoal the "
+        f"stage tracker did not latch (the stage spec asks more than the success check; counted as successes): "
+        f"{esc(len(summary.get('unlatched_successes') or []))}.</p>",
         html_table(["severity", "still succeeding", "pointwise 95%", "simultaneous 95%"], rows),
         f"<p class='small'>Rollouts {esc(spent['rollouts'])}; the dense grid would take "
         f"{esc(spent['dense_grid_rollouts'])}, the frozen three levels {esc(spent['frozen_levels_rollouts'])}.</p>",
