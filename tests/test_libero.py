@@ -128,7 +128,7 @@ def test_the_elided_forward_step_changes_no_bit_of_stock_stepping(env, protocol,
     from robocasa_shift.core.records import RolloutKey
 
     assert env.fastpath == {"enabled": True, "robosuite": "1.4.0", "elided_forward": True, "flat_arm": True,
-                            "contacts_indexed": True}
+                            "compiled_substeps": True, "contacts_indexed": True}
     key = RolloutKey("formal", "spatial-0", 1, condition)
     actions = np.clip(np.random.default_rng(4).normal(0.0, 0.6, (20, 7)), -1, 1)
     actions[:, 6] = np.sign(actions[:, 6])
@@ -144,6 +144,42 @@ def test_the_elided_forward_step_changes_no_bit_of_stock_stepping(env, protocol,
         assert f.keys() == s.keys(), i
         assert [k for k in s if f[k] != s[k]] == [], f"control step {i}"
     assert len({f["integration"] for f in fast}) == 20  # the robot moved
+
+
+@needs_libero
+def test_compiled_libero_substeps_set_the_controls_and_gripper_action_the_python_substeps_set(env, monkeypatch):
+    """At every middle substep of a rollout that opens and closes the gripper, the compiled substep's actuator controls
+    and the gripper's running action equal the written-out Python substep's, byte for byte, from the same state: a
+    difference the end of a control step would hide shows here."""
+    from robocasa_shift.backends import libero_fastpath
+    from robocasa_shift.core.backend import BaseEpisode
+
+    checked, actions_seen = [], []
+    FlatArm = libero_fastpath.FlatArm
+    arguments_of, compiled_control = FlatArm.compiled_arguments, FlatArm.compiled_control
+
+    def arguments(arm, action):
+        actions_seen.append(np.array(action))
+        return arguments_of(arm, action)
+
+    def compare(arm, args):
+        ctrl, saved = arm.data.ctrl, np.array(arm.gripper.current_action)
+        arm.control(actions_seen[-1])  # the Python substep, then the same state again for the compiled one
+        python = (ctrl.tobytes(), np.asarray(arm.gripper.current_action).tobytes())
+        arm.gripper.current_action = saved
+        ctrl[arm.arm_actuators] = np.nan
+        ctrl[arm.grip_actuators] = np.nan
+        compiled_control(arm, args)
+        checked.append((ctrl.tobytes(), np.asarray(arm.gripper.current_action).tobytes()) == python)
+
+    monkeypatch.setattr(FlatArm, "compiled_arguments", arguments)
+    monkeypatch.setattr(FlatArm, "compiled_control", compare)
+    env.reset(4, BaseEpisode("formal", 2))
+    checked.clear()  # the reset's settling steps were compared too: count the rollout's own
+    rng = np.random.default_rng(6)
+    for step in range(12):
+        env.step(np.concatenate([rng.normal(0.0, 0.6, 6), [1.0 if step % 6 < 3 else -1.0]]))
+    assert len(checked) == 12 * 23 and all(checked), checked.count(False)
 
 
 @needs_libero

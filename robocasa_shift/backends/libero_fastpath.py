@@ -25,7 +25,9 @@ limits three times, name-to-id lookups, the end effector's site Jacobians comput
 torque limits and the gripper's actuator range re-read from the model, copies of fresh arrays. The same numpy
 and MuJoCo calls run on arrays made the same way, in the same order, with robosuite's numba kernels; the
 controller's ``mj_forward`` is not called at all there (nothing it reads has changed since ``mj_step1``, so
-:meth:`ElidedForwardStep._forward_if_changed` would skip it), and the observables, which keep one clock, keep it
+:meth:`ElidedForwardStep._forward_if_changed` would skip it); between the first and the last substep only the
+actuator controls and the gripper's running action are computed, compiled (:mod:`libero_kernels`, as
+:mod:`robosuite_kernels` does for robosuite 1.5), the last substep leaving every attribute as stock does; the observables, which keep one clock, keep it
 once (robosuite 1.5's ``SharedClock``: 1.4's ``Observable.update`` is the same code). ``check_contact``, which
 the grasp predicates and LIBERO's goal checks call, answers from geom ids (robosuite 1.5's ``ContactCheck``: 1.4's
 method is the same loop).
@@ -109,6 +111,21 @@ def flat_arm_problem(raw) -> Optional[str]:
     return None
 
 
+def compiled_substeps_problem(raw) -> Optional[str]:
+    """Why :class:`FlatArm`'s middle substeps run in Python (``libero_kernels`` cannot run or does not mirror this
+    gripper), or None when they run compiled. A numba or llvmlite that fails to import or compile is a reason too."""
+    from robosuite.models.grippers.panda_gripper import PandaGripper
+
+    try:
+        from robocasa_shift.backends import libero_kernels, numpy_blas  # noqa: F401  (compiles, or says why not)
+    except Exception as exc:
+        return f"compiled substeps unavailable ({type(exc).__name__}: {exc})"
+    gripper = raw.robots[0].gripper
+    if type(gripper).format_action is not PandaGripper.format_action or type(gripper).speed is not PandaGripper.speed:
+        return f"gripper {type(gripper).__name__}: the compiled substeps mirror the Panda gripper's format_action"
+    return numpy_blas.problem()
+
+
 def _modern_update():
     """The controller update LIBERO-PRO installs on robosuite 1.4 (mj_fullM's newer argument order), or None."""
     try:
@@ -130,8 +147,10 @@ def enable(raw, before_integration: Callable[[], None]) -> Dict[str, Any]:
     contacts = robosuite_fastpath.contact_check_problem(raw)
     if contacts is None:  # the grasp and contact predicates' check_contact, from geom ids (same answers)
         raw.check_contact = robosuite_fastpath.ContactCheck(raw)
+    compiled = compiled_substeps_problem(raw) if flat is None else "no flat arm"
     return {"enabled": True, "robosuite": VERIFIED_ROBOSUITE, "elided_forward": True, "flat_arm": flat is None,
-            **({"flat_arm_reason": flat} if flat else {}), "contacts_indexed": contacts is None,
+            **({"flat_arm_reason": flat} if flat else {}), "compiled_substeps": compiled is None,
+            **({"compiled_substeps_reason": compiled} if compiled else {}), "contacts_indexed": contacts is None,
             **({"contacts_indexed_reason": contacts} if contacts else {})}
 
 
@@ -178,14 +197,19 @@ class ElidedForwardStep:
                 "environment got invalid action dimension -- expected {}, got {}".format(arm.action_dim, len(action))
             clock = robosuite_fastpath.SharedClock.of(raw._observables.values())
         policy_step = True
-        for _ in range(self.substeps):
+        compiled = None
+        last = self.substeps - 1
+        for i in range(self.substeps):
             if not self._valid(data):  # MuJoCo's own checks would reset it: exactly stock
                 sim.forward()
                 raw._pre_action(action, policy_step)
                 sim.step()
             elif arm is not None and not policy_step:
                 self._physics(mj.mj_step1)
-                arm.control(action)
+                if compiled is not None and i < last:  # the controller's attributes are the last substep's business
+                    arm.compiled_control(compiled)
+                else:
+                    arm.control(action)
                 self.before_integration()
                 self._physics(mj.mj_step2)
             else:
@@ -202,6 +226,8 @@ class ElidedForwardStep:
                         sim.forward = wrapped
                 self.before_integration()
                 self._physics(mj.mj_step2)
+                if arm is not None and policy_step:  # the goals are set: the compiled substeps' arguments
+                    compiled = arm.compiled_arguments(action)
             if arm is not None and clock is not None:
                 clock.update(raw.model_timestep, raw._obs_cache)
             else:
@@ -266,6 +292,13 @@ class FlatArm:
 
         self._mj = mujoco
         self._kernels = (opspace_matrices, nullspace_torques, orientation_error)
+        # the substeps between the first and the last, compiled (libero_kernels), where numpy's BLAS can be called and
+        # the gripper is the Panda gripper it mirrors; otherwise they run control() below, with the reason recorded
+        self.compiled_problem = compiled_substeps_problem(raw)
+        if self.compiled_problem is None:
+            from robocasa_shift.backends.libero_kernels import substep_controls
+
+            self._substep_controls = substep_controls
         self.sim = raw.sim
         self.model, self.data = raw.sim.model._model, raw.sim.data._data
         self.robot = robot = raw.robots[0]
@@ -281,6 +314,7 @@ class FlatArm:
         self.torque_low, self.torque_high = ctrlrange[self.arm_actuators, 0], ctrlrange[self.arm_actuators, 1]
         self.gripper = robot.gripper
         self.grip_actuators = [raw.sim.model.actuator_name2id(a) for a in self.gripper.actuators]
+        self.grip_actuators_array = index(self.grip_actuators)
         ctrl_range = ctrlrange[self.grip_actuators]
         self.grip_bias = 0.5 * (ctrl_range[:, 1] + ctrl_range[:, 0])
         self.grip_weight = 0.5 * (ctrl_range[:, 1] - ctrl_range[:, 0])
@@ -288,6 +322,34 @@ class FlatArm:
         nv = self.model.nv
         self.jacp, self.jacr = np.zeros((3, nv)), np.zeros((3, nv))
         self.full = np.ndarray(shape=(nv, nv), dtype=np.float64, order="C")
+
+    def compiled_arguments(self, action) -> Optional[tuple]:
+        """The arguments of ``libero_kernels.substep_controls`` over this control step (the goals just set), or None
+        where the compiled substeps cannot run or the arrays are not of the types the kernels were checked with."""
+        if self.compiled_problem is not None:
+            return None
+        c = self.controller
+        arrays = (c.goal_pos, c.goal_ori, c.initial_joint, c.kp, c.kd, self.gripper.current_action)
+        if not all(type(a) is np.ndarray and a.dtype == np.float64 and a.flags.c_contiguous for a in arrays):
+            return None
+        gripper_action = action[0:self.action_dim][self.control_dim:]
+        assert len(gripper_action) == self.gripper.dof  # PandaGripper.format_action's check
+        # PandaGripper.format_action's step, the same at every substep of the control step
+        gripper_step = np.array([-1.0, 1.0]) * self.gripper.speed * np.sign(gripper_action)
+        d = self.data
+        return (d.site_xpos, d.site_xmat, d.qpos, d.qvel, d.qfrc_bias, d.ctrl, self.full, self.jacp, self.jacr,
+                self.eef_site, self.qpos_index, self.qvel_index, c.goal_pos, c.goal_ori, c.initial_joint, c.kp, c.kd,
+                bool(c.uncoupling), self.arm_actuators, self.torque_low, self.torque_high), \
+            (gripper_step, self.grip_actuators_array, self.grip_bias, self.grip_weight)
+
+    def compiled_control(self, arguments: tuple) -> None:
+        """A substep between the first and the last: MuJoCo's mass matrix and site Jacobians as :meth:`_update` gets
+        them, then the controls and the gripper's running action from ``libero_kernels.substep_controls``."""
+        mj, model, d = self._mj, self.model, self.data
+        mj.mj_fullM(model, d, self.full)
+        mj.mj_jacSite(model, d, self.jacp, self.jacr, self.eef_site)
+        arm, grip = arguments
+        self.gripper.current_action = self._substep_controls(*arm, self.gripper.current_action, *grip)
 
     def control(self, action) -> None:
         """``RobotEnv._pre_action(action, policy_step=False)`` (its dimension check done once per control step)."""
