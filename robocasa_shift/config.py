@@ -237,6 +237,10 @@ class StudyConfig:
     log_steps: bool = _option(False, help="Write a per-step log beside each record (end effector, actions, latched "
                                           "subgoals, policy samples at each boundary), for runtime monitors and "
                                           "judges; records are unchanged.")
+    log_frames: bool = _option(False, help="Keep the third-person frames of every formal rollout beside its record "
+                                           "(compressed, at most 16 MiB a rollout, hashed in the record), so `report` "
+                                           "films its pair videos without re-running rollouts; records are "
+                                           "unchanged.")
     asset_kit: Optional[str] = _option(None, help="Run on a generated asset kit: 'standin' accepts the robocasa "
                                                   "backend's stand-in kitchens (`robocasa-shift standin-kit build`), "
                                                   "primitive geometry under RoboCasa's names, refused without this. "

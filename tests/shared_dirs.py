@@ -1,6 +1,6 @@
 """Shared directories made on the fake backend, for the tests that attack them (test_security_files, test_fuzz_inputs).
 
-``make_corpus(root)`` builds, once: a run directory with step logs, a branch study in it, and a judge
+``make_corpus(root)`` builds, once: a run directory with step and frame logs, a branch study in it, and a judge
 set exported from it with predictions of a test judge. Everything is small (two tasks, six base
 episodes, two conditions) and takes a few seconds.
 """
@@ -46,7 +46,8 @@ def make_corpus(root: Path) -> Dict[str, Path]:
     from robocasa_shift.judging.judges import run_judge
 
     run = root / "run"
-    rs.run_study(run, TASKS, CONDITIONS, EPISODES, study=StudyConfig(backend="fake", policy="fake", log_steps=True),
+    rs.run_study(run, TASKS, CONDITIONS, EPISODES, study=StudyConfig(backend="fake", policy="fake", log_steps=True,
+                                                                     log_frames=True),
                  execution=QUIET)
     branch(run, Selection(max_trunks=1), BranchSettings(interventions=("continue",), k_initial=1, k_expanded=1,
                                                         stride=4), QUIET)

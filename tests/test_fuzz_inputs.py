@@ -64,7 +64,9 @@ def memory_ceiling(headroom: int = 4 * 2**30):
 RUN_FILES = ["run/manifest.json", "run/plan.json", "run/commands.jsonl", "run/.lock", "run/records",
              "run/records/formal/Reach", "run/records/formal/Reach/0001__clean__r0.json",
              "run/records/formal/Reach/0001__blur-L3__r0.json", "run/records/formal/Reach/0001__clean__r0.steps.npz",
-             "run/records/formal/PickPlace/0002__blur-L3__r0.steps.npz"]
+             "run/records/formal/PickPlace/0002__blur-L3__r0.steps.npz",
+             "run/records/formal/Reach/0001__clean__r0.frames.npz",
+             "run/records/formal/PickPlace/0002__blur-L3__r0.frames.npz"]
 BRANCH_FILES = ["run/branching", "run/branching/default/manifest.json", "run/branching/default/trunks",
                 "run/branching/default/trunks/formal/PickPlace/0000__blur-L3__r0.json",
                 "run/branching/default/trunks/formal/PickPlace/0000__blur-L3__r0.npz",
@@ -89,6 +91,25 @@ def _report(run, **kw):
         page.build_report(run, videos_per_kind=0, n_boot=100)
 
 
+def _films(run, **kw):
+    # what `report` reads to film its pairs: the frame logs of the pairs it selects (a pair whose logs are refused is
+    # re-run); the encoding reads no file and is left out
+    from unittest import mock
+
+    from robocasa_shift.analysis.export import records_frame
+    from robocasa_shift.report import videos
+    from robocasa_shift.rundir.files import atomic_write_bytes, confined
+    from robocasa_shift.rundir.store import RunStore
+
+    def encode(path, left, right, *args):
+        assert all(f.dtype == np.uint8 for cap in (left, right) for f in cap.frames)
+        atomic_write_bytes(path, b"\x00\x00\x00\x18ftypmp42")
+
+    with confined(run), mock.patch.object(videos, "compose_video", encode):
+        videos.check_video_dependencies(run, RunStore(run).require_manifest("report"), records_frame(run), 2)
+        videos.make_videos(run, records_frame(run), run / "report", per_kind=2)
+
+
 def _monitors(run, **kw):
     # what `monitors` reads of a run: every step log, scored by every monitor, and the branch studies
     # (the statistics after it are pure functions of these tables and take seconds; the writes are
@@ -108,6 +129,7 @@ COMMANDS = [
     ("export", 2, "run", lambda d: ["export", d["run"], "--out", f"{d['run']}/records.csv"], RUN_FILES),
     ("monitors", 1, "run", _monitors, RUN_FILES + ["run/monitors"]),
     ("report", 2, "run", _report, RUN_FILES + BRANCH_FILES + OUTPUT_FOLDERS[:3]),
+    ("report-videos", 2, "run", _films, RUN_FILES + OUTPUT_FOLDERS[:1]),
     ("branch", 2, "run", lambda d: ["branch", d["run"], "--max-trunks", "1", "--intervention", "continue", "--k", "1",
                                     "--k-expanded", "1", "--stride", "4", "--workers", "1", "--no-progress"],
      RUN_FILES + BRANCH_FILES),
@@ -222,6 +244,11 @@ def rehash(d, path: Path) -> None:
         record = path.with_name(path.name[: -len(".steps.npz")] + ".json")
         data = json.loads(record.read_text())
         data["step_log"]["sha256"] = digest
+        record.write_text(json.dumps(data))
+    elif path.name.endswith(".frames.npz"):
+        record = path.with_name(path.name[: -len(".frames.npz")] + ".json")
+        data = json.loads(record.read_text())
+        data["frame_log"].update(sha256=digest, bytes=path.stat().st_size)
         record.write_text(json.dumps(data))
     elif path.suffix == ".npz":
         trunk = path.with_suffix(".json")
@@ -576,6 +603,17 @@ def bomb_demo_declares_8_tb(tmp, corpus):
         "validation-0000.npz: not a demonstration file"
 
 
+def bomb_frame_log_declares_1_tb(tmp, corpus):
+    run = Path(shutil.copytree(corpus["run"], tmp / "run", symlinks=True))
+    log = run / "records" / "formal" / "Reach" / "0001__clean__r0.frames.npz"
+    with zipfile.ZipFile(log, "w") as archive:  # a few bytes that declare 10^12 frames, its record rehashed to match
+        with archive.open("delta.npy", "w") as f:
+            np.lib.format.write_array_header_1_0(f, {"descr": "|u1", "fortran_order": False,
+                                                     "shape": (10**12, 1, 64, 64, 3)})
+    rehash({}, log)
+    return ["audit", run], 1, 'FAILED {"frame_log_problems": 1}'
+
+
 def bomb_trunk_steps(tmp, corpus):
     run = Path(shutil.copytree(corpus["run"], tmp / "run", symlinks=True))
     trunk = next((run / "branching" / "default" / "trunks").rglob("*.json"))
@@ -688,6 +726,7 @@ BOMBS = {
     "judge-crop-truncated-png": bomb_crop_truncated_png,
     "trunk-20000-steps": bomb_trunk_steps,
     "demo-declares-8-tb": bomb_demo_declares_8_tb,
+    "frame-log-declares-1-tb": bomb_frame_log_declares_1_tb,
     "wheel-other-hash": bomb_wheel_other_hash,
     "wheel-entry-1gib": bomb_wheel_entry,
     "wheel-source-at-cap": bomb_wheel_source,

@@ -82,6 +82,17 @@ def test_a_run_in_progress_is_reported_as_incomplete_and_exits_1(matrix_run, tmp
     assert "INCOMPLETE" not in page and "2 base episode(s) each" in page
 
 
+def test_a_run_planned_but_with_no_records_yet_gets_an_incomplete_page_not_a_traceback(matrix_run, tmp_path):
+    run_dir = tmp_path / "planned"
+    shutil.copytree(matrix_run[0], run_dir)
+    shutil.rmtree(run_dir / "report")
+    shutil.rmtree(run_dir / "records")  # interrupted before its first record (pair videos asked for, none to film)
+    proc = cli("report", str(run_dir), check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "INCOMPLETE RUN: 0 of 26 planned formal rollouts are recorded" in proc.stderr
+    assert "No formal-phase records yet" in (run_dir / "report" / "index.html").read_text()
+
+
 @pytest.mark.parametrize("command", ["report", "audit"])
 def test_a_folder_without_a_manifest_gets_no_report_and_no_audit(command, tmp_path):
     empty = tmp_path / "empty"

@@ -41,6 +41,7 @@ from robocasa_shift.core.factors import (
     perturbation_entries,
 )
 from robocasa_shift.analysis.behaviour import differences, formal_behaviour, run_behaviour
+from robocasa_shift.core.framelog import FrameLogError
 from robocasa_shift.core.records import RolloutKey, unlatched_success
 from robocasa_shift.core.steplog import StepLogError
 from robocasa_shift.errors import Error, RunDirError, SpecError, UnknownNameError
@@ -60,6 +61,7 @@ ZERO_CHECKS = (
     "runtime_failures",
     "stage_tracker_errors",
     "step_log_problems",
+    "frame_log_problems",
     "unexpected_truncations",
 )
 
@@ -267,6 +269,9 @@ def audit_run(run_dir: Path | str, phase: str = "formal") -> CheckResult:
             problem = step_log_problem(store, rec)
             if problem:
                 failing["step_log_problems"].append(f"{key.id}: {problem}")
+            problem = frame_log_problem(store, rec)
+            if problem:
+                failing["frame_log_problems"].append(f"{key.id}: {problem}")
             official = horizons.get(task, rec.get("horizon"))
             ended_early = rec.get("valid") and not rec.get("success") and rec.get("steps", 0) < rec.get("horizon", 0)
             if rec.get("truncated") or ended_early or rec.get("horizon") != official:
@@ -365,6 +370,29 @@ def step_log_problem(store: RunStore, rec: Dict[str, Any]) -> Optional[str]:
     return "; ".join(problems) or None
 
 
+def frame_log_problem(store: RunStore, rec: Dict[str, Any]) -> Optional[str]:
+    """What is wrong with a record's frame log (None when it has none, or a sound one).
+
+    The file must be there with the size and SHA-256 the record holds, decode within the size the record
+    declares, hold a frame after the injection and after every step the record counts, and name its key.
+    """
+    try:
+        log = store.frame_log(rec)
+    except FrameLogError as exc:
+        return str(exc)
+    if log is None:
+        return None
+    info, problems = rec["frame_log"], []
+    if log.steps != rec.get("steps") or info.get("steps") != log.steps:
+        problems.append(f"{log.steps + 1} logged frames, the record has {rec.get('steps')} steps")
+    if info.get("cameras") != len(log.meta["cameras"]) or info.get("size") != log.delta.shape[2]:
+        problems.append(f"{len(log.meta['cameras'])} cameras of {log.delta.shape[2]} px logged, the record says "
+                        f"{info.get('cameras')} of {info.get('size')}")
+    if log.meta.get("key") != RolloutKey.from_record(rec).to_json():
+        problems.append(f"the log belongs to {str(log.meta.get('key'))[:200]}")
+    return "; ".join(problems) or None
+
+
 def audit_stem(phase: str = "formal") -> str:
     """Where the audit of ``phase`` goes: ``audit`` for the formal phase (what ``report`` reads), else ``audit-<phase>``."""
     return "audit" if phase == "formal" else f"audit-{phase}"
@@ -427,6 +455,7 @@ LABELS = {
     "runtime_failures": "runtime failures",
     "stage_tracker_errors": "StageTracker errors",
     "step_log_problems": "step-log problems",
+    "frame_log_problems": "frame-log problems",
     "unexpected_truncations": "unexpected truncations",
 }
 

@@ -16,8 +16,8 @@ from typing import Any, Dict, List, Sequence
 from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.rundir.store import RunStore
 
-# wall-clock timings, the renderer's name and the step log's file name: not results
-VOLATILE = ("timing", "wall_s", "renderer", "step_log")
+# wall-clock timings, the renderer's name and the summaries of the step and frame logs: not results
+VOLATILE = ("timing", "wall_s", "renderer", "step_log", "frame_log")
 
 
 def key_text(rec: Dict[str, Any]) -> str:

@@ -106,9 +106,10 @@ def report_command(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, pol
     """RUN_DIR/report/index.html: tables, figures and side-by-side videos of matched pairs.
 
     Also refreshes RUN_DIR/analysis/ (summary.json, CSV tables) and the audit.
-    Videos re-run the selected pairs with frame capture; the page says whether
-    each re-run reproduced the recorded outcome and subgoal steps exactly.
-    The re-runs rebuild the run's policy, but where it connects and how it
+    A pair whose rollouts logged their frames (run with --log-frames) is
+    filmed from them, with no simulator; any other pair is re-run with frame
+    capture, and the page says whether each re-run reproduced the recorded
+    outcome and subgoal steps exactly. The re-runs rebuild the run's policy, but where it connects and how it
     decodes replies come from this command line, not from RUN_DIR (which
     anyone may have written), unless --trust-run-dir is given. A run with
     planned rollouts not yet recorded gets a page that says so, and exit 1.

@@ -204,8 +204,8 @@ def REPLAY_POLICY_OPTIONS(fn: Callable) -> Callable:
 
 
 def study_options(policy_help: Optional[str] = None, render_profile: bool = False, log_steps: bool = False) -> Callable:
-    """--policy, --backend, --policy-option, --stock-simulator (and --render-profile, --log-steps): the command gets
-    ``study: StudyConfig``."""
+    """--policy, --backend, --policy-option, --stock-simulator (and --render-profile, --log-steps with
+    --log-frames): the command gets ``study: StudyConfig``."""
 
     options = [
         ("policy", config_option(StudyConfig, "policy", show_default=True,
@@ -220,6 +220,8 @@ def study_options(policy_help: Optional[str] = None, render_profile: bool = Fals
     if log_steps:
         options.append(("log_steps", config_option(StudyConfig, "log_steps", "--log-steps/--no-log-steps",
                                                    show_default=True)))
+        options.append(("log_frames", config_option(StudyConfig, "log_frames", "--log-frames/--no-log-frames",
+                                                    show_default=True)))
     options.append(("stock_simulator", config_option(StudyConfig, "stock_simulator",
                                                      "--stock-simulator/--no-stock-simulator", show_default=True)))
     options.append(("asset_kit", ASSET_KIT_OPTION))

@@ -79,6 +79,7 @@ class Record:
     policy_calls: int = 0
     frames_rendered: int = 0
     step_log: Optional[Dict[str, Any]] = None  # {sha256, steps, boundaries, samples} of the log beside the record
+    frame_log: Optional[Dict[str, Any]] = None  # {sha256, bytes, steps, cameras, size} of the frames beside the record
     # a generated asset kit the rollout ran on ("standin": the robocasa stand-in kitchens) and its content hash;
     # None on a backend's own assets
     asset_kit: Optional[str] = None
@@ -96,8 +97,9 @@ class Record:
 
     def to_json(self) -> Dict[str, Any]:
         data = asdict(self)
-        if data["source"] is None:  # the harness's own records keep their shape
-            del data["source"]
+        for name in ("source", "frame_log"):  # absent unless used: records without them keep their shape
+            if data[name] is None:
+                del data[name]
         return data
 
     @classmethod

@@ -69,6 +69,39 @@ class Observer:
         pass
 
 
+class Observers(Observer):
+    """Several observers of one rollout (a step log and a frame log), each hook passed to each in order."""
+
+    def __init__(self, observers: Sequence[Observer]):
+        self.observers = list(observers)
+
+    def on_start(self, env) -> None:
+        for o in self.observers:
+            o.on_start(env)
+
+    def on_boundary(self, rollout: "Rollout") -> None:
+        for o in self.observers:
+            o.on_boundary(rollout)
+
+    def on_observation(self, step: int, images: Dict[str, np.ndarray]) -> None:
+        for o in self.observers:
+            o.on_observation(step, images)
+
+    def before_act(self, rollout: "Rollout", obs: Observation) -> None:
+        for o in self.observers:
+            o.before_act(rollout, obs)
+
+    def on_step(self, step: int, action: np.ndarray, env, latched: list) -> None:
+        for o in self.observers:
+            o.on_step(step, action, env, latched)
+
+
+def observing(*observers: Optional[Observer]) -> Optional[Observer]:
+    """The one observer a rollout takes for ``observers`` (None left out): None, the only one, or a group."""
+    present = [o for o in observers if o is not None]
+    return None if not present else present[0] if len(present) == 1 else Observers(present)
+
+
 def prepare_episode(env, protocol: Protocol, key: RolloutKey) -> str:
     """Reset to the key's base episode; return the pre-perturbation fingerprint."""
     env.reset(seeding.env_seed(protocol.study_seed, key.task, key.phase, key.episode), BaseEpisode(key.phase, key.episode))

@@ -588,7 +588,8 @@ def _audit_table(audit: Dict[str, Any]) -> str:
     rows = []
     for task, t in audit["tasks"].items():
         row = {"task": task, "expected": t["expected_rollouts"], "valid": t["valid_rollouts"], "distinct episodes": t["distinct_base_episodes"]}
-        row.update({LABELS[c]: t["checks"][c]["count"] for c in ZERO_CHECKS})
+        # an audit written before a check existed has no count for it
+        row.update({LABELS[c]: t["checks"].get(c, {}).get("count", "-") for c in ZERO_CHECKS})
         row["passed"] = "yes" if t["passed"] else "NO"
         rows.append(row)
     verdict = "<p class='good'>Audit passed.</p>" if audit["passed"] else "<p class='bad'>Audit FAILED: see audit.md.</p>"
@@ -670,10 +671,14 @@ def _video_section(videos: List[Dict[str, Any]], videos_per_kind: int, external_
         else:
             parts.append("<p>No S->F or F->S pair in this run.</p>")
     for v in videos:
-        status = "re-run reproduced the recorded outcome and subgoal steps exactly" if v["reproduced"] else \
-            "<b>re-run did NOT reproduce the record</b>: " + esc("; ".join(v["problems"]))
+        if v.get("source") == "logged":
+            status = ("filmed from the third-person frames the run logged (nothing re-run; both files have the "
+                      "SHA-256 their records hold)")
+        else:
+            status = "re-run reproduced the recorded outcome and subgoal steps exactly" if v["reproduced"] else \
+                "<b>re-run did NOT reproduce the record</b>: " + esc("; ".join(v["problems"]))
         if v.get("kept"):
-            status = "kept from the previous report of these same two records (not re-run); its " + status
+            status = "kept from the previous report of these same two records (not filmed again); " + status
         parts.append(f"<h3>{esc(v['kind'])}: {esc(v['task'])} episode {esc(v['episode'])}, {esc(v['condition'])}</h3>"
                      f"<video controls preload='metadata' src='{src(v['file'])}'></video><p class='small'>{status}. "
                      f"Subgoal steps, clean: {esc(stage_steps_text(v['subgoals'], v['clean_stage_steps']))}; "
@@ -740,7 +745,7 @@ def _build_report(run_dir: Path, videos_per_kind: int, bootstrap_seed: int, n_bo
     store = RunStore(run_dir)
     manifest = store.require_manifest("report")
     df, unknown = _known_conditions(records_frame(run_dir))
-    check_video_dependencies(manifest, df, videos_per_kind)  # a missing extra is said before anything is written
+    check_video_dependencies(run_dir, manifest, df, videos_per_kind)  # a missing extra is said before anything is written
     audit, audit_note = read_audit(run_dir)
     factor_order = load_protocol().factor_order
     kit = kits.run_asset_kit(manifest)

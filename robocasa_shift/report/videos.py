@@ -1,8 +1,10 @@
-"""Paired videos: chosen pairs re-run with frame capture and written side by side as MP4 files.
+"""Paired videos: chosen pairs written side by side as MP4 files, from logged frames or re-run with frame capture.
 
-Rollouts are deterministic given their key, so a pair is re-run (:mod:`robocasa_shift.engine.replay`)
-instead of recording every rollout; the re-run must reproduce the recorded outcome and subgoal
-completion steps exactly, and the page says so when it does not.
+A run made with ``--log-frames`` kept every formal rollout's third-person frames beside its record
+(:mod:`robocasa_shift.core.framelog`): a pair whose two logs are there, unchanged (the SHA-256 its records
+hold), is filmed from them with no simulator at all. Otherwise, rollouts being deterministic given their
+key, the pair is re-run (:mod:`robocasa_shift.engine.replay`); the re-run must reproduce the recorded
+outcome and subgoal completion steps exactly, and the page says so when it does not.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pandas as pd
 
 from robocasa_shift.backends import get_backend
 from robocasa_shift.core.conditions import Condition
+from robocasa_shift.core.framelog import FrameLogError
 from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.core.specs import load_stage_spec
 from robocasa_shift.engine.replay import FrameCapture, Replayer
@@ -114,6 +117,8 @@ def _encode(path: Path, left: FrameCapture, right: FrameCapture, titles: Tuple[s
 
 def select_pairs(df: pd.DataFrame, per_kind: int = 2) -> List[Tuple[str, Dict[str, Any], Dict[str, Any]]]:
     """Up to ``per_kind`` S->F and F->S pairs, preferring different conditions and tasks."""
+    if df.empty:  # no records: not even the columns
+        return []
     df = df[(df["phase"] == "formal") & (df["replicate"] == 0) & df["valid"]]
     clean = df[df["condition"] == "clean"].set_index(["task", "episode"])
     chosen = []
@@ -147,6 +152,7 @@ def records_digest(clean: Mapping[str, Any], perturbed: Mapping[str, Any]) -> st
 # A kept entry of report/videos.json: these fields, these types (anything else and the pair is filmed again).
 KEPT_FIELDS = {"file": str, "kind": str, "task": str, "episode": int, "condition": str, "reproduced": bool,
                "problems": list, "records_sha256": str}
+SOURCES = ("logged", "re-run")  # where a video's frames came from: the run's frame logs, or a re-run
 
 
 def _earlier_videos(run_dir: Path, out: Path) -> Dict[str, Dict[str, Any]]:
@@ -167,41 +173,44 @@ def _earlier_videos(run_dir: Path, out: Path) -> Dict[str, Dict[str, Any]]:
         if isinstance(entry, dict) and all(isinstance(entry.get(k), t) and not (t is int and isinstance(entry.get(k), bool))
                                            for k, t in KEPT_FIELDS.items()) \
                 and all(isinstance(p, str) for p in entry["problems"]) and is_regular_file(out / entry["file"], run_dir):
-            kept[entry["file"]] = {k: entry[k] for k in KEPT_FIELDS}
+            # a list written before frames were logged has no source: its videos were re-run
+            kept[entry["file"]] = {**{k: entry[k] for k in KEPT_FIELDS},
+                                   "source": entry["source"] if entry.get("source") in SOURCES else "re-run"}
     return kept
 
 
-def check_video_dependencies(manifest: Mapping[str, Any], df: pd.DataFrame, per_kind: int) -> None:
-    """Before the report writes anything: what filming its pairs needs, installed (imageio with ffmpeg, the run's
-    backend and the optional modules its policy ``requires``), when there are pairs to film.
+def _logged_captures(store: RunStore, clean: Mapping[str, Any], perturbed: Mapping[str, Any]
+                     ) -> Optional[Tuple[FrameCapture, FrameCapture]]:
+    """The pair's frames as the run logged them (``--log-frames``), or None when either record has none or its file
+    is missing, changed since it was written or not a frame log (the pair is then re-run, as without logs)."""
+    captures = []
+    for record in (clean, perturbed):
+        try:
+            log = store.frame_log(record)
+        except FrameLogError:
+            log = None
+        if log is None or log.steps != record.get("steps"):
+            return None
+        capture = FrameCapture(list(log.meta["cameras"]), int(log.delta.shape[2]))
+        capture.frames = list(log.frames)
+        capture.latched = sorted((step, name) for name, step in zip(record.get("stage_names") or [],
+                                                                     record.get("stage_steps") or [])
+                                 if isinstance(step, int))
+        captures.append(capture)
+    return captures[0], captures[1]
 
-    Raises:
-        DependencyMissing: the ``report`` extra, or the extra the backend or policy needs (``--videos 0`` leaves the
-            videos out).
-        BackendUnavailable: the run's backend cannot run here.
-    """
-    policy = manifest.get("policy") if isinstance(manifest.get("policy"), dict) else {}
-    if per_kind <= 0 or policy.get("driver") or not select_pairs(df, per_kind):
-        return
-    purpose = "the report's pair videos (--videos 0 leaves them out)"
-    require("imageio", "report", purpose)
-    require("imageio_ffmpeg", "report", purpose)
-    get_backend(str(manifest.get("backend"))).check_available()
-    for module, extra in getattr(POLICIES.get(str(policy.get("name"))), "requires", ()):
-        require(module, extra, f"{purpose}, which re-run policy {policy.get('name')!r},")
+
+def _has_logged_frames(store: RunStore, clean: Mapping[str, Any], perturbed: Mapping[str, Any]) -> bool:
+    """Both records name a frame log whose file is there with the size and SHA-256 they hold (nothing decoded)."""
+    try:
+        return all(store.frame_log_bytes(r) is not None for r in (clean, perturbed))
+    except FrameLogError:
+        return False
 
 
-def make_videos(run_dir: Path, df: pd.DataFrame, out: Path, per_kind: int = 2,
-                policy_options: Optional[Mapping[str, Any]] = None, trust_run_dir: bool = False,
-                progress: bool = False) -> List[Dict[str, Any]]:
-    """Re-run the selected pairs with frame capture and write one side-by-side MP4 per pair.
-
-    A pair the previous report already filmed from the same two records (``records_sha256``) keeps its video:
-    a report made again, or of a copied run, re-runs nothing it has. ``progress``: a bar on stderr with the
-    pairs filmed and the time left (each pair re-runs two rollouts).
-    """
-    from tqdm import tqdm
-
+def _plan(run_dir: Path, df: pd.DataFrame, out: Path, per_kind: int) -> List[Tuple[List[RolloutKey], Dict[str, Any]]]:
+    """The selected pairs, each with its keys and its entry: ``kept`` (the previous report filmed these same two
+    records), ``source`` ``logged`` (the run logged both rollouts' frames) or ``re-run``."""
     pairs = select_pairs(df, per_kind)
     if not pairs:
         return []
@@ -220,18 +229,75 @@ def make_videos(run_dir: Path, df: pd.DataFrame, out: Path, per_kind: int = 2,
         entry = {"file": name, "kind": kind, "task": task, "episode": ep, "condition": cond, "records_sha256": digest,
                  "clean_stage_steps": stored[keys[0]].get("stage_steps"),
                  "perturbed_stage_steps": stored[keys[1]].get("stage_steps"),
-                 "subgoals": load_stage_spec(manifest["backend"], task).names}
+                 "subgoals": load_stage_spec(manifest["backend"], task).names,
+                 "source": "logged" if _has_logged_frames(store, stored[keys[0]], stored[keys[1]]) else "re-run"}
         before = earlier.get(name)
         same = before is not None and all(before[k] == entry[k] for k in ("kind", "task", "episode", "condition",
                                                                            "records_sha256"))
         plan.append((keys, {**entry, **({"reproduced": before["reproduced"], "problems": before["problems"],
-                                         "kept": True} if same else {})}))
+                                         "source": before["source"], "kept": True} if same else {})}))
+    return plan
+
+
+def check_video_dependencies(run_dir: Path, manifest: Mapping[str, Any], df: pd.DataFrame, per_kind: int) -> None:
+    """Before the report writes anything: what filming its pairs needs, installed (imageio with ffmpeg; and the run's
+    backend and the optional modules its policy ``requires`` when a pair must be re-run: one neither kept from the
+    previous report nor logged by the run).
+
+    Raises:
+        DependencyMissing: the ``report`` extra, or the extra the backend or policy needs (``--videos 0`` leaves the
+            videos out).
+        BackendUnavailable: the run's backend cannot run here.
+    """
+    policy = manifest.get("policy") if isinstance(manifest.get("policy"), dict) else {}
+    if per_kind <= 0 or policy.get("driver") or not select_pairs(df, per_kind):
+        return
+    purpose = "the report's pair videos (--videos 0 leaves them out)"
+    require("imageio", "report", purpose)
+    require("imageio_ffmpeg", "report", purpose)
+    if all(entry.get("kept") or entry["source"] == "logged" for _, entry in _plan(run_dir, df, run_dir / "report",
+                                                                                  per_kind)):
+        return
+    get_backend(str(manifest.get("backend"))).check_available()
+    for module, extra in getattr(POLICIES.get(str(policy.get("name"))), "requires", ()):
+        require(module, extra, f"{purpose}, which re-run policy {policy.get('name')!r},")
+
+
+def make_videos(run_dir: Path, df: pd.DataFrame, out: Path, per_kind: int = 2,
+                policy_options: Optional[Mapping[str, Any]] = None, trust_run_dir: bool = False,
+                progress: bool = False) -> List[Dict[str, Any]]:
+    """Write one side-by-side MP4 per selected pair: from the frames the run logged (``--log-frames``) where both
+    rollouts have them, else by re-running the pair with frame capture.
+
+    A pair the previous report already filmed from the same two records (``records_sha256``) keeps its video:
+    a report made again, or of a copied run, films nothing it has. ``progress``: a bar on stderr with the
+    pairs filmed and the time left.
+    """
+    from tqdm import tqdm
+
+    plan = _plan(run_dir, df, out, per_kind)
     todo = [(keys, entry) for keys, entry in plan if not entry.get("kept")]
-    if todo:
-        bar = tqdm(total=len(todo), desc="pair videos (2 rollouts re-run each)", unit="pair", disable=not progress,
+    if not todo:
+        return [entry for _, entry in plan]
+    store = RunStore(run_dir)
+    manifest = store.manifest() or {}
+    stored = {RolloutKey.from_record(r): r for r in store.records()}
+    rerun = []
+    for keys, entry in todo:
+        logged = _logged_captures(store, stored[keys[0]], stored[keys[1]]) if entry["source"] == "logged" else None
+        if logged is None:
+            entry["source"] = "re-run"
+            rerun.append((keys, entry))
+            continue
+        clean, perturbed = logged
+        compose_video(out / entry["file"], clean, perturbed, ("clean", entry["condition"]), entry["subgoals"],
+                      (bool(stored[keys[0]].get("success")), bool(stored[keys[1]].get("success"))))
+        entry.update({"reproduced": True, "problems": [], "kept": False})
+    if rerun:
+        bar = tqdm(total=len(rerun), desc="pair videos (2 rollouts re-run each)", unit="pair", disable=not progress,
                    dynamic_ncols=True)
         with Replayer(manifest, policy_options, trust_run_dir) as replayer, bar:
-            for keys, entry in todo:
+            for keys, entry in rerun:
                 clean, perturbed = replayer.replay_all(keys, stored)
                 compose_video(out / entry["file"], clean.capture, perturbed.capture, ("clean", entry["condition"]),
                               entry["subgoals"], (bool(clean.record.success), bool(perturbed.record.success)))

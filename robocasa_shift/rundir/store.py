@@ -47,6 +47,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from robocasa_shift.config import redact_argv, redact_options, redact_text
 from robocasa_shift.core.records import Record, RolloutKey
+from robocasa_shift.core.framelog import FrameLog, FrameLogError, frame_log_path, max_file_bytes, max_frame_bytes
 from robocasa_shift.core.steplog import StepLog, StepLogError, log_path, max_log_bytes
 from robocasa_shift.errors import RunDirError, RunDirLocked
 from robocasa_shift.rundir.files import (
@@ -93,7 +94,7 @@ RECORD_FIELD_TYPES: Dict[str, Tuple[Any, ...]] = {
     "steps": (int,), "truncated": (bool,), "stages_completed": (int,), "first_incomplete": (int, None),
     "stage_steps": (list,), "stage_error": (str, None), "perturbation": (dict, None), "valid": (bool,),
     "error": (str, None), "error_kind": (str, None), "renderer": (str, None), "wall_s": _NUMBER, "timing": (dict,),
-    "policy_calls": (int,), "frames_rendered": (int,), "step_log": (dict, None),
+    "policy_calls": (int,), "frames_rendered": (int,), "step_log": (dict, None), "frame_log": (dict, None),
     "asset_kit": (str, None), "asset_kit_sha256": (str, None), "source": (dict, None),
 }
 # The type of every manifest field a command reads (when present): a forged manifest is refused by name.
@@ -384,18 +385,19 @@ class RunStore:
         name = f"{key.episode:04d}__{_condition_slug(key.condition)}__r{key.replicate}.json"
         return self.root / base / key.phase / key.task / name
 
-    def write(self, record: Record, step_log: Optional[bytes] = None) -> Path:
+    def write(self, record: Record, step_log: Optional[bytes] = None, frame_log: Optional[bytes] = None) -> Path:
         """Write ``record`` atomically at its key's path; return the path.
 
-        A step log is written first (beside the record, see ``engine/step_logger.py``), so a record that
-        names a log always has it; a record written without one removes a stale log of its key.
+        Its step log and frame log are written first (beside the record, see ``engine/step_logger.py`` and
+        ``engine/frame_logger.py``), so a record that names a log always has it; a record written without one
+        removes a stale log of its key.
         """
         path = self.record_path(record.key)
-        log = log_path(path)
-        if step_log is not None:
-            atomic_write_bytes(log, step_log, self.root)
-        elif os.path.lexists(log):
-            log.unlink()
+        for sidecar, data in ((log_path(path), step_log), (frame_log_path(path), frame_log)):
+            if data is not None:
+                atomic_write_bytes(sidecar, data, self.root)
+            elif os.path.lexists(sidecar):
+                sidecar.unlink()
         atomic_write_json(path, record.to_json(), self.root)
         return path
 
@@ -412,25 +414,60 @@ class RunStore:
             raise StepLogError(f"record {RolloutKey.from_record(record).id}: field 'step_log' is not an object")
         path = log_path(self.record_path(RolloutKey.from_record(record)))
         cap = max_log_bytes(info)
-        try:
-            data = read_bytes(path, self.root, cap, "step log")
-        except OSError as exc:
-            raise StepLogError(f"{path}: the record names a step log that cannot be read ({exc.strerror})") from None
-        found = hashlib.sha256(data).hexdigest()
-        if found != info.get("sha256"):
-            raise StepLogError(f"{path}: step log changed since it was written (sha256 {found}, "
-                               f"the record holds {str(info.get('sha256'))[:64]})")
+        data = self._sidecar(path, info, cap, StepLogError, "step log")
         return StepLog.read(data, str(path), cap)
 
+    def frame_log_bytes(self, record: Dict[str, Any]) -> Optional[bytes]:
+        """The bytes of a record's frame log (None when it has none), checked against the size and hash the record
+        holds; nothing is decompressed.
+
+        Raises:
+            FrameLogError: the file is missing, larger than the record says, or changed since it was written.
+        """
+        info = record.get("frame_log")
+        if not info:
+            return None
+        if not isinstance(info, dict):
+            raise FrameLogError(f"record {RolloutKey.from_record(record).id}: field 'frame_log' is not an object")
+        path = frame_log_path(self.record_path(RolloutKey.from_record(record)))
+        return self._sidecar(path, info, max_file_bytes(info), FrameLogError, "frame log")
+
+    def frame_log(self, record: Dict[str, Any]) -> Optional[FrameLog]:
+        """The frame log of a record (None when it has none): :meth:`frame_log_bytes`, decoded within the size its
+        record declares.
+
+        Raises:
+            FrameLogError: as :meth:`frame_log_bytes`, or the file is not a frame log.
+        """
+        data = self.frame_log_bytes(record)
+        if data is None:
+            return None
+        path = frame_log_path(self.record_path(RolloutKey.from_record(record)))
+        return FrameLog.read(data, str(path), max_frame_bytes(record["frame_log"]))
+
+    def _sidecar(self, path: Path, info: Dict[str, Any], cap: int, error: type, what: str) -> bytes:
+        """A log file's bytes (at most ``cap``), refused with ``error`` unless its SHA-256 is the one in ``info``."""
+        try:
+            data = read_bytes(path, self.root, cap, what)
+        except OSError as exc:
+            raise error(f"{path}: the record names a {what} that cannot be read "
+                        f"({exc.strerror or str(exc)[:200]})") from None
+        found = hashlib.sha256(data).hexdigest()
+        if found != info.get("sha256"):
+            raise error(f"{path}: {what} changed since it was written (sha256 {found}, "
+                        f"the record holds {str(info.get('sha256'))[:64]})")
+        return data
+
     def supersede(self, key: RolloutKey) -> None:
-        """Move the current record of ``key`` (and its step log) into the history (before re-running it)."""
+        """Move the current record of ``key`` (and its step and frame logs) into the history (before re-running it)."""
         path = self.record_path(key)
         if not path.exists():
             return
         stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S%f")
         dest = self.record_path(key, base="history").with_suffix(f".{stamp}.json")
-        if os.path.lexists(log_path(path)):
-            move(log_path(path), log_path(dest), self.root)
+        for sidecar in (log_path, frame_log_path):
+            if os.path.lexists(sidecar(path)):
+                move(sidecar(path), sidecar(dest), self.root)
         move(path, dest, self.root)
 
     def record_files(self, base: str = "records") -> Iterator[Path]:

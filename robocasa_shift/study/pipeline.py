@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from robocasa_shift.config import StudyConfig
 from robocasa_shift.core.records import RolloutKey
+from robocasa_shift.core.framelog import MAX_FILE_BYTES, frame_log_path
 from robocasa_shift.core.steplog import MAX_LOG_BYTES, log_path
 from robocasa_shift.errors import RunDirError
 from robocasa_shift.rundir.files import MAX_RECORD_BYTES, atomic_write_bytes, atomic_write_json, read_bytes
@@ -156,11 +157,13 @@ def merge(out: Path | str, sources: Sequence[Path | str]) -> Dict[str, Any]:
                 else:
                     dest = _history_path(target, key, path.name, copies)
                 copies[dest] = raw
-                if rec.get("step_log") and os.path.lexists(log_path(path)):  # the audit checks its hash
-                    try:
-                        copies[log_path(dest)] = read_bytes(log_path(path), store.root, MAX_LOG_BYTES, "step log")
-                    except OSError as exc:
-                        raise RunDirError(f"{log_path(path)}: step log cannot be read ({exc.strerror})") from None
+                for field, sidecar, cap, what in (("step_log", log_path, MAX_LOG_BYTES, "step log"),
+                                                  ("frame_log", frame_log_path, MAX_FILE_BYTES, "frame log")):
+                    if rec.get(field) and os.path.lexists(sidecar(path)):  # the audit checks its hash
+                        try:
+                            copies[sidecar(dest)] = read_bytes(sidecar(path), store.root, cap, what)
+                        except OSError as exc:
+                            raise RunDirError(f"{sidecar(path)}: {what} cannot be read ({exc.strerror})") from None
     with target:
         if any(True for _ in target.record_files()):
             raise RunDirError(f"{out} already holds records; merge into a new directory")

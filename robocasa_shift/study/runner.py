@@ -169,7 +169,7 @@ class RunSession:
                 record = as_record(result)
                 if retry_errors:
                     self.store.supersede(record.key)
-                self.store.write(record, result.get("step_log"))
+                self.store.write(record, result.get("step_log"), result.get("frame_log"))
                 if not renderer_written and result.get("renderer_info"):
                     # what drew the frames and what ran of the simulator's shortcuts, as the first worker saw them
                     self.store.ensure_manifest({"renderer": result["renderer_info"],

@@ -32,7 +32,9 @@ from robocasa_shift.core.backend import check_hooks
 from robocasa_shift.core.conditions import Condition
 from robocasa_shift.core.factors import required_hooks
 from robocasa_shift.core.records import Record, RolloutKey
-from robocasa_shift.engine.rollout import run_lockstep, run_rollout
+from robocasa_shift.core.framelog import DEFAULT_MAX_BYTES
+from robocasa_shift.engine.frame_logger import FrameLogger
+from robocasa_shift.engine.rollout import observing, run_lockstep, run_rollout
 from robocasa_shift.engine.step_logger import StepLogger
 from robocasa_shift.errors import Error, PolicyOptionError
 from robocasa_shift.policies import (
@@ -179,32 +181,38 @@ class StudyCache:
 
     def run_keys(self, keys: Sequence[RolloutKey]) -> List[Record]:
         """Run keys of one task: alone, or in lockstep with one batched policy call per decision point."""
-        return [record for record, _ in self.run_keys_logged(keys)]
+        return [record for record, _, _ in self.run_keys_logged(keys)]
 
-    def run_keys_logged(self, keys: Sequence[RolloutKey]) -> List[Tuple[Record, Optional[bytes]]]:
-        """:meth:`run_keys`, each record with its step log's bytes (None unless ``log_steps``).
+    def run_keys_logged(self, keys: Sequence[RolloutKey]) -> List[Tuple[Record, Optional[bytes], Optional[bytes]]]:
+        """:meth:`run_keys`, each record with its step log's bytes (None unless ``log_steps``) and its frame log's
+        (None unless ``log_frames``, the key is formal and the file fits its cap).
 
-        A logged record's ``step_log`` holds the log's SHA-256 and counts; the log is written
-        beside the record by the store.
+        A logged record's ``step_log`` and ``frame_log`` hold each file's SHA-256 and counts; the files are
+        written beside the record by the store.
         """
         task = keys[0].task
         envs, spec = self.envs(task, len(keys)), self.stage_spec(task)
         backend = self.config.backend
-        loggers = [StepLogger(k, self.protocol.study_seed) for k in keys] if self.config.log_steps else [None] * len(keys)
+        loggers = [StepLogger(k, self.protocol.study_seed) if self.config.log_steps else None for k in keys]
+        filmers = [FrameLogger(k, self.protocol, self.policy.image_size, DEFAULT_MAX_BYTES)
+                   if self.config.log_frames and k.phase == "formal" else None for k in keys]
+        observers = [observing(logger, filmer) for logger, filmer in zip(loggers, filmers)]
         if len(keys) == 1:
-            records = [run_rollout(envs[0], self.policy, keys[0], self.protocol, spec, backend, loggers[0])]
+            records = [run_rollout(envs[0], self.policy, keys[0], self.protocol, spec, backend, observers[0])]
         else:
             records = run_lockstep(envs, self.policies(len(keys)), keys, self.protocol, spec, backend,
-                                   observers=loggers)
+                                   observers=observers)
         out = []
-        for record, logger in zip(records, loggers):
+        for record, logger, filmer in zip(records, loggers, filmers):
             record.renderer = self._renderer_summary(envs[0])
-            data = None
+            data = frames = None
             if logger is not None and logger.started:
                 log = logger.log(spec.names)
                 data = log.to_bytes()
                 record.step_log = log.summary(data)
-            out.append((record, data))
+            if filmer is not None:
+                frames, record.frame_log = filmer.encoded()
+            out.append((record, data, frames))
         return out
 
     def _renderer_summary(self, env) -> str:
@@ -273,10 +281,10 @@ class RolloutGroup:
         return len(self.keys)
 
     def run(self, cache: StudyCache) -> List[Dict[str, Any]]:
-        """One result per key: the record, its step log's bytes (or None) and the renderer in use."""
-        return [{"record": r.to_json(), "step_log": log, "renderer_info": cache.renderer_info,
+        """One result per key: the record, its step log's and frame log's bytes (or None) and the renderer in use."""
+        return [{"record": r.to_json(), "step_log": log, "frame_log": frames, "renderer_info": cache.renderer_info,
                  "simulator_info": cache.simulator_info}
-                for r, log in cache.run_keys_logged(self.keys)]
+                for r, log, frames in cache.run_keys_logged(self.keys)]
 
     def unrun(self, study: StudyConfig, kind: str, message: str,
               protocol: Optional[specs.Protocol] = None) -> List[Dict[str, Any]]:

@@ -73,9 +73,9 @@ def run_sweep(run_dir: Path | str, task: str, factor: str, episodes: Sequence[in
                 key = RolloutKey(phase, task, episode, CLEAN if level < 0 else conditions[level + 1])
                 rec = recorded.get(key)
                 if rec is None:
-                    record, log = cache.run_keys_logged([key])[0]
+                    record, log, frames = cache.run_keys_logged([key])[0]
                     store.add_to_plan([key])
-                    store.write(record, log)
+                    store.write(record, log, frames)
                     rec = recorded[key] = record.to_json()
                 if rec.get("valid") is not True:
                     raise InvalidRollout(f"{key.id}: {rec.get('error')}")
