@@ -560,8 +560,10 @@ def test_the_bench_retraces_a_kitchen_rollout_though_each_reset_builds_a_new_sim
     assert parts["physics"] > 0 and parts["controller"] > 0
 
 
-def test_the_kitchen_golden_run_is_reproduced_on_the_fast_path(tmp_path):
-    """The expert's golden kitchen rollout (recorded with the code from before the fast path), field for field."""
+@pytest.mark.parametrize("stock", [False, True])
+def test_the_kitchen_golden_run_is_reproduced_with_and_without_the_fast_path(tmp_path, stock):
+    """The expert's golden kitchen run (recorded with the code from before the fast path), field for field: one base
+    episode's clean and perturbed rollouts on the fast path, the other's on the stock simulator."""
     from golden import assert_reproduced, backend_golden
 
     if _kit_opt_in() is None:
@@ -570,10 +572,13 @@ def test_the_kitchen_golden_run_is_reproduced_on_the_fast_path(tmp_path):
     if digest is None:
         pytest.skip(why)
     run = tmp_path / "run"
-    cli("run", "--backend", "robocasa", "--asset-kit", "standin", "--task", "RinseSinkBasin", "--condition", "clean",
-        "--episodes", "0", "--policy", "expert", "--workers", "1", "--no-progress", "--run-dir", str(run), timeout=1800)
-    assert_reproduced(digest, run, count=1)
-    assert json.loads((run / "manifest.json").read_text())["simulator"]["fastpath"]["fused_step"]
+    cli("run", "--backend", "robocasa", "--asset-kit", "standin", "--task", "RinseSinkBasin", "--phase", "validation",
+        "--condition", "clean,action_latency:L2", "--episodes", "1" if stock else "0", "--policy", "expert",
+        "--workers", "1", "--no-progress", "--run-dir", str(run), *(["--stock-simulator"] if stock else []),
+        timeout=1800)
+    assert_reproduced(digest, run, count=2)
+    fastpath = json.loads((run / "manifest.json").read_text())["simulator"]["fastpath"]
+    assert fastpath["enabled"] is not stock and fastpath.get("fused_step", False) is not stock
 
 
 def test_kitchen_perturbation_hooks(kitchen, protocol):
