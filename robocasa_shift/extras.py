@@ -18,7 +18,7 @@ from robocasa_shift.errors import DependencyMissing
 EXTRAS = {
     "sim": "the robosuite backend (robosuite 1.5.2, MuJoCo): run, screen, formal, bench and training on its tasks",
     "policy": "the reference policy's and the end-state judge's networks (torch)",
-    "report": "the report's matched-pair videos (imageio with ffmpeg)",
+    "report": "the report's matched-pair videos (imageio with ffmpeg) and the monitors' UMAP figure (umap-learn)",
     "gym": "robocasa_shift.gym, the Gymnasium wrapper (gymnasium)",
     "gr00t": "the GR00T client and launcher (pyzmq, msgpack)",
     "openpi": "the openpi client (openpi-client, websockets)",

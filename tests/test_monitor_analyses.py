@@ -253,7 +253,7 @@ def test_the_probe_trains_on_clean_validation_rollouts_unless_they_lack_an_outco
     assert probe.training_rollouts(logs, splits, exclude_task="A")[0] == []
 
 
-def test_the_reference_policy_exposes_its_keypoint_features_without_changing_its_state():
+def test_the_reference_policy_exposes_every_layer_of_its_networks_without_changing_its_state():
     # synthetic camera images suffice: the hook's contract (layout, zero block, no state change, blind) does not
     # depend on the scene, and the monitors demo probes the features of real rollouts
     torch = pytest.importorskip("torch")
@@ -266,16 +266,28 @@ def test_the_reference_policy_exposes_its_keypoint_features_without_changing_its
     roles = {"robot0_robotview": "third_person", "robot0_eye_in_hand": "wrist"}
     policy = make_policy("reference")
     policy.reset(3)
+    # the layers, input side first, each with both networks' values: 16, 32 and 32 channels, 32 keypoints x
+    # (x, y, peak), the head's 128 hidden units
+    blocks = policy.feature_blocks()
+    assert blocks == [("conv1", 32), ("conv2", 64), ("conv3", 64), ("keypoints", 192), ("hidden", 256)]
+    starts = dict(zip([n for n, _ in blocks], np.cumsum([0] + [w for _, w in blocks])[:-1]))
     for task in ("Lift", "PickPlaceCan"):
         obs = Observation(images, roles, {}, "", 0, task=task)
         before = policy.rng_fingerprint()
         features = policy.features(obs)
-        # two networks x 32 keypoints x (x, y, peak); PickPlaceCan has no third-person network: zeros there
-        assert features.shape == (192,) and features.dtype == np.float32 and np.isfinite(features).all()
-        assert (task == "PickPlaceCan") == bool((features[:96] == 0).all())
-        # the wrist block is the wrist network's spatial-softmax features of the image it acts on
-        wrist = policy._net(f"{task}_wrist").keypoint_features(torch.from_numpy(resize(images["robot0_eye_in_hand"])[None]))
-        assert np.array_equal(features[96:], wrist.numpy()[0].astype(np.float32))
+        assert features.shape == (608,) and features.dtype == np.float32 and np.isfinite(features).all()
+        # PickPlaceCan has no third-person network: zeros in the first half of every layer
+        third = np.concatenate([features[starts[n]: starts[n] + w // 2] for n, w in blocks])
+        assert (task == "PickPlaceCan") == bool((third == 0).all())
+        # the wrist half of the keypoints is the wrist network's spatial-softmax features of the image it acts on,
+        # and its hidden half is the head's first layer after its ReLU on them
+        net = policy._net(f"{task}_wrist")
+        image = torch.from_numpy(resize(images["robot0_eye_in_hand"])[None])
+        wrist = net.keypoint_features(image)
+        assert np.array_equal(features[starts["keypoints"] + 96: starts["keypoints"] + 192],
+                              wrist.numpy()[0].astype(np.float32))
+        hidden = torch.relu(wrist @ net.head[0].weight.T + net.head[0].bias).detach().numpy()[0]
+        assert np.allclose(features[starts["hidden"] + 128: starts["hidden"] + 256], hidden, atol=1e-5)
         assert policy.rng_fingerprint() == before and np.array_equal(policy.features(obs), features)
         # a blind policy's features are those of black images, not of what the camera shows
         dark = Observation({c: np.zeros_like(v) for c, v in images.items()}, roles, {}, "", 0, task=task)

@@ -89,9 +89,10 @@ def test_the_monitor_study_writes_every_table_with_thresholds_frozen_from_clean_
     for task, parts in summary["splits"].items():
         assert not set(parts["validation"]) & set(parts["test"]) and len(parts["validation"]) == 12
     table = pd.read_csv(out / "detection.csv")
-    # every registered monitor, and the hidden-state probe (the fake policy exposes features)
+    # every registered monitor, the label leak, and the probe and the sequence head (the fake policy exposes features)
+    trained = {"hidden_state_probe", "sequence_head"}
     assert set(table["window"]) == {"end", "early", "cap"} and set(table["monitor"]) == set(monitors.monitor_names()) | {
-        "hidden_state_probe", "label_leak"}
+        "label_leak"} | trained
     # one threshold per (monitor, window), whatever the condition
     assert (table.groupby(["monitor", "window"])["threshold"].nunique(dropna=False) == 1).all()
     # the pooled AUC is its within/between decomposition
@@ -99,7 +100,7 @@ def test_the_monitor_study_writes_every_table_with_thresholds_frozen_from_clean_
     assert np.allclose(both["pooled_auc"], both["weight_within"] * both["within_auc"]
                        + both["weight_between"] * both["between_auc"])
     decision = pd.read_csv(out / "decision.csv")
-    assert len(decision) == (len(monitors.monitor_names()) + 2) * (5 + 1)  # five conditions and all of them pooled
+    assert len(decision) == (len(monitors.monitor_names()) + 3) * (5 + 1)  # five conditions and all of them pooled
     # enough clean validation successes: a finite threshold where the scores separate them, and alarms
     jerk = decision[decision["monitor"] == "action_jerk"]
     assert np.isfinite(jerk["threshold"]).all() and (jerk["alarm_rate"] > 0).any()
@@ -121,7 +122,24 @@ def test_the_monitor_study_writes_every_table_with_thresholds_frozen_from_clean_
                        and r["episode"] in summary["splits"][task]["validation"])
         assert summary["windows"]["early"][task] == shortest
     verdicts = {v["monitor"]: v for v in summary["verdicts"]}
-    assert set(verdicts) == set(monitors.monitor_names()) | {"hidden_state_probe", "label_leak"}
+    assert set(verdicts) == set(monitors.monitor_names()) | {"label_leak"} | trained
+    # both trained monitors refitted without each held-out task for leave one task out
+    loto = pd.read_csv(out / "loto_macro.csv")
+    assert set(loto.loc[loto["kind"] == "refitted without the held-out task", "monitor"]) == trained
+    assert summary["sequence_head"]["n_training_rollouts"] == summary["hidden_state_probe"]["n_training_rollouts"]
+    # the feature sets the fake policy names: incremental value of each added set by both combiners, fusion with its
+    # shuffled control on the best of them, CKA between every pair, and the geometry figure
+    sets = summary["feature_sets"]
+    assert sets["blocks"] == [["image", 1], ["target", 3], ["object", 3]] and sets["base"] == "object"
+    assert {(r["added"], r["method"]) for r in sets["incremental"]} == {(a, m) for a in ("image", "target")
+                                                                       for m in ("pca", "pls")}
+    assert all(r["n_tasks"] == 2 and r["ci95"] == [None, None] for r in sets["incremental"])  # two tasks: no interval
+    assert sets["fusion_added"] in ("image", "target") and len(sets["fusion_per_task"]) == 2
+    assert {r["contrast"] for r in sets["fusion"]} == {"fusion_minus_base", "fusion_minus_shuffled"}
+    assert len(sets["cka"]) == 3 and all(0 <= r["linear_cka"] <= 1 for r in sets["cka"])
+    assert sets["geometry"] == "UMAP" and (out / "figures" / "latent__by_task.png").is_file()
+    for name in ("incremental.csv", "fusion.csv", "cka.csv"):
+        assert (out / name).is_file(), name
     # RESCUE's label-leak control: an ideal detector, so every criterion admits it, decision value included
     leak = verdicts["label_leak"]
     assert leak["end_auc"] == leak["early_auc"] == leak["cap_auc"] == 1.0
@@ -159,11 +177,12 @@ def test_the_monitor_study_is_deterministic_and_the_report_shows_it(corpus, tmp_
     shutil.copytree(corpus, copy)
     evaluate(copy, n_resamples=50)
     evaluate(corpus, n_resamples=50)
-    for name in ("detection.csv", "decision.csv", "verdicts.csv", "loto.csv"):
+    for name in ("detection.csv", "decision.csv", "verdicts.csv", "loto.csv", "incremental.csv", "fusion.csv", "cka.csv"):
         assert (copy / "monitors" / name).read_text() == (corpus / "monitors" / name).read_text(), name
     cli("report", str(copy), "--videos", "0")
     page = (copy / "report" / "index.html").read_text()
     assert "Runtime monitors as intervention rules" in page and "figures/roc__steps_since_progress.png" in page
+    assert "figures/latent__by_task.png" in page and "Feature sets" in page and "sequence_head" in page
     assert (copy / "monitors" / "figures" / "roc__steps_since_progress.png").is_file()
 
 

@@ -571,6 +571,16 @@ def test_forged_step_log_metadata_is_refused_before_a_monitor_indexes_with_it():
     for data, word in forged:
         with pytest.raises(StepLogError, match=word):
             StepLog.read(data)
+    # feature sets that the feature-set analyses slice columns with: names and widths that fit the features
+    features = np.zeros((3, 5), np.float32)
+    good = StepLog.read(forge({"feature_blocks": [["a", 2], ["b", 3]]}, features=features))
+    assert good.meta["feature_blocks"] == [["a", 2], ["b", 3]]
+    for blocks in ([["a", 2], ["b", 2]], [["a", 2], ["a", 3]], [["a", -1], ["b", 6]], "ab", [["a" * 65, 5]],
+                   [["a\n", 5]], [[1, 5]], [["a", 5.0]], [["a", True], ["b", 4]], [["a", 5, 0]]):
+        with pytest.raises(StepLogError, match="feature_blocks"):
+            StepLog.read(forge({"feature_blocks": blocks}, features=features))
+    with pytest.raises(StepLogError, match="feature_blocks"):  # sets named, but no features
+        StepLog.read(forge({"feature_blocks": [["a", 5]]}))
 
 
 def test_the_launcher_keeps_no_session_id_longer_than_its_cap():

@@ -16,7 +16,7 @@ from robocasa_shift.monitoring.monitors import monitor_names
 @click.option("--monitor", "monitors", multiple=True,
               help="Monitor(s) to evaluate (comma list) [default: every registered one ("
                    + ", ".join(monitor_names()) + "), the label_leak control and, where the step logs hold the "
-                   "policy's features, hidden_state_probe].")
+                   "policy's features, hidden_state_probe and sequence_head].")
 @click.option("--target-fa", default=DEFAULT_TARGET_FA, show_default=True, type=click.FloatRange(0, 1),
               help="False-alarm rate the threshold targets on clean validation successes.")
 @click.option("--kappa", default=0.1, show_default=True, type=click.FloatRange(0, min_open=True),
@@ -47,8 +47,12 @@ def monitors_command(run_dir: Path, monitors, target_fa: float, kappa: float, re
     pooled-minus-macro gap with a jackknife-t interval, functional conformal
     thresholds over an alpha sweep and calibration splits, predeclared fixed
     horizons, RESCUE Table II (End, Early, <100, AUC-PDT, Timely beside decision
-    value), cost-optimal thresholds and a kappa sweep, and a hidden-state probe
-    for policies whose logs hold features. `robocasa-shift report` shows it.
+    value), cost-optimal thresholds and a kappa sweep, RESCUE's label-leak
+    control; for policies whose logs hold features, a hidden-state probe and a
+    GRU sequence head, and on the feature sets the policy names, the
+    incremental held-out value of each set (PCA / PLS combiner), time-resolved
+    fusion against a shuffled control, CKA and a UMAP figure. `robocasa-shift
+    report` shows it.
 
     \b
     Example:

@@ -139,7 +139,17 @@ class Policy:
         length for every observation of every task a policy instance serves (a probe is trained
         across tasks), and computing it draws no randomness and changes no state, so logging it
         never changes a rollout. The default offers none (None); ``reference`` returns its
-        networks' keypoint features.
+        networks' layers (:meth:`feature_blocks` names them).
+        """
+        return None
+
+    def feature_blocks(self) -> Optional[List[Tuple[str, int]]]:
+        """The named feature sets that :meth:`features` concatenates, in order: ``[(name, width), ...]``.
+
+        The widths sum to the length of ``features()``; step logs record them (meta ``feature_blocks``),
+        and the feature-set analyses of the monitors study (incremental value, fusion, CKA, UMAP) compare
+        the sets. List them from the input side to the output side: the last is the base that the
+        others are added to (the layer a SAFE-style head reads). The default: None, one unnamed set.
         """
         return None
 

@@ -24,7 +24,9 @@ with ``allow_pickle=False``):
   the rollout itself is unchanged).
 - ``features`` (boundaries, F) float32, only for policies that offer them
   (``Policy.features``): the policy's internal representation of each boundary's
-  observation, what hidden-state monitors probe (meta ``features``: F, 0 when none).
+  observation, what hidden-state monitors probe (meta ``features``: F, 0 when none;
+  meta ``feature_blocks``, when the policy names them (``Policy.feature_blocks``):
+  ``[[name, width], ...]``, consecutive column sets whose widths sum to F).
 - ``contacts`` (steps, 5) int64, only from backends that read contacts
   (``contact_state``): per post-step state, in :data:`CONTACT_COLUMNS` order, the
   robot's contact pairs with the scene, its contact pairs with task objects other
@@ -199,7 +201,27 @@ class StepLog:
             problems.append(f"boundaries must be non-decreasing steps within 0-{self.steps}")
         if self.samples is not None and isinstance(arm, list) and self.samples.shape[2] != len(arm):
             problems.append(f"samples hold {self.samples.shape[2]} arm dimensions, arm_dims names {len(arm)}")
+        blocks = feature_blocks_problem(self.meta["feature_blocks"], self.features) \
+            if "feature_blocks" in self.meta else None
+        if blocks:
+            problems.append(blocks)
         return problems
+
+
+MAX_BLOCK_NAME = 64  # characters of a feature set's name
+
+
+def feature_blocks_problem(blocks: Any, features: Optional[np.ndarray]) -> Optional[str]:
+    """What is wrong with a log's meta ``feature_blocks`` (None when nothing): a list of ``[name, width]`` with
+    distinct names of at most 64 printable characters and positive widths summing to the features' width."""
+    width = None if features is None else int(features.shape[1])
+    ok = (isinstance(blocks, list) and 0 < len(blocks) <= MAX_FEATURES and width is not None
+          and all(isinstance(b, list) and len(b) == 2 and isinstance(b[0], str) and 0 < len(b[0]) <= MAX_BLOCK_NAME
+                  and b[0].isprintable() and _index(b[1], MAX_FEATURES + 1) and b[1] > 0 for b in blocks))
+    if ok and len({b[0] for b in blocks}) == len(blocks) and sum(b[1] for b in blocks) == width:
+        return None
+    return (f"meta 'feature_blocks' must be [name, width] pairs with distinct names and widths summing to the "
+            f"{width if width is not None else 'absent'} features, got {json.dumps(blocks)[:80]}")
 
 
 def _index(value: Any, size: int) -> bool:
@@ -227,5 +249,5 @@ def log_path(record_path: Path) -> Path:
     return record_path.with_name(record_path.name[: -len(".json")] + SUFFIX)
 
 
-__all__ = ["CONTACT_COLUMNS", "DEFAULT_SAMPLES", "FORMAT", "MAX_ACTION_DIMS", "MAX_FEATURES", "MAX_LOG_BYTES", "SUFFIX", "StepLog", "StepLogError", "VERSION",
+__all__ = ["CONTACT_COLUMNS", "DEFAULT_SAMPLES", "FORMAT", "MAX_BLOCK_NAME", "feature_blocks_problem", "MAX_ACTION_DIMS", "MAX_FEATURES", "MAX_LOG_BYTES", "SUFFIX", "StepLog", "StepLogError", "VERSION",
            "log_path", "max_log_bytes"]

@@ -39,6 +39,7 @@ class StepLogger(Observer):
         self.contacts: List[np.ndarray] = []
         self._count = 0
         self._layout = None
+        self._blocks = None  # the policy's named feature sets, read with its first features
 
     @property
     def started(self) -> bool:
@@ -59,6 +60,9 @@ class StepLogger(Observer):
         features = hook(obs) if callable(hook) else None
         if features is not None:
             self.features.append(np.asarray(features, dtype=np.float32).reshape(-1))
+            if self._blocks is None:
+                blocks = getattr(rollout.policy, "feature_blocks", None)
+                self._blocks = [[str(n), int(w)] for n, w in (blocks() if callable(blocks) else None) or []]
 
     def on_step(self, step: int, action: np.ndarray, env, latched: list) -> None:
         self._count += len(latched)
@@ -79,6 +83,8 @@ class StepLogger(Observer):
                 "arm_dims": list(layout.arm_continuous) if layout else [], "gripper_dim": layout.gripper if layout else 0,
                 "samples": self.n_samples if sampled else 0,
                 "features": len(self.features[0]) if featured else 0}
+        if featured and self._blocks and sum(w for _, w in self._blocks) == len(self.features[0]):
+            meta["feature_blocks"] = self._blocks
         return StepLog(meta=meta, eef_pos=np.array(self.eef, dtype=np.float64).reshape(-1, 3),
                        action=np.array(self.actions, dtype=np.float64).reshape(-1, dim),
                        latched=np.array(self.latched, dtype=np.int64), boundary=np.array(self.boundaries, dtype=np.int64),

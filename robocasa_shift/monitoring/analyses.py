@@ -121,10 +121,10 @@ def _per_task_test_auc(ep: pd.DataFrame) -> Dict[str, Optional[float]]:
 
 
 def loto_macro_table(names: Sequence[str], scores: Mapping[str, pd.DataFrame], splits, windows,
-                     probe_loto: Optional[Mapping[str, pd.DataFrame]], probe_name: str) -> pd.DataFrame:
+                     trained_loto: Mapping[str, Mapping[str, pd.DataFrame]]) -> pd.DataFrame:
     """Per monitor (and baseline) and window: the macro AUC over held-out tasks, a t-interval over tasks, the
-    SD and the range (each task's AUC on its test rollouts, every condition; the probe's from a probe fitted
-    without that task)."""
+    SD and the range (each task's AUC on its test rollouts, every condition; a trained monitor's, the probe or
+    the sequence head, from one fitted without that task: ``trained_loto[name][task]``)."""
     rows = []
     first = detection.add_split_column(detection.check_boundary_scores(scores[names[0]]), splits)
     baselines = detection.baseline_scores(first, detection.task_base_rates(first))
@@ -132,12 +132,12 @@ def loto_macro_table(names: Sequence[str], scores: Mapping[str, pd.DataFrame], s
         limits = windows[window]
         entries: List[Tuple[str, str, Dict[str, Optional[float]]]] = []
         for name in names:
-            if name == probe_name and probe_loto:
+            if trained_loto.get(name):
                 per_task = {}
-                for task, frame in probe_loto.items():
+                for task, frame in trained_loto[name].items():
                     ep = episodes(frame, splits, {t: limits[t] for t in frame["task"].unique()})
                     per_task[task] = detection.per_task_auc(ep[ep[detection.SPLIT_COLUMN] == detection.TEST]).get(task)
-                entries.append((name, "probe refitted without the held-out task", per_task))
+                entries.append((name, "refitted without the held-out task", per_task))
             else:
                 entries.append((name, "monitor (not trained on tasks)", _per_task_test_auc(episodes(scores[name], splits,
                                                                                                   limits))))
@@ -479,15 +479,21 @@ def table(frame: pd.DataFrame, columns: Sequence[str]) -> str:
 def markdown(parts: Mapping[str, Any]) -> List[str]:
     """The Markdown sections of these analyses for ``summary.md``."""
     lines: List[str] = []
-    probe = parts.get("probe")
-    if probe:
-        lines += ["## Hidden-state monitor (SAFE-style probe)", "",
-                  f"`{probe['name']}`: " + (f"an L2 logistic probe on the policy's {probe['feature_width']} features "
-                                            f"per boundary, trained on {probe['n_training_rollouts']} "
-                                            f"{probe['trained_on']} ({probe['n_training_failures']} failures); its "
-                                            "score at a boundary is the running mean of its logits so far. It is "
-                                            "evaluated like every other monitor in the tables above and below."
-                                            if probe.get("feature_width") else probe.get("reason", "")), ""]
+    trained = parts.get("trained") or {}
+    if trained:
+        lines += ["## Hidden-state monitors (SAFE-style: a linear probe and a sequence head)", ""]
+        for name, info in trained.items():
+            model = ("an L2 logistic probe; its score at a boundary is the running mean of its logits so far"
+                     if name == "hidden_state_probe" else
+                     f"a GRU of {info.get('hidden')} units and a linear read-out ({info.get('epochs')} full-batch "
+                     "Adam steps, initial weights from the study seed's `sequence_head` stream); its score at a "
+                     "boundary is the failure logit after the boundaries so far")
+            lines += [f"- `{name}`: " + (f"{model}, on the policy's {info['feature_width']} features per boundary, "
+                                         f"trained on {info['n_training_rollouts']} {info['trained_on']} "
+                                         f"({info['n_training_failures']} failures); evaluated like every other "
+                                         "monitor, and refitted without each held-out task for leave one task out."
+                                         if info.get("feature_width") else info.get("reason", ""))]
+        lines.append("")
     tally = parts.get("table2_tally")
     if tally is not None:
         frame = parts["table2"]
@@ -566,26 +572,27 @@ def _records(frame: pd.DataFrame) -> List[Dict[str, Any]]:
 
 def run(run_dir: Path, out: Path, names: Sequence[str], scores: Mapping[str, pd.DataFrame], splits, windows,
         conditions: Sequence[str], decisions: pd.DataFrame, target_fa: float, cost_model: decision.CostModel,
-        c: float, n_resamples: int, seed: int, real: Sequence[str], probe: Optional[Dict[str, Any]] = None,
-        probe_loto: Optional[Mapping[str, pd.DataFrame]] = None, probe_name: str = "",
+        c: float, n_resamples: int, seed: int, real: Sequence[str],
+        trained: Optional[Mapping[str, Dict[str, Any]]] = None,
+        trained_loto: Optional[Mapping[str, Mapping[str, pd.DataFrame]]] = None,
         figures: bool = True) -> Tuple[Dict[str, Any], List[str], List[Dict[str, str]]]:
     """Every analysis of the module docstring: writes its CSV tables (and figures) into ``out``; returns the
     summary's parts (JSON-ready), the Markdown lines for ``summary.md`` and the figures written."""
     _CACHE.clear()
     try:
         return _run(run_dir, out, names, scores, splits, windows, conditions, decisions, target_fa, cost_model, c,
-                    n_resamples, seed, real, probe, probe_loto, probe_name, figures)
+                    n_resamples, seed, real, trained or {}, trained_loto or {}, figures)
     finally:
         _CACHE.clear()
 
 
 def _run(run_dir, out, names, scores, splits, windows, conditions, decisions, target_fa, cost_model, c, n_resamples,
-         seed, real, probe, probe_loto, probe_name, figures):
+         seed, real, trained, trained_loto, figures):
     from robocasa_shift.rundir.files import write_csv
 
     universes = [*conditions, detection.ALL_CONDITIONS]
     horizons = horizons_table(names, scores, splits, target_fa)
-    loto = loto_macro_table(names, scores, splits, windows, probe_loto, probe_name)
+    loto = loto_macro_table(names, scores, splits, windows, trained_loto)
     gap = gap_table(names, scores, splits, windows)
     fcp, fcp_skipped = functional_cp_table(names, scores, splits, windows, target_fa, seed)
     table_ii = table2(names, scores, splits, windows, universes, decisions, branch_horizons(run_dir), target_fa,
@@ -601,7 +608,7 @@ def _run(run_dir, out, names, scores, splits, windows, conditions, decisions, ta
     written = fcp_figures(out, fcp) if figures else []
     parts = {"horizons": horizons, "loto_macro": loto, "gap": gap, "functional_cp": fcp,
              "functional_cp_skipped": fcp_skipped, "table2": table_ii, "table2_tally": tally, "cost_optimal": cost,
-             "kappa": kappa, "probe": probe}
+             "kappa": kappa, "trained": trained}
     pooled = lambda f, col: f[f[col] == detection.ALL_CONDITIONS] if len(f) else f  # noqa: E731
     summary = {
         "baselines": list(detection.BASELINES),
@@ -615,7 +622,7 @@ def _run(run_dir, out, names, scores, splits, windows, conditions, decisions, ta
                           "not_calibrated": fcp_skipped},
         "table2": _records(table_ii), "table2_tally": tally,
         "cost_optimal": _records(cost), "kappa_sweep": {"kappas": list(KAPPAS), "rows": _records(kappa)},
-        "hidden_state_probe": probe,
+        **{name: info for name, info in trained.items()},
     }
     return summary, markdown(parts), written
 

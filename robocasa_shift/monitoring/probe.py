@@ -59,6 +59,19 @@ class Probe:
         return np.cumsum(logits) / np.arange(1, len(logits) + 1)
 
 
+def check_training_set(features: Sequence[np.ndarray], failed: np.ndarray) -> None:
+    """Refuse what no head can learn from: no rollout, labels that do not match, one outcome only, feature arrays
+    of different widths or without boundaries (AnalysisError)."""
+    if len(features) != len(failed) or not len(features):
+        raise AnalysisError("the probe needs one label per rollout and at least one rollout")
+    if failed.all() or not failed.any():
+        raise AnalysisError(f"the probe needs failures and successes to learn from; got {int(failed.sum())} "
+                            f"failure(s) of {len(failed)} rollouts")
+    widths = {f.shape[1] if f.ndim == 2 else -1 for f in features}
+    if len(widths) != 1 or -1 in widths or any(len(f) == 0 for f in features):
+        raise AnalysisError(f"feature arrays must be (boundaries, F) of one width, with boundaries; widths {widths}")
+
+
 def fit(features: Sequence[np.ndarray], failed: Sequence[bool], l2: float = L2) -> Probe:
     """Fit the probe on rollouts: ``features[i]`` is rollout i's (boundaries, F) array, ``failed[i]`` its label.
 
@@ -68,14 +81,7 @@ def fit(features: Sequence[np.ndarray], failed: Sequence[bool], l2: float = L2) 
     """
     features = [np.asarray(f, dtype=np.float64) for f in features]
     failed = np.asarray(failed, dtype=bool)
-    if len(features) != len(failed) or not len(features):
-        raise AnalysisError("the probe needs one label per rollout and at least one rollout")
-    if failed.all() or not failed.any():
-        raise AnalysisError(f"the probe needs failures and successes to learn from; got {int(failed.sum())} "
-                            f"failure(s) of {len(failed)} rollouts")
-    widths = {f.shape[1] if f.ndim == 2 else -1 for f in features}
-    if len(widths) != 1 or -1 in widths or any(len(f) == 0 for f in features):
-        raise AnalysisError(f"feature arrays must be (boundaries, F) of one width, with boundaries; widths {widths}")
+    check_training_set(features, failed)
     x = np.concatenate(features)
     y = np.concatenate([np.full(len(f), float(bad)) for f, bad in zip(features, failed)])
     # each rollout weighs 1 / its boundaries; each outcome weighs one half of the total
@@ -103,11 +109,14 @@ def fit(features: Sequence[np.ndarray], failed: Sequence[bool], l2: float = L2) 
 
 @dataclass
 class FeatureLogs:
-    """Per rollout: its per-rollout columns (``detection.ROLLOUT_COLUMNS``), boundary steps and features."""
+    """Per rollout: its per-rollout columns (``detection.ROLLOUT_COLUMNS``), boundary steps and features; and the
+    feature sets the policy named (``Policy.feature_blocks``: ``[(name, width), ...]``; None when the logs name
+    none, or name different ones)."""
 
     rollouts: pd.DataFrame
     steps: Dict[str, np.ndarray]
     features: Dict[str, np.ndarray]
+    blocks: Optional[List[Tuple[str, int]]] = None
 
 
 def training_rollouts(logs: FeatureLogs, splits, exclude_task: Optional[str] = None) -> Tuple[List[str], str]:
@@ -179,7 +188,7 @@ def read_feature_logs(run_dir, phase: str = "formal") -> Optional[FeatureLogs]:
     from robocasa_shift.rundir.store import RunStore
 
     store = RunStore(run_dir)
-    rows, steps, features = [], {}, {}
+    rows, steps, features, blocks = [], {}, {}, set()
     for record in store.records():
         if record.get("phase") != phase or record.get("replicate", 0) != 0 or not record.get("valid"):
             continue
@@ -192,10 +201,12 @@ def read_feature_logs(run_dir, phase: str = "formal") -> Optional[FeatureLogs]:
                      "horizon": int(record["horizon"])})
         steps[key.id] = log.boundary.astype(int)
         features[key.id] = np.asarray(log.features, dtype=np.float64)
+        blocks.add(tuple((str(n), int(w)) for n, w in log.meta.get("feature_blocks") or []))  # checked when read
     if not rows:
         return None
-    return FeatureLogs(pd.DataFrame(rows), steps, features)
+    named = list(next(iter(blocks))) if len(blocks) == 1 and () not in blocks else None
+    return FeatureLogs(pd.DataFrame(rows), steps, features, named)
 
 
-__all__ = ["FeatureLogs", "L2", "MIN_PER_CLASS", "PROBE", "Probe", "fit", "loto_scores", "probe_scores",
+__all__ = ["FeatureLogs", "L2", "check_training_set", "MIN_PER_CLASS", "PROBE", "Probe", "fit", "loto_scores", "probe_scores",
            "read_feature_logs", "score_table", "training_rollouts"]

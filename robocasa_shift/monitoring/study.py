@@ -47,7 +47,7 @@ from robocasa_shift import seeding
 from robocasa_shift.core.conditions import order_conditions
 from robocasa_shift.core.records import RolloutKey
 from robocasa_shift.core.specs import load_protocol
-from robocasa_shift.errors import AnalysisError, RunDirError
+from robocasa_shift.errors import AnalysisError, DependencyMissing, RunDirError
 from robocasa_shift.analysis import monitor_decision as decision
 from robocasa_shift.analysis import monitor_detection as detection
 from robocasa_shift.monitoring.monitors import (
@@ -62,6 +62,8 @@ from robocasa_shift.rundir.files import atomic_write_text, confined, save_figure
 from robocasa_shift.rundir.store import RunStore
 
 OUT = "monitors"
+# the monitors trained on the policy's features (monitoring/probe.py, monitoring/sequence.py)
+TRAINED = ("hidden_state_probe", "sequence_head")
 DECISION_WINDOW = "end"  # a stop-and-reset rule watches the whole attempt
 DETECTION_WINDOWS = detection.WINDOW_KINDS
 
@@ -341,14 +343,12 @@ def evaluate(run_dir: Path | str, monitors: Optional[Sequence[str]] = None, targ
         UnknownNameError: an unknown monitor (the message lists them).
         AnalysisError: no logged rollouts, or too few to split (a task needs two base episodes).
     """
-    from robocasa_shift.monitoring.probe import PROBE
+    from robocasa_shift.monitoring.monitors import MONITORS
 
-    # the label leak reads the records' outcomes; the probe joins when the logs hold features
-    names = list(monitors or [*monitor_names(), LABEL_LEAK, PROBE])
+    # the label leak reads the records' outcomes; the trained heads join when the logs hold features
+    names = list(monitors or [*monitor_names(), LABEL_LEAK, *TRAINED])
     for name in names:
-        from robocasa_shift.monitoring.monitors import MONITORS
-
-        if name not in (PROBE, LABEL_LEAK):
+        if name not in (*TRAINED, LABEL_LEAK):
             MONITORS.get(name)  # unknown names fail here, listing the registered ones
     run_dir = Path(run_dir)
     with confined(run_dir):  # below the run directory nothing is read or written through a symbolic link
@@ -357,13 +357,13 @@ def evaluate(run_dir: Path | str, monitors: Optional[Sequence[str]] = None, targ
 
 def _evaluate(run_dir: Path, names: List[str], target_fa: float, kappa: float, n_resamples: int,
               figures: bool, bundle: Optional[Path | str] = None) -> Dict[str, Any]:
-    from robocasa_shift.monitoring import analyses, probe
+    from robocasa_shift.monitoring import analyses, probe, sequence
 
     store = RunStore(run_dir)
     manifest = store.manifest() or {}
     study_seed = int(manifest.get("study_seed", 0))
-    wants_probe, wants_leak = probe.PROBE in names, LABEL_LEAK in names
-    registered = [n for n in names if n not in (probe.PROBE, LABEL_LEAK)]
+    requested, wants_leak = list(names), LABEL_LEAK in names
+    registered = [n for n in names if n not in (*TRAINED, LABEL_LEAK)]
     # the rollouts' rows come with any registered monitor's scores (the clock's when none is asked for)
     scores, excluded = boundary_scores(run_dir, registered or ["clock"])
     first = next(iter(scores.values()))
@@ -378,7 +378,7 @@ def _evaluate(run_dir: Path, names: List[str], target_fa: float, kappa: float, n
         from robocasa_shift.monitoring import bundle as bundles
 
         rollouts = first.drop_duplicates("rollout_id")
-        imported = bundles.bundle_scores(bundle, rollouts, {*monitor_names(), probe.PROBE})
+        imported = bundles.bundle_scores(bundle, rollouts, {*monitor_names(), *TRAINED, LABEL_LEAK})
         scores.update(imported)
         names += list(imported)
         bundle_info = {"file": Path(bundle).name, "sha256": hashlib.sha256(Path(bundle).read_bytes()).hexdigest(),
@@ -389,20 +389,26 @@ def _evaluate(run_dir: Path, names: List[str], target_fa: float, kappa: float, n
         if not parts[detection.TEST] or not parts[detection.VALIDATION]:
             raise AnalysisError(f"task {task}: {len(parts[detection.VALIDATION]) + len(parts[detection.TEST])} base "
                                 f"episode(s) with step logs; a split needs at least two")
-    probe_info, probe_loto = None, None
-    if wants_probe:  # SAFE-style: trained on validation rollouts' features, scored on every rollout
+    trained_info, trained_loto, logs = {}, {}, None
+    wanted = [n for n in TRAINED if n in requested]
+    if wanted:  # SAFE-style: trained on validation rollouts' features, scored on every rollout
         logs = probe.read_feature_logs(run_dir)
+    for name in wanted:
         if logs is None:
-            probe_info = {"name": probe.PROBE, "reason": "no step log holds the policy's features (Policy.features): "
+            trained_info[name] = {"name": name, "reason": "no step log holds the policy's features (Policy.features): "
                                                          "the run's policy exposes none"}
-        else:
-            try:
-                scores[probe.PROBE], probe_info = probe.probe_scores(logs, splits)
-                probe_info["name"] = probe.PROBE
-                probe_loto = probe.loto_scores(logs, splits)
-                names.append(probe.PROBE)
-            except AnalysisError as exc:
-                probe_info = {"name": probe.PROBE, "reason": f"not trained: {exc}"}
+            continue
+        try:
+            if name == probe.PROBE:
+                scores[name], info = probe.probe_scores(logs, splits)
+                trained_loto[name] = probe.loto_scores(logs, splits)
+            else:
+                scores[name], info = sequence.head_scores(logs, splits, study_seed)
+                trained_loto[name] = sequence.loto_scores(logs, splits, study_seed)
+            trained_info[name] = {**info, "name": name}
+            names.append(name)
+        except (AnalysisError, DependencyMissing) as exc:
+            trained_info[name] = {"name": name, "reason": f"not trained: {exc}"}
     windows = detection.standard_windows(first, splits)
     conditions = order_conditions(first["condition"].unique(), load_protocol().factor_order)
     evaluated = [*conditions, detection.ALL_CONDITIONS]  # every condition, then all of them pooled
@@ -423,10 +429,17 @@ def _evaluate(run_dir: Path, names: List[str], target_fa: float, kappa: float, n
     alarms_df = pd.concat([alarm_table(n, scores[n], splits, windows[DECISION_WINDOW], target_fa) for n in names],
                           ignore_index=True)
     verdicts = pd.DataFrame(verdict_rows(names, scores, splits, windows, decision_df, n_resamples, study_seed))
-    real = [n for n in names if n in REAL_MONITORS or n == probe.PROBE or n in ((bundle_info or {}).get("monitors") or {})]
+    real = [n for n in names if n in REAL_MONITORS or n in TRAINED or n in ((bundle_info or {}).get("monitors") or {})]
     extra, extra_md, extra_figures = analyses.run(
         run_dir, run_dir / OUT, names, scores, splits, windows, conditions, decision_df, target_fa, cost_model, c,
-        n_resamples, study_seed, real, probe_info, probe_loto, probe.PROBE, figures)
+        n_resamples, study_seed, real, trained_info, trained_loto, figures)
+    feature_sets_summary = None
+    if wanted:  # the pooled-AUC report's feature-set analyses, on the sets the policy names
+        from robocasa_shift.monitoring import feature_sets
+
+        feature_sets_summary, more_md, more_figures = feature_sets.run(logs, splits, windows["early"], study_seed,
+                                                                       run_dir / OUT, figures)
+        extra_md, extra_figures = [*extra_md, *more_md], [*extra_figures, *more_figures]
     out = run_dir / OUT
     for frame, file in ((detection_df, "detection.csv"), (loto_df, "loto.csv"), (decision_df, "decision.csv"),
                         (verdicts, "verdicts.csv"), (alarms_df, "alarms.csv")):
@@ -451,6 +464,7 @@ def _evaluate(run_dir: Path, names: List[str], target_fa: float, kappa: float, n
         "lengths_by_task": _records(length_table(ep).drop(columns=["successes", "failures"])),
         "ideal_detector_ceiling": ideal_detector_ceiling(ep, cost_model, c, conditions),
         "score_bundle": bundle_info,
+        "feature_sets": feature_sets_summary,
         **extra,
         "figures": [],
     }

@@ -119,7 +119,7 @@ def branching_sections(run_dir: Path) -> List[str]:
     return ["<h2>Counterfactual branching</h2>", *(_branch_study_html(d) for d in studies)]
 
 
-_MONITOR_FIGURE = re.compile(r"figures/(roc|alarms|fcp|lengths)__[A-Za-z0-9_.\-]+\.png")
+_MONITOR_FIGURE = re.compile(r"figures/(roc|alarms|fcp|lengths|latent)__[A-Za-z0-9_.\-]+\.png")
 
 
 def monitor_sections(run_dir: Path) -> List[str]:

@@ -83,6 +83,33 @@ class KeypointNet(nn.Module):
         finally:
             mkldnn.enabled = enabled
 
+    @torch.no_grad()
+    def layer_features(self, images: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Every layer's representation of ``images``, by name (:data:`LAYERS`), input side first: each
+        convolution's ReLU output averaged over the image (``conv1``-``conv3``, N x channels), the
+        spatial-softmax keypoint features the head reads (``keypoints``, the same as
+        :meth:`keypoint_features`) and the head's hidden ReLU layer (``hidden``); the kernels of :meth:`predict`."""
+        mkldnn = torch.backends.mkldnn
+        enabled, mkldnn.enabled = mkldnn.enabled, False
+        try:
+            x = images.permute(0, 3, 1, 2).float() / 255.0 - 0.5
+            out: Dict[str, torch.Tensor] = {}
+            for i, layer in enumerate(self.trunk):
+                x = layer(x)
+                if isinstance(layer, nn.ReLU):
+                    out[f"conv{len(out) + 1}"] = x.mean(dim=(2, 3))
+            out["keypoints"] = self.keypoints(x)
+            out["hidden"] = self.head[1](_rowwise_linear(self.head[0], out["keypoints"]))
+            return out
+        finally:
+            mkldnn.enabled = enabled
+
+    def layer_widths(self) -> Dict[str, int]:
+        """The width of each of :meth:`layer_features`' layers."""
+        convs = [m.out_channels for m in self.trunk if isinstance(m, nn.Conv2d)][:-1]
+        return {**{f"conv{i + 1}": c for i, c in enumerate(convs)}, "keypoints": self.head[0].in_features,
+                "hidden": self.head[0].out_features}
+
     def _predict(self, images: torch.Tensor, edit_features=None) -> torch.Tensor:
         mkldnn = torch.backends.mkldnn
         enabled, mkldnn.enabled = mkldnn.enabled, False  # restored: training in this process keeps oneDNN

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -217,25 +217,32 @@ class ReferencePolicy(Policy):
         return actions
 
     def features(self, obs: Observation) -> np.ndarray:
-        """The keypoint features of both networks for ``obs`` (the policy's hidden state, for probes).
+        """Every layer of both networks for ``obs`` (the policy's hidden state, for probes), as float32.
 
-        The third-person network's spatial-softmax features (expected x, y and peak of each of its
-        keypoint maps), then the wrist network's, as float32; a task without a network for a camera
-        (PickPlaceCan has no third-person one) gets zeros in that block, so every task gives a vector
-        of one length (``2 * 3 * n_keypoints``). No generator is drawn and no state changes.
+        Layer by layer from the input side (:meth:`feature_blocks`: ``conv1``, ``conv2``, ``conv3``,
+        ``keypoints``, ``hidden``; ``KeypointNet.layer_features``), each the third-person network's values
+        then the wrist network's; a task without a network for a camera (PickPlaceCan has no third-person
+        one) gets zeros there, so every task gives a vector of one length. No generator is drawn and no
+        state changes.
         """
         task = self._task(obs)
         perception = PERCEPTION[task]
-        blocks = []
+        layers: Dict[str, List[np.ndarray]] = {}
         for role, camera, points in (("third_person", "third", perception.third_points),
                                      ("wrist", "wrist", perception.wrist_points)):
-            width = self._net(f"{task}_wrist").head[0].in_features if not points else None
-            if not points:
-                blocks.append(np.zeros(width, dtype=np.float32))
-                continue
-            image = self._torch.from_numpy(resize(self._image(obs, role))[None])
-            blocks.append(self._net(f"{task}_{camera}").keypoint_features(image).numpy()[0].astype(np.float32))
-        return np.concatenate(blocks)
+            if points:
+                image = self._torch.from_numpy(resize(self._image(obs, role))[None])
+                values = {k: v.numpy()[0] for k, v in self._net(f"{task}_{camera}").layer_features(image).items()}
+            else:
+                values = {k: np.zeros(w) for k, w in self._net(f"{task}_wrist").layer_widths().items()}
+            for name, value in values.items():
+                layers.setdefault(name, []).append(value.astype(np.float32))
+        return np.concatenate([block for name in layers for block in layers[name]])
+
+    def feature_blocks(self) -> List[Tuple[str, int]]:
+        """The layers :meth:`features` concatenates, input side first; ``hidden`` (the head's) is the base."""
+        task = sorted(self.manifest["tasks"])[0]
+        return [(name, 2 * width) for name, width in self._net(f"{task}_wrist").layer_widths().items()]
 
     def _image(self, obs: Observation, role: str) -> np.ndarray:
         image = next(obs.images[name] for name, r in obs.camera_roles.items() if r == role)

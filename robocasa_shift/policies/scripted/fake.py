@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -148,20 +148,25 @@ class FakePolicy(NumpySeededPolicy):
         return np.array(draws)
 
     def features(self, obs: Observation) -> np.ndarray:
-        """A hidden state for probes (tests of hidden-state monitors): where the red object and the green
-        target show in the third-person image (row, column as fractions; -1 when not seen), how many pixels
-        of each, and the image's mean brightness. Reads only ``obs``; no generator, no state."""
+        """A hidden state for probes (tests of hidden-state monitors), in the sets of :meth:`feature_blocks`: the
+        third-person image's mean brightness, then where the green target and the red object show in it (row,
+        column as fractions; -1 when not seen) and how many pixels of each. Reads only ``obs``; no generator,
+        no state."""
         image = next(im for cam, im in obs.images.items() if obs.camera_roles[cam] == "third_person")
         size = float(image.shape[0])
-        out = []
-        for channel in (0, 1):
+        out = [float(image.mean() / 255.0)]
+        for channel in (1, 0):
             pixel = find_colour(image, channel)
             out += [-1.0, -1.0] if pixel is None else list(pixel / size)
             im = image.astype(np.float64)
             others = np.delete(im, channel, axis=-1)
             out.append(float(((im[..., channel] > 40.0) & (im[..., channel] > 1.6 * others.max(axis=-1))).mean()))
-        out.append(float(image.mean() / 255.0))
         return np.asarray(out, dtype=np.float32)
+
+    def feature_blocks(self) -> List[Tuple[str, int]]:
+        """The sets of :meth:`features`, the base last: the brightness, the green target's three numbers, the red
+        object's (what the policy acts on)."""
+        return [("image", 1), ("target", 3), ("object", 3)]
 
     def _decide(self, obs: Observation, rng: np.random.Generator) -> np.ndarray:
         eef = obs.proprio["eef_pos"]
