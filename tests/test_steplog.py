@@ -150,7 +150,7 @@ def test_a_step_log_that_disagrees_with_its_record_fails_the_audit(logged, tmp_p
     record_path = store.record_path(RolloutKey.from_record(record))
     log = StepLog.read(log_path(record_path))
     short = StepLog(meta=log.meta, eef_pos=log.eef_pos[:-1], action=log.action[:-1], latched=log.latched[:-1],
-                    boundary=log.boundary, samples=log.samples)
+                    boundary=log.boundary, samples=log.samples, features=log.features)
     data = short.to_bytes()
     log_path(record_path).write_bytes(data)
     record["step_log"] = {**record["step_log"], "sha256": hashlib.sha256(data).hexdigest()}
