@@ -33,7 +33,7 @@ $(VENV)/.setup-done: setup.cfg pyproject.toml
 	$(INSTALL_APT_PACKAGES)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q -e ".[sim,policy,report,cluster,gr00t,openpi,vlaeval,gym,test,docs]"
+	$(PY) -m pip install -q -e ".[sim,policy,report,geometry,cluster,gr00t,openpi,vlaeval,gym,test,docs]"
 	@# robosuite warns on every import until a private macro file exists. Ours only quiets the
 	@# console; the macros that change rollouts are recorded in every manifest (env_config.macros).
 	$(PY) -c "import importlib.util as u, os; d=os.path.dirname(u.find_spec('robosuite').origin); p=os.path.join(d,'macros_private.py'); os.path.exists(p) or open(p,'w').write('# robocasa-shift set-up: quieter console, no behaviour change\nCONSOLE_LOGGING_LEVEL = \"ERROR\"\n')"

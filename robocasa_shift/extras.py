@@ -18,7 +18,8 @@ from robocasa_shift.errors import DependencyMissing
 EXTRAS = {
     "sim": "the robosuite backend (robosuite 1.5.2, MuJoCo): run, screen, formal, bench and training on its tasks",
     "policy": "the reference policy's and the end-state judge's networks (torch)",
-    "report": "the report's matched-pair videos (imageio with ffmpeg) and the monitors' UMAP figure (umap-learn)",
+    "report": "the report's matched-pair videos (imageio with ffmpeg)",
+    "geometry": "the monitors study's UMAP figure of a policy's feature sets (umap-learn; without it, PCA)",
     "gym": "robocasa_shift.gym, the Gymnasium wrapper (gymnasium)",
     "gr00t": "the GR00T client and launcher (pyzmq, msgpack)",
     "openpi": "the openpi client (openpi-client, websockets)",

@@ -223,3 +223,17 @@ def test_fusion_beats_its_shuffled_control_only_when_the_added_set_is_aligned_wi
     # the aligned added set separates every held-out task; the shuffled one, like the base, is noise there
     assert (table["fusion_auc"] == 1.0).all()
     assert (table["fusion_minus_shuffled"] > 0).all() and (table["fusion_minus_base"] > 0).all()
+
+
+def test_without_umap_learn_the_geometry_figure_is_a_pca_projection_and_says_why(tmp_path, monkeypatch):
+    import sys
+
+    from robocasa_shift.monitoring import feature_sets
+
+    logs, _ = _feature_logs(n_per_task=6)
+    pooled = feature_sets.pooled_features(logs, {"A": None, "B": None, "C": None})
+    monkeypatch.setitem(sys.modules, "umap", None)  # what an environment without the geometry extra sees
+    entry, method = feature_sets.geometry_figure(tmp_path, logs, pooled, seed=0)
+    assert method.startswith("PCA") and "umap-learn is not installed" in method and "[geometry]" in method
+    assert entry["file"] == feature_sets.GEOMETRY_FIGURE and (tmp_path / entry["file"]).is_file()
+    assert "PCA" in entry["kind"]

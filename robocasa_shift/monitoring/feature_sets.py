@@ -17,7 +17,7 @@ rollouts, every condition), so they need two tasks or more:
   repeated past its end): task and progress structure kept, episode alignment broken. The added set is the
   one with the largest mean PCA increment. Per held-out task: fusion minus base, fusion minus shuffled;
 - **latent geometry** (Sec. 4.3): linear CKA between every pair of sets, and a 2-D embedding of each set
-  coloured by task (UMAP from umap-learn, the ``report`` extra; a PCA projection where it is not installed,
+  coloured by task (UMAP from umap-learn, the ``geometry`` extra; a PCA projection where it is not installed,
   and the summary says so). Descriptive only: geometry is not a detector's performance.
 
 Features are pooled per rollout as the report pools them: the mean over the boundaries of the early window
@@ -298,11 +298,11 @@ def geometry_figure(out: Path, logs: probes.FeatureLogs, pooled: Mapping[str, np
     from robocasa_shift.rundir.files import save_figure
 
     try:
-        import umap  # noqa: F401  (umap-learn, the report extra)
+        import umap  # noqa: F401  (umap-learn, the geometry extra)
 
         method = "UMAP"
     except ImportError:
-        method = "PCA (umap-learn is not installed: pip install -e '.[report]')"
+        method = "PCA (umap-learn is not installed: pip install -e '.[geometry]')"
     ids = sorted(pooled)
     info = logs.rollouts.set_index("rollout_id").loc[ids]
     tasks = sorted(info["task"].unique().tolist())
