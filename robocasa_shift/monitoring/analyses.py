@@ -9,7 +9,7 @@ parts and the Markdown sections of ``summary.md``:
   (report Sec. 3.5);
 - ``loto_macro.csv``: leave one task out as the report summarises it (Sec. 3.3): macro AUC over held-out
   tasks with a t-interval over tasks, SD and range, per window, beside the baselines' (the
-  hidden-state probe is refitted without each held-out task);
+  hidden-state probe and the sequence head are refitted without each held-out task);
 - ``gap.csv``: the pooled-minus-macro gap, its exact decomposition and a jackknife-t interval over tasks
   (Sec. 3.2);
 - ``functional_cp.csv`` and ``figures/fcp__<window>.png``: time-varying thresholds by functional conformal
