@@ -237,3 +237,16 @@ def test_without_umap_learn_the_geometry_figure_is_a_pca_projection_and_says_why
     assert method.startswith("PCA") and "umap-learn is not installed" in method and "[geometry]" in method
     assert entry["file"] == feature_sets.GEOMETRY_FIGURE and (tmp_path / entry["file"]).is_file()
     assert "PCA" in entry["kind"]
+
+
+def test_when_the_base_set_already_separates_every_task_fusion_and_its_shuffled_control_add_exactly_nothing():
+    pytest.importorskip("torch")
+    from robocasa_shift.monitoring import feature_sets
+
+    # the other side of the fusion test: the failure signal in the base set, the added set noise
+    logs, splits = _feature_logs(n_per_task=9, informative="base")
+    table = feature_sets.fusion_table(logs, splits, {"A": None, "B": None, "C": None}, "middle", seed=0)
+    assert (table[["base_auc", "fusion_auc", "shuffled_auc"]] == 1.0).all().all()
+    assert (table["fusion_minus_base"] == 0).all() and (table["fusion_minus_shuffled"] == 0).all()
+    summary = feature_sets.task_summary(dict(zip(table["task"], table["fusion_minus_shuffled"])))
+    assert summary["mean"] == 0 and summary["positive"] == "0/3" and summary["signflip_p"] == 1.0
