@@ -4,7 +4,7 @@ Every command runs from the wheel with only the base requirements: each that nee
 with the pip line of its extra, before writing anything, and nothing prints a traceback. Then the light extras
 (report, gym, the policy clients) go into the same environment and the commands that waited for them run; the heavy
 ones (sim, policy) get an environment of their own. pip's cache is reused between runs (nothing here disables it),
-so a second run of this file installs from it.
+so a second run of this file installs from it; nothing is byte-compiled at install time (see ``pip_install``).
 """
 
 import json
@@ -48,11 +48,25 @@ def wheel(tmp_path_factory):
     return built
 
 
+def pip_install(python: Path, *requirements: str) -> None:
+    """``pip install`` into the environment of ``python``, by this interpreter's pip (``--python``).
+
+    ``--no-compile``: the interpreter compiles what a command imports, once, when it first imports it; compiling
+    every installed file up front (torch's thousands) took most of the install (measured in docs/install.md).
+    """
+    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-compile", *requirements],
+         cwd=python.parent.parent.parent)
+
+
 def fresh_venv(where: Path, requirement: str) -> Path:
-    """A new virtual environment with ``requirement`` installed; its python."""
-    venv.create(where, with_pip=True)
+    """A new virtual environment with ``requirement`` installed; its python.
+
+    The environment gets no pip of its own (``ensurepip`` installs and compiles one, and nothing here needs it):
+    this interpreter's pip installs into it, resolving for its interpreter as its own pip would.
+    """
+    venv.create(where, with_pip=False)
     python = where / "bin" / "python"
-    _run([str(python), "-m", "pip", "install", "-q", requirement], cwd=where.parent)
+    pip_install(python, requirement)
     return python
 
 
@@ -166,7 +180,7 @@ def test_every_command_runs_from_the_wheel_with_the_base_requirements_then_with_
     assert missing == [], f"commands not run from the wheel: {missing}"
 
     # -- the light extras: the same environment, then what waited for them
-    _run([str(python), "-m", "pip", "install", "-q", f"{wheel}[report,gym,gr00t,openpi,vlaeval]"], cwd=tmp_path)
+    pip_install(python, f"{wheel}[report,gym,gr00t,openpi,vlaeval]")
     cli("report", "run")
     videos = json.loads((cli.work / "run" / "report" / "videos.json").read_text())
     assert videos and all((cli.work / "run" / "report" / v["file"]).stat().st_size > 0 for v in videos)
