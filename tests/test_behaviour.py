@@ -103,7 +103,7 @@ def test_fake_rollouts_log_what_the_plane_allows(tmp_path):
 
     cache = StudyCache(StudyConfig(backend="fake", policy="fake-expert", log_steps=True))
     try:
-        (record, data), = cache.run_keys_logged([RolloutKey("formal", "PickPlace", 0, "clean")])
+        (record, data, _), = cache.run_keys_logged([RolloutKey("formal", "PickPlace", 0, "clean")])
     finally:
         cache.close()
     log = StepLog.read(data)

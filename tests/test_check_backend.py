@@ -146,7 +146,7 @@ def test_the_robosuite_environments_offer_object_points_and_target_contact_read_
     env = backend.make("Stack")
     try:
         env.reset(0)
-        assert offered_capabilities(env) == ["object_points", "task_events"]
+        assert offered_capabilities(env) == ["object_points", "task_events", "contacts"]
         assert env.target_contact() is False  # the cubes start apart
         a, b = env.outcome_points(["cubeA", "cubeB", "no such point"])
         state = env.privileged_state()

@@ -156,9 +156,11 @@ def test_ctrl_c_with_workers_prints_one_line_exits_130_and_the_same_command_resu
     args = [sys.executable, "-m", "robocasa_shift", "run", "--backend", "fake", "--task", "Reach,PickPlace",
             "--condition", "clean,blur:L3", "--episodes", "0-2", "--policy", "fake", "--policy-option",
             "act_delay_s=0.03", "--workers", "2", "--no-progress", "--run-dir", str(run_dir)]
-    # its own process group, as a terminal's foreground job: Ctrl-C reaches the command and its workers alike
+    # its own process group, as a terminal's foreground job: Ctrl-C reaches the command and its workers alike; and
+    # SIGINT at its default, as a terminal gives it (an ignored SIGINT is inherited: a test process that ran other
+    # files may carry one, and the command then rightly runs to its end)
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     records = run_dir / "records"
     deadline = time.time() + 300
     while time.time() < deadline and len(list(records.rglob("*.json"))) < 3:
