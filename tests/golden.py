@@ -2,7 +2,8 @@
 
 llvmpipe's pixels depend on the Mesa build and on the CPU it runs on, and the reference policy reads
 pixels, so a golden run can only be reproduced where its reference frame is drawn bit for bit the
-same. ``data/golden/renderers.json`` lists, per reference frame hash, the digest recorded there with
+same, on a CPU with the same vector instructions. ``data/golden/renderers.json`` lists, per reference
+frame hash and vector instruction set, the digest recorded there with
 the code from before the fast path (``diff-runs RUN RUN --save``).
 
 ``python tests/golden.py`` prints the digest for this machine's renderer (``make golden`` compares
@@ -37,16 +38,28 @@ def reference_frame_sha256() -> str:
         env.close()
 
 
+def simd() -> str:
+    """The widest vector instructions this CPU offers (``AVX512``, ``AVX2``, ``baseline``): numpy's SIMD loops (its
+    trigonometry) and torch's kernels dispatch on them, so records differ in the last digits between CPUs that draw
+    the reference frame alike (an AVX-512 and an AVX2 EPYC)."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as features
+    except ImportError:  # numpy 1
+        from numpy.core._multiarray_umath import __cpu_features__ as features
+    return "AVX512" if features.get("AVX512F") else "AVX2" if features.get("AVX2") else "baseline"
+
+
 def golden_digest() -> Tuple[Optional[Path], str]:
-    """(the digest recorded on this renderer or None, why: which renderer it was, or what is on record)."""
-    drawn = reference_frame_sha256()
+    """(the digest recorded on this renderer and this CPU's vector instructions, or None; why: which it was, or what
+    is on record)."""
+    drawn, kernels = reference_frame_sha256(), simd()
     references = json.loads((GOLDEN_DIR / "renderers.json").read_text())["references"]
     for ref in references:
-        if ref["frame_sha256"] == drawn:
+        if ref["frame_sha256"] == drawn and ref["simd"] == kernels:
             return GOLDEN_DIR / ref["digest"], ref["renderer"]
-    known = "; ".join(f"{r['frame_sha256'][:16]} ({r['renderer']})" for r in references)
-    return None, (f"this renderer draws the reference frame as {drawn[:16]}; golden runs are on record for {known}. "
-                  "To add one, see docs/performance.md (the golden reference run)")
+    known = "; ".join(f"{r['frame_sha256'][:16]} on {r['simd']} ({r['renderer']})" for r in references)
+    return None, (f"this renderer draws the reference frame as {drawn[:16]} on a CPU with {kernels}; "
+                  f"golden runs are on record for {known}. To add one, see docs/performance.md (the golden reference run)")
 
 
 # The other backends' golden runs: the scripted expert, which reads simulator state and no pixels, so a run depends on

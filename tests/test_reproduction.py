@@ -88,4 +88,4 @@ def test_every_golden_digest_on_record_is_a_complete_golden_run():
     assert sorted(r["digest"] for r in references) == sorted(p.name for p in GOLDEN_DIR.glob("*.json") if p.name != "renderers.json")
     keys = [sorted(run_digest(GOLDEN_DIR / r["digest"])) for r in references]
     assert len(keys[0]) == 52 and all(k == keys[0] for k in keys)
-    assert len({r["frame_sha256"] for r in references}) == len(references)
+    assert len({(r["frame_sha256"], r["simd"]) for r in references}) == len(references)
