@@ -342,3 +342,29 @@ def test_no_module_of_analysis_draws_a_figure_or_imports_a_plotting_library():
             if isinstance(node, ast.alias) and node.name in ("save_figure",):
                 drawing.append(f"{path.name}: imports {node.name}")
     assert drawing == []
+
+
+# Figures are the report's: the packages below it compute tables and numbers and hand them over (the branching,
+# monitor and judge studies pass a figure writer of ``report/`` down). ``rundir/files.py`` only writes the bytes.
+DRAWING_PACKAGES = ("report",)
+
+
+def drawing_outside_the_report():
+    """Modules outside :data:`DRAWING_PACKAGES` that import matplotlib or save a figure, anywhere in their body."""
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = module_name(path)
+        if module.split(".")[1:2] and module.split(".")[1] in DRAWING_PACKAGES:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            out += [f"{module}: imports {n}" for n in names if n.split(".")[0] == "matplotlib"]
+            called = getattr(node.func, "id", getattr(node.func, "attr", None)) if isinstance(node, ast.Call) else None
+            if called == "save_figure":
+                out.append(f"{module}: calls save_figure")
+    return sorted(set(out))
+
+
+def test_only_the_report_imports_matplotlib_or_saves_a_figure():
+    assert drawing_outside_the_report() == []

@@ -643,7 +643,8 @@ def test_the_task_resampling_line_counts_unchanged_and_changed_zero_exclusion_ve
 
 
 def test_the_length_table_lists_each_tasks_success_and_failure_lengths_worked_out_by_hand(tmp_path):
-    from robocasa_shift.monitoring.study import LENGTH_FIGURE, length_figure, length_table
+    from robocasa_shift.monitoring.study import LENGTH_FIGURE, length_table
+    from robocasa_shift.report.monitors import length_figure
 
     ep = pd.DataFrame({"task": ["B", "A", "A", "A", "B", "A"], "success": [True, True, False, True, True, True],
                        "steps": [40, 90, 220, 70, 50, 110]})
@@ -655,5 +656,5 @@ def test_the_length_table_lists_each_tasks_success_and_failure_lengths_worked_ou
         {"task": "B", "n_successes": 2, "median_successes": 45.0, "successes": [40, 50], "n_failures": 0,
          "failures": []}]
     assert table.loc[0, "median_failures"] == 220.0
-    figure = length_figure(tmp_path, ep)
+    figure = length_figure(tmp_path, table)
     assert figure["file"] == LENGTH_FIGURE and (tmp_path / LENGTH_FIGURE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

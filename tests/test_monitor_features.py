@@ -229,12 +229,17 @@ def test_without_umap_learn_the_geometry_figure_is_a_pca_projection_and_says_why
     import sys
 
     from robocasa_shift.monitoring import feature_sets
+    from robocasa_shift.report.monitors import geometry_figure
 
     logs, _ = _feature_logs(n_per_task=6)
     pooled = feature_sets.pooled_features(logs, {"A": None, "B": None, "C": None})
     monkeypatch.setitem(sys.modules, "umap", None)  # what an environment without the geometry extra sees
-    entry, method = feature_sets.geometry_figure(tmp_path, logs, pooled, seed=0)
+    geometry = feature_sets.geometry(logs, pooled, seed=0)
+    method = geometry.method
     assert method.startswith("PCA") and "umap-learn is not installed" in method and "[geometry]" in method
+    assert set(geometry.embeddings) == {n for n, _ in logs.blocks}
+    assert all(xy.shape == (len(pooled), 2) for xy in geometry.embeddings.values())
+    entry = geometry_figure(tmp_path, geometry)
     assert entry["file"] == feature_sets.GEOMETRY_FIGURE and (tmp_path / entry["file"]).is_file()
     assert "PCA" in entry["kind"]
 

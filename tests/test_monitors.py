@@ -77,9 +77,9 @@ def corpus(tmp_path_factory):
 
 
 def test_the_monitor_study_writes_every_table_with_thresholds_frozen_from_clean_validation(corpus):
-    from robocasa_shift.monitoring.study import evaluate
+    from robocasa_shift.report.monitors import evaluate_monitors
 
-    summary = evaluate(corpus, n_resamples=50)
+    summary = evaluate_monitors(corpus, n_resamples=50)
     out = corpus / "monitors"
     for name in ("summary.json", "summary.md", "detection.csv", "decision.csv", "loto.csv", "verdicts.csv"):
         assert (out / name).is_file(), name
@@ -171,12 +171,12 @@ def test_the_monitor_study_writes_every_table_with_thresholds_frozen_from_clean_
 def test_the_monitor_study_is_deterministic_and_the_report_shows_it(corpus, tmp_path):
     import shutil
 
-    from robocasa_shift.monitoring.study import evaluate
+    from robocasa_shift.report.monitors import evaluate_monitors
 
     copy = tmp_path / "copy"
     shutil.copytree(corpus, copy)
-    evaluate(copy, n_resamples=50)
-    evaluate(corpus, n_resamples=50)
+    evaluate_monitors(copy, n_resamples=50)
+    evaluate_monitors(corpus, n_resamples=50)
     for name in ("detection.csv", "decision.csv", "verdicts.csv", "loto.csv", "incremental.csv", "fusion.csv", "cka.csv"):
         assert (copy / "monitors" / name).read_text() == (corpus / "monitors" / name).read_text(), name
     cli("report", str(copy), "--videos", "0")
@@ -200,7 +200,7 @@ def test_a_user_monitor_registered_by_name_is_evaluated_beside_the_built_in_ones
 
     monkeypatch.setitem(monitors.MONITORS._entries, "gripper_closed_for_test", lambda log: np.array(
         [float(np.sum(log.gripper[:s] > 0)) for s in log.boundary]))
-    summary = evaluate(corpus, ["gripper_closed_for_test", "length_only"], n_resamples=20, figures=False)
+    summary = evaluate(corpus, ["gripper_closed_for_test", "length_only"], n_resamples=20)
     assert [v["monitor"] for v in summary["verdicts"]] == ["gripper_closed_for_test", "length_only"]
 
 
@@ -213,14 +213,14 @@ def test_alarms_routed_to_recover_are_priced_from_branches_at_the_alarm_checkpoi
 
     run_dir = tmp_path / "run"
     shutil.copytree(corpus, run_dir)
-    evaluate(run_dir, ["action_jerk"], n_resamples=20, figures=False)
+    evaluate(run_dir, ["action_jerk"], n_resamples=20)
     alarms = pd.read_csv(run_dir / "monitors" / "alarms.csv").sort_values("rollout_id").head(3)
     assert len(alarms) == 3
     settings = BranchSettings(interventions=("recover",), k_initial=2, k_expanded=2)
     for row in alarms.itertuples():
         branch(run_dir, Selection(keys=(row.rollout_id,), steps=(int(row.alarm_step),)), settings,
                ExecutionConfig(workers=1, progress=False), name="alarms")
-    summary = evaluate(run_dir, ["action_jerk"], n_resamples=20, figures=False)
+    summary = evaluate(run_dir, ["action_jerk"], n_resamples=20)
     assert summary["recover_checkpoints"] == 3
     decision = pd.read_csv(run_dir / "monitors" / "decision.csv")
     pooled = decision[decision["condition"] == "all"].iloc[0]
@@ -234,7 +234,7 @@ def test_too_few_clean_validation_successes_for_the_target_are_reported_not_hidd
 
     study = StudyConfig(backend="fake", policy="fake", log_steps=True)
     run(tmp_path / "small", ["Reach"], ["clean", "base:L3"], range(6), study, ExecutionConfig(workers=1, progress=False))
-    evaluate(tmp_path / "small", ["steps_since_progress"], n_resamples=10, figures=False)
+    evaluate(tmp_path / "small", ["steps_since_progress"], n_resamples=10)
     text = (tmp_path / "small" / "monitors" / "summary.md").read_text()
     assert "**Warning**: 3 clean validation successes" in text
     assert pd.read_csv(tmp_path / "small" / "monitors" / "decision.csv")["threshold"].eq(np.inf).all()

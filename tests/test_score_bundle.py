@@ -39,7 +39,7 @@ def _bundle(run_dir, name, fn):
 def test_a_replayed_monitor_gets_exactly_the_registered_ones_numbers(logged, tmp_path):
     bundle = _bundle(logged, "replayed_jerk", lambda log, r: monitors.action_jerk(log))
     bundle.to_csv(tmp_path / "scores.csv", index=False)
-    summary = evaluate(logged, ["action_jerk"], n_resamples=50, figures=False, bundle=tmp_path / "scores.csv")
+    summary = evaluate(logged, ["action_jerk"], n_resamples=50, bundle=tmp_path / "scores.csv")
     assert summary["monitors"] == ["action_jerk", "replayed_jerk"] and "replayed_jerk" in summary["real_monitors"]
     assert summary["score_bundle"]["monitors"]["replayed_jerk"] == {"scored": summary["rollouts"], "left_out": 0}
     detection = pd.read_csv(logged / "monitors" / "detection.csv")
@@ -51,7 +51,7 @@ def test_a_replayed_monitor_gets_exactly_the_registered_ones_numbers(logged, tmp
 def test_an_oracle_bundle_separates_failures_perfectly(logged, tmp_path):
     bundle = _bundle(logged, "oracle", lambda log, r: pd.Series([0.0 if r["success"] else 1.0] * len(log.boundary)))
     bundle.to_csv(tmp_path / "oracle.csv", index=False)
-    summary = evaluate(logged, ["length_only"], n_resamples=50, figures=False, bundle=tmp_path / "oracle.csv")
+    summary = evaluate(logged, ["length_only"], n_resamples=50, bundle=tmp_path / "oracle.csv")
     pooled = [row for row in summary["pooled_detection"] if row["monitor"] == "oracle" and row["window"] == "end"]
     assert [row["pooled_auc"] for row in pooled] == [1.0]  # every condition pooled: failures all score above
 
@@ -70,4 +70,4 @@ def test_a_bad_bundle_is_refused_naming_the_line_and_field(logged, tmp_path, edi
     bundle = _bundle(logged, "mine", lambda log, r: monitors.length_only(log))
     edit(bundle).to_csv(tmp_path / "bad.csv", index=False)
     with pytest.raises(AnalysisError, match=message):
-        evaluate(logged, ["length_only"], n_resamples=20, figures=False, bundle=tmp_path / "bad.csv")
+        evaluate(logged, ["length_only"], n_resamples=20, bundle=tmp_path / "bad.csv")

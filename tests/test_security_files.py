@@ -98,7 +98,7 @@ def test_a_sample_id_outside_the_safe_character_set_is_refused_when_the_set_is_r
 
 
 def test_report_monitors_and_analysis_never_write_through_planted_links(mine):
-    from robocasa_shift.monitoring.study import evaluate
+    from robocasa_shift.report.monitors import evaluate_monitors
     from robocasa_shift.report.page import build_report
 
     run, outside = mine["run"], mine["outside"]
@@ -107,7 +107,7 @@ def test_report_monitors_and_analysis_never_write_through_planted_links(mine):
     # a link in place of a file: replaced by the file, the file it names untouched
     (run / "monitors").mkdir()
     (run / "monitors" / "summary.json").symlink_to(victim)
-    evaluate(run, ["clock"], n_resamples=20, figures=False)
+    evaluate_monitors(run, ["clock"], n_resamples=20)
     assert victim.read_text() == "precious\n" and not (run / "monitors" / "summary.json").is_symlink()
     # a link in place of a folder: refused, nothing created outside
     for folder in ("monitors", "report", "analysis"):
@@ -115,20 +115,20 @@ def test_report_monitors_and_analysis_never_write_through_planted_links(mine):
             shutil.rmtree(run / folder)
         (run / folder).symlink_to(outside, target_is_directory=True)
     with pytest.raises(RunDirError, match="symbolic link"):
-        evaluate(run, ["clock"], n_resamples=20, figures=False)
+        evaluate_monitors(run, ["clock"], n_resamples=20)
     with pytest.raises(RunDirError, match="symbolic link"):
         build_report(run, videos_per_kind=0, n_boot=100)
     assert snapshot_of(outside) == {"victim.txt": b"precious\n"}
 
 
 def test_score_judge_and_the_branch_summary_never_write_through_planted_links(mine):
-    from robocasa_shift.judging.scoring import score_files
     from robocasa_shift.report.branching import write_branch_outputs
+    from robocasa_shift.report.judges import write_judge_scores
 
     outside = mine["outside"]
     (mine["set"] / "scores").symlink_to(outside, target_is_directory=True)
     with pytest.raises(RunDirError, match="symbolic link"):
-        score_files(mine["set"], [mine["predictions"]], n_boot=100)
+        write_judge_scores(mine["set"], [mine["predictions"]], n_boot=100)
     study = mine["run"] / "branching" / "default"
     (study / "summary.json").symlink_to(outside / "summary.json")
     (study / "figures").symlink_to(outside, target_is_directory=True)

@@ -409,7 +409,7 @@ def test_the_monitor_study_publishes_one_ideal_detector_ceiling_per_run(tmp_path
     run_dir = tmp_path / "run"
     run(run_dir, ["Reach", "PickPlace"], ["clean", "camera:L3", "blur:L3"], range(6),
         StudyConfig(backend="fake", policy="fake", log_steps=True), ExecutionConfig(workers=1, progress=False))
-    summary = evaluate(run_dir, ["length_only", "clock", "steps_since_progress"], n_resamples=10, figures=False)
+    summary = evaluate(run_dir, ["length_only", "clock", "steps_since_progress"], n_resamples=10)
     ceiling = summary["ideal_detector_ceiling"]
     assert ceiling["f_star"] == ceiling["per_condition"]["all"]["f_star"] and ceiling["f_star"][0] is not None
     for row in summary["pooled_decision"]:  # the same range whichever monitor ran

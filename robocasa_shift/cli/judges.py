@@ -200,12 +200,12 @@ def score_judge_command(judge_set: Path, predictions, out: Optional[Path], seed:
       robocasa-shift score-judge runs/js preds/vlm.csv --prior 960:244
     """
     from robocasa_shift.judging.export import NEAR_SUCCESS
-    from robocasa_shift.judging.scoring import score_files
+    from robocasa_shift.report.judges import write_judge_scores
 
     groups = [[n.strip() for n in value.split(",") if n.strip()] for value in ensembles]
     pairs = [[n.strip() for n in value.split(",") if n.strip()] for value in compare]
-    result = score_files(judge_set, predictions, out, seed=seed, n_boot=n_boot, ensembles=groups, compare=pairs,
-                         prior=prior)
+    result = write_judge_scores(judge_set, predictions, out, seed=seed, n_boot=n_boot, ensembles=groups,
+                                compare=pairs, prior=prior)
     for name, r in result["judges"].items():
         macro, micro = r["accuracy"]["macro"], r["accuracy"]["micro"]
         near = r["success_bias"]["strata"][NEAR_SUCCESS]

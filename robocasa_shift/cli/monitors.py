@@ -60,10 +60,11 @@ def monitors_command(run_dir: Path, monitors, target_fa: float, kappa: float, re
       robocasa-shift monitors runs/m
       robocasa-shift monitors runs/m --scores my_monitor_scores.csv   # monitors computed elsewhere
     """
-    from robocasa_shift.monitoring.study import evaluate
+    from robocasa_shift.report.monitors import evaluate_monitors
 
     names = [n.strip() for v in monitors for n in v.split(",") if n.strip()] or None
-    summary = evaluate(run_dir, names, target_fa=target_fa, kappa=kappa, n_resamples=resamples, bundle=bundle)
+    summary = evaluate_monitors(run_dir, names, target_fa=target_fa, kappa=kappa, n_resamples=resamples,
+                                bundle=bundle)
     click.echo(f"{summary['rollouts']} logged rollouts {summary['counts']}; every failure a timeout: "
                f"{summary['all_failures_timeouts']}")
     for v in summary["verdicts"]:

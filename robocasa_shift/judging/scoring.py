@@ -40,7 +40,7 @@ import json
 import os
 from itertools import combinations
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -53,7 +53,6 @@ from robocasa_shift.rundir.files import (
     atomic_write_text,
     confined,
     read_json,
-    save_figure,
     write_csv,
 )
 
@@ -492,48 +491,30 @@ def validity_markdown(v: Mapping[str, Any]) -> List[str]:
     return lines
 
 
-def write_figure(result: Mapping[str, Any], path: Path) -> None:
-    """Macro BA per condition (with intervals) and verdict flip rate per condition, one line per judge."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_ba, ax_flip) = plt.subplots(1, 2, figsize=(12, 4))
-    for judge, r in result["judges"].items():
-        conds = list(r["accuracy"]["conditions"])
-        ba = [r["accuracy"]["conditions"][c]["macro"]["ba"] for c in conds]
-        ax_ba.plot(conds, [np.nan if v is None else v for v in ba], marker="o", label=judge)
-        pc = list(r["paired"])
-        ax_flip.plot(pc, [np.nan if r["paired"][c]["verdict_flip"]["rate"] is None else r["paired"][c]["verdict_flip"]["rate"]
-                          for c in pc], marker="o", label=judge)
-    ax_ba.axhline(0.5, color="grey", lw=0.8, ls="--")
-    ax_ba.set_ylabel("macro balanced accuracy")
-    ax_flip.set_ylabel("verdict flip rate (outcome held)")
-    for ax in (ax_ba, ax_flip):
-        ax.tick_params(axis="x", rotation=60)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    save_figure(fig, path, dpi=110)
-    plt.close(fig)
+# (result, path) -> None: draws the scores' figure (report/judges.py); this module draws none
+FigureWriter = Callable[[Mapping[str, Any], Path], None]
+FIGURE = "judges_by_condition.png"
 
 
 def score_files(judge_set: Path | str, prediction_files: Sequence[Path | str], out: Optional[Path | str] = None,
                 seed: int = 0, n_boot: int = N_BOOT, ensembles: Sequence[Sequence[str]] = (),
-                compare: Sequence[Sequence[str]] = (), prior: Optional[Sequence[int]] = None) -> Dict[str, Any]:
-    """Score prediction files on a judge set; write scores.json, scores.md, the CSV tables and a figure in ``out``
-    (default JUDGE_SET/scores). A predictions sidecar naming another judge set is refused. Judges are named by
-    their file's stem; ``ensembles`` and ``compare`` name them so (see :func:`score`)."""
+                compare: Sequence[Sequence[str]] = (), prior: Optional[Sequence[int]] = None,
+                figure: Optional[FigureWriter] = None) -> Dict[str, Any]:
+    """Score prediction files on a judge set; write scores.json, scores.md, the CSV tables and the figure ``figure``
+    draws (the report's ``report/judges.py``: :data:`FIGURE`; None: no figure) in ``out`` (default
+    JUDGE_SET/scores). A predictions sidecar naming another judge set is refused. Judges are named by their file's
+    stem; ``ensembles`` and ``compare`` name them so (see :func:`score`)."""
     from robocasa_shift.judging.judgeset import JudgeSet
 
     js = JudgeSet(judge_set)
     with confined(js.root):  # below the judge set nothing is read or written through a symbolic link
-        return _score_files(js, prediction_files, out, seed, n_boot, ensembles, compare, prior)
+        return _score_files(js, prediction_files, out, seed, n_boot, ensembles, compare, prior, figure)
 
 
 def _score_files(js, prediction_files: Sequence[Path | str], out: Optional[Path | str], seed: int,
                  n_boot: int, ensembles: Sequence[Sequence[str]] = (),
-                 compare: Sequence[Sequence[str]] = (), prior: Optional[Sequence[int]] = None) -> Dict[str, Any]:
+                 compare: Sequence[Sequence[str]] = (), prior: Optional[Sequence[int]] = None,
+                 figure: Optional[FigureWriter] = None) -> Dict[str, Any]:
     from robocasa_shift.judging.judges import (
         SIDECAR_SUFFIX,
         PredictionsError,
@@ -572,10 +553,11 @@ def _score_files(js, prediction_files: Sequence[Path | str], out: Optional[Path 
     atomic_write_text(out / "scores.md", markdown(result))
     for name, frame in tables(result).items():
         write_csv(frame, out / f"{name}.csv")
-    write_figure(result, out / "judges_by_condition.png")
+    if figure is not None:
+        figure(result, out / FIGURE)
     result["out"] = str(out)
     return result
 
 
-__all__ = ["LENGTH_ONLY", "accuracy", "balanced_accuracy", "ensemble_name", "length_only", "majority_vote", "markdown",
+__all__ = ["FIGURE", "FigureWriter", "LENGTH_ONLY", "accuracy", "balanced_accuracy", "ensemble_name", "length_only", "majority_vote", "markdown",
            "overlap", "paired", "pipelines", "score", "score_files", "success_bias", "tables"]

@@ -12,9 +12,9 @@ parts and the Markdown sections of ``summary.md``:
   hidden-state probe and the sequence head are refitted without each held-out task);
 - ``gap.csv``: the pooled-minus-macro gap, its exact decomposition and a jackknife-t interval over tasks
   (Sec. 3.2);
-- ``functional_cp.csv`` and ``figures/fcp__<window>.png``: time-varying thresholds by functional conformal
-  prediction over an alpha sweep and 10 calibration splits, with the detection / false-alarm trade-off and
-  the spread across splits, beside the constant 5% threshold (Sec. 3.4);
+- ``functional_cp.csv`` (drawn by the report as ``figures/fcp__<window>.png``): time-varying thresholds by
+  functional conformal prediction over an alpha sweep and 10 calibration splits, with the detection /
+  false-alarm trade-off and the spread across splits, beside the constant 5% threshold (Sec. 3.4);
 - ``table2.csv``: RESCUE Table II per monitor and universe (each condition's test rollouts): End, Early,
   <100 steps, AUC-PDT and Timely beside decision value against never intervening and against the
   rate-matched random alarm, each with its interval and verdict, and the tally (Sec. IV-D);
@@ -35,7 +35,6 @@ from robocasa_shift import seeding
 from robocasa_shift.analysis import monitor_conformal as conformal
 from robocasa_shift.analysis import monitor_decision as decision
 from robocasa_shift.analysis import monitor_detection as detection
-from robocasa_shift.rundir.files import save_figure
 
 STRATA, CLUSTERS = ("task",), ("episode",)
 KAPPAS = (0.05, 0.1, 0.2, 0.5)  # RESCUE Sec. IV-E: a median success valued at 0.05 to 0.5 resets
@@ -197,42 +196,6 @@ def functional_cp_table(names: Sequence[str], scores: Mapping[str, pd.DataFrame]
                                            "effective_alarm_position_mean": point["effective_alarm_position"]}]))
     frame = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
     return frame, skipped
-
-
-def fcp_figures(out: Path, table: pd.DataFrame) -> List[Dict[str, str]]:
-    """Catch rate against realised false-alarm rate over the alpha sweep (every condition's test rollouts), one
-    line per monitor, per window; the constant 5% threshold as a cross."""
-    if table.empty:
-        return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figures = []
-    for window, part in table[table["evaluation"] == detection.ALL_CONDITIONS].groupby("window", sort=False):
-        fig, ax = plt.subplots(figsize=(5.0, 4.0))
-        for i, (name, rows) in enumerate(part.groupby("monitor", sort=False)):
-            color = f"C{i % 10}"
-            sweep = rows[rows["rule"] == "functional CP"].sort_values("alpha")
-            if len(sweep):
-                ax.plot(sweep["false_alarm_rate_mean"], sweep["catch_rate_mean"], marker="o", ms=3, color=color,
-                        label=name)
-            constant = rows[rows["rule"] != "functional CP"]
-            if len(constant):
-                ax.plot(constant["false_alarm_rate_mean"], constant["catch_rate_mean"], "x", ms=8, color=color)
-        ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls=":")
-        ax.set(xlim=(-0.02, 1.02), ylim=(-0.02, 1.02), xlabel="realised false-alarm rate (test successes)",
-               ylabel="catch rate (test failures)",
-               title=f"functional CP, {window} window: alpha sweep (x: constant threshold)")
-        ax.title.set_fontsize(9)
-        ax.legend(fontsize=7, loc="lower right")
-        fig.tight_layout()
-        file = f"figures/fcp__{window}.png"
-        save_figure(fig, out / file, dpi=110)
-        plt.close(fig)
-        figures.append({"monitor": "all", "kind": f"functional CP trade-off ({window})", "file": file})
-    return figures
 
 
 # --------------------------------------------------------------------------- RESCUE Table II
@@ -574,20 +537,21 @@ def run(run_dir: Path, out: Path, names: Sequence[str], scores: Mapping[str, pd.
         conditions: Sequence[str], decisions: pd.DataFrame, target_fa: float, cost_model: decision.CostModel,
         c: float, n_resamples: int, seed: int, real: Sequence[str],
         trained: Optional[Mapping[str, Dict[str, Any]]] = None,
-        trained_loto: Optional[Mapping[str, Mapping[str, pd.DataFrame]]] = None,
-        figures: bool = True) -> Tuple[Dict[str, Any], List[str], List[Dict[str, str]]]:
-    """Every analysis of the module docstring: writes its CSV tables (and figures) into ``out``; returns the
-    summary's parts (JSON-ready), the Markdown lines for ``summary.md`` and the figures written."""
+        trained_loto: Optional[Mapping[str, Mapping[str, pd.DataFrame]]] = None
+        ) -> Tuple[Dict[str, Any], List[str], pd.DataFrame]:
+    """Every analysis of the module docstring: writes its CSV tables into ``out``; returns the summary's parts
+    (JSON-ready), the Markdown lines for ``summary.md`` and the functional CP table (what the report's
+    ``report/monitors.py`` draws as ``figures/fcp__<window>.png``)."""
     _CACHE.clear()
     try:
         return _run(run_dir, out, names, scores, splits, windows, conditions, decisions, target_fa, cost_model, c,
-                    n_resamples, seed, real, trained or {}, trained_loto or {}, figures)
+                    n_resamples, seed, real, trained or {}, trained_loto or {})
     finally:
         _CACHE.clear()
 
 
 def _run(run_dir, out, names, scores, splits, windows, conditions, decisions, target_fa, cost_model, c, n_resamples,
-         seed, real, trained, trained_loto, figures):
+         seed, real, trained, trained_loto):
     from robocasa_shift.rundir.files import write_csv
 
     universes = [*conditions, detection.ALL_CONDITIONS]
@@ -605,7 +569,6 @@ def _run(run_dir, out, names, scores, splits, windows, conditions, decisions, ta
                         (fcp, "functional_cp.csv"), (table_ii, "table2.csv"), (cost, "cost_optimal.csv"),
                         (kappa, "kappa.csv")):
         write_csv(frame, out / file)
-    written = fcp_figures(out, fcp) if figures else []
     parts = {"horizons": horizons, "loto_macro": loto, "gap": gap, "functional_cp": fcp,
              "functional_cp_skipped": fcp_skipped, "table2": table_ii, "table2_tally": tally, "cost_optimal": cost,
              "kappa": kappa, "trained": trained}
@@ -624,8 +587,8 @@ def _run(run_dir, out, names, scores, splits, windows, conditions, decisions, ta
         "cost_optimal": _records(cost), "kappa_sweep": {"kappas": list(KAPPAS), "rows": _records(kappa)},
         **{name: info for name, info in trained.items()},
     }
-    return summary, markdown(parts), written
+    return summary, markdown(parts), fcp
 
 
-__all__ = ["KAPPAS", "branch_horizons", "cost_optimal_table", "fcp_figures", "functional_cp_table", "gap_table",
+__all__ = ["KAPPAS", "branch_horizons", "cost_optimal_table", "functional_cp_table", "gap_table",
            "horizons_table", "kappa_table", "loto_macro_table", "markdown", "run", "table2", "table2_tally"]

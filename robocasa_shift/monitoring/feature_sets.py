@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -286,17 +287,21 @@ def cka_table(logs: probes.FeatureLogs, pooled: Mapping[str, np.ndarray]) -> pd.
                           "n_rollouts": len(x)} for i, a in enumerate(names) for b in names[i + 1:]])
 
 
-def geometry_figure(out: Path, logs: probes.FeatureLogs, pooled: Mapping[str, np.ndarray], seed: int
-                    ) -> Tuple[Dict[str, str], str]:
-    """Per set, a 2-D embedding of the standardised pooled features, coloured by task (marker: outcome): UMAP when
-    umap-learn is installed, else PCA. Returns the figure entry and the method (with why, for PCA)."""
-    import matplotlib
+@dataclass(frozen=True)
+class Geometry:
+    """Per feature set, a 2-D embedding of the rollouts' standardised pooled features: what the geometry figure
+    (``report/monitors.py``) draws, coloured by task, marked by outcome."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    method: str  # "UMAP", or "PCA (why not UMAP)"
+    tasks: List[str]  # sorted
+    task: np.ndarray  # per rollout, in rollout-id order
+    success: np.ndarray  # per rollout (bool)
+    embeddings: Dict[str, np.ndarray]  # per set, input side first: (rollouts, 2)
 
-    from robocasa_shift.rundir.files import save_figure
 
+def geometry(logs: probes.FeatureLogs, pooled: Mapping[str, np.ndarray], seed: int) -> Geometry:
+    """Per set, a 2-D embedding of the standardised pooled features: UMAP when umap-learn is installed, else PCA
+    (the method then says why)."""
     try:
         import umap  # noqa: F401  (umap-learn, the geometry extra)
 
@@ -305,10 +310,8 @@ def geometry_figure(out: Path, logs: probes.FeatureLogs, pooled: Mapping[str, np
         method = "PCA (umap-learn is not installed: pip install -e '.[geometry]')"
     ids = sorted(pooled)
     info = logs.rollouts.set_index("rollout_id").loc[ids]
-    tasks = sorted(info["task"].unique().tolist())
-    columns = block_columns(logs.blocks or [])
-    fig, axes = plt.subplots(1, len(columns), figsize=(2.8 * len(columns) + 0.6, 3.0), squeeze=False)
-    for ax, (name, cols) in zip(axes[0], columns.items()):
+    embeddings = {}
+    for name, cols in block_columns(logs.blocks or []).items():
         x = np.stack([pooled[r][cols] for r in ids])
         x = (x - x.mean(axis=0)) / np.where(x.std(axis=0) > 1e-12, x.std(axis=0), 1.0)
         if method == "UMAP" and len(ids) > 3:
@@ -318,22 +321,9 @@ def geometry_figure(out: Path, logs: probes.FeatureLogs, pooled: Mapping[str, np
         else:
             u, s, _ = np.linalg.svd(x - x.mean(axis=0), full_matrices=False)
             xy = u[:, :2] * s[:2] if x.shape[1] >= 2 else np.column_stack([x[:, 0], np.zeros(len(x))])
-        for i, task in enumerate(tasks):
-            for ok, marker in ((True, "o"), (False, "x")):
-                mask = ((info["task"] == task) & (info["success"].astype(bool) == ok)).to_numpy()
-                ax.scatter(xy[mask, 0], xy[mask, 1], s=10, marker=marker, color=f"C{i % 10}",
-                           label=f"{task} {'success' if ok else 'failure'}")
-        ax.set_title(name, fontsize=9)
-        ax.set_xticks([])
-        ax.set_yticks([])
-    axes[0][-1].legend(fontsize=6, loc="best")
-    fig.suptitle(f"{method.split(' ')[0]} of early-window pooled features, by task (o success, x failure)",
-                 fontsize=9)
-    fig.tight_layout()
-    save_figure(fig, out / GEOMETRY_FIGURE, dpi=110)
-    plt.close(fig)
-    return {"monitor": "features", "kind": f"latent geometry ({method.split(' ')[0]}) by task",
-            "file": GEOMETRY_FIGURE}, method
+        embeddings[name] = xy
+    return Geometry(method=method, tasks=sorted(info["task"].unique().tolist()), task=info["task"].to_numpy(),
+                    success=info["success"].astype(bool).to_numpy(), embeddings=embeddings)
 
 
 # --------------------------------------------------------------------------- the study's part
@@ -346,18 +336,19 @@ def _records(frame: pd.DataFrame) -> List[Dict[str, Any]]:
 
 
 def run(logs: Optional[probes.FeatureLogs], splits, early: Mapping[str, Optional[int]], seed: int, out: Path,
-        figures: bool = True) -> Tuple[Dict[str, Any], List[str], List[Dict[str, str]]]:
-    """Every analysis of the module docstring; writes ``incremental.csv``, ``fusion.csv``, ``cka.csv`` and the
-    figure into ``out``; returns the summary's part, the Markdown lines and the figures."""
+        figures: bool = True) -> Tuple[Dict[str, Any], List[str], Optional[Geometry]]:
+    """Every analysis of the module docstring; writes ``incremental.csv``, ``fusion.csv`` and ``cka.csv`` into
+    ``out``; returns the summary's part, the Markdown lines and, with ``figures``, the embeddings the geometry
+    figure draws (:data:`GEOMETRY_FIGURE`, drawn by the report's ``report/monitors.py``)."""
     from robocasa_shift.monitoring.analyses import table
     from robocasa_shift.rundir.files import write_csv
 
     if logs is None:
-        return {"reason": "no step log holds the policy's features"}, [], []
+        return {"reason": "no step log holds the policy's features"}, [], None
     if not logs.blocks or len(logs.blocks) < 2:
         reason = ("the policy names no feature sets (Policy.feature_blocks)" if not logs.blocks else
                   "the policy names one feature set: nothing to compare")
-        return {"reason": reason}, ["## Feature sets (the pooled-AUC report's Sec. 4)", "", f"Not run: {reason}.", ""], []
+        return {"reason": reason}, ["## Feature sets (the pooled-AUC report's Sec. 4)", "", f"Not run: {reason}.", ""], None
     pooled = pooled_features(logs, early)
     cka = cka_table(logs, pooled)
     incremental = incremental_table(logs, splits, pooled)
@@ -375,10 +366,8 @@ def run(logs: Optional[probes.FeatureLogs], splits, early: Mapping[str, Optional
             fusion_reason = str(exc)
     for frame, file in ((incremental, "incremental.csv"), (fusion, "fusion.csv"), (cka, "cka.csv")):
         write_csv(frame, out / file)
-    written, method = [], None
-    if figures:
-        entry, method = geometry_figure(out, logs, pooled, seed)
-        written.append(entry)
+    embedded = geometry(logs, pooled, seed) if figures else None
+    method = embedded.method if embedded is not None else None
     n_tasks = int(logs.rollouts["task"].nunique())
     summary = {"blocks": [[n, int(w)] for n, w in logs.blocks], "base": logs.blocks[-1][0],
                "pooling": "mean over the early window's boundaries (at least the first)",
@@ -413,9 +402,9 @@ def run(logs: Optional[probes.FeatureLogs], splits, early: Mapping[str, Optional
               table(cka, ["set_a", "set_b", "linear_cka", "n_rollouts"]), ""]
     if method:
         lines += [f"`{GEOMETRY_FIGURE}`: {method} of each set, coloured by task.", ""]
-    return summary, lines, written
+    return summary, lines, embedded
 
 
-__all__ = ["GEOMETRY_FIGURE", "PCA_COMPONENTS", "PLS_COMPONENTS", "block_columns", "cka_table", "fusion_table",
-           "geometry_figure", "incremental_table", "linear_cka", "pls_directions", "pooled_features", "run",
+__all__ = ["GEOMETRY_FIGURE", "Geometry", "PCA_COMPONENTS", "PLS_COMPONENTS", "block_columns", "cka_table",
+           "fusion_table", "geometry", "incremental_table", "linear_cka", "pls_directions", "pooled_features", "run",
            "signflip_p", "task_summary"]

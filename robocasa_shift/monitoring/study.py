@@ -28,8 +28,9 @@ validation and test per task (clean and perturbed twins together; seed stream
    (cheaper than never intervening).
 
 Everything is written to ``RUN_DIR/monitors/`` (``summary.json``, the CSV tables,
-``summary.md`` and figures); ``robocasa-shift report`` shows it. Pure over the
-run directory: nothing is re-run and no simulator is imported.
+``summary.md`` and the figures the report's ``report/monitors.py`` draws from
+:class:`MonitorFigures`); ``robocasa-shift report`` shows it. Pure over the run
+directory: nothing is re-run, no simulator is imported and nothing is drawn here.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
@@ -58,8 +60,11 @@ from robocasa_shift.monitoring.monitors import (
     monitor_names,
     score,
 )
-from robocasa_shift.rundir.files import atomic_write_text, confined, save_figure, write_csv
+from robocasa_shift.rundir.files import atomic_write_text, confined, write_csv
 from robocasa_shift.rundir.store import RunStore
+
+if TYPE_CHECKING:
+    from robocasa_shift.monitoring.feature_sets import Geometry
 
 OUT = "monitors"
 # the monitors trained on the policy's features (monitoring/probe.py, monitoring/sequence.py)
@@ -331,9 +336,11 @@ def verdict_rows(names: Sequence[str], scores: Mapping[str, pd.DataFrame], split
 
 
 def evaluate(run_dir: Path | str, monitors: Optional[Sequence[str]] = None, target_fa: float = detection.DEFAULT_TARGET_FA,
-             kappa: float = 0.1, n_resamples: int = 1000, figures: bool = True,
+             kappa: float = 0.1, n_resamples: int = 1000, figures: Optional[FigureWriter] = None,
              bundle: Optional[Path | str] = None) -> Dict[str, Any]:
-    """Evaluate ``monitors`` (default: every registered one) on ``run_dir``'s step logs; write ``RUN_DIR/monitors/``.
+    """Evaluate ``monitors`` (default: every registered one) on ``run_dir``'s step logs; write ``RUN_DIR/monitors/``
+    with the figures ``figures`` draws from :class:`MonitorFigures` (the report's ``report/monitors.py``; None: no
+    figure, this module draws none).
 
     Returns:
         The summary written to ``summary.json``: settings, counts, the split, the windows, the
@@ -356,7 +363,7 @@ def evaluate(run_dir: Path | str, monitors: Optional[Sequence[str]] = None, targ
 
 
 def _evaluate(run_dir: Path, names: List[str], target_fa: float, kappa: float, n_resamples: int,
-              figures: bool, bundle: Optional[Path | str] = None) -> Dict[str, Any]:
+              figures: Optional[FigureWriter], bundle: Optional[Path | str] = None) -> Dict[str, Any]:
     from robocasa_shift.monitoring import analyses, probe, sequence
 
     store = RunStore(run_dir)
@@ -430,16 +437,16 @@ def _evaluate(run_dir: Path, names: List[str], target_fa: float, kappa: float, n
                           ignore_index=True)
     verdicts = pd.DataFrame(verdict_rows(names, scores, splits, windows, decision_df, n_resamples, study_seed))
     real = [n for n in names if n in REAL_MONITORS or n in TRAINED or n in ((bundle_info or {}).get("monitors") or {})]
-    extra, extra_md, extra_figures = analyses.run(
+    extra, extra_md, functional_cp = analyses.run(
         run_dir, run_dir / OUT, names, scores, splits, windows, conditions, decision_df, target_fa, cost_model, c,
-        n_resamples, study_seed, real, trained_info, trained_loto, figures)
-    feature_sets_summary = None
+        n_resamples, study_seed, real, trained_info, trained_loto)
+    feature_sets_summary, geometry = None, None
     if wanted:  # the pooled-AUC report's feature-set analyses, on the sets the policy names
         from robocasa_shift.monitoring import feature_sets
 
-        feature_sets_summary, more_md, more_figures = feature_sets.run(logs, splits, windows["early"], study_seed,
-                                                                       run_dir / OUT, figures)
-        extra_md, extra_figures = [*extra_md, *more_md], [*extra_figures, *more_figures]
+        feature_sets_summary, more_md, geometry = feature_sets.run(logs, splits, windows["early"], study_seed,
+                                                                   run_dir / OUT, figures is not None)
+        extra_md = [*extra_md, *more_md]
     out = run_dir / OUT
     for frame, file in ((detection_df, "detection.csv"), (loto_df, "loto.csv"), (decision_df, "decision.csv"),
                         (verdicts, "verdicts.csv"), (alarms_df, "alarms.csv")):
@@ -468,8 +475,9 @@ def _evaluate(run_dir: Path, names: List[str], target_fa: float, kappa: float, n
         **extra,
         "figures": [],
     }
-    if figures:
-        summary["figures"] = write_figures(out, scores, splits, windows, names, target_fa) + extra_figures
+    if figures is not None:
+        summary["figures"] = figures(out, figure_data(scores, splits, windows, names, target_fa, functional_cp,
+                                                      geometry))
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, allow_nan=False, default=_plain) + "\n")
     atomic_write_text(out / "summary.md", summary_markdown(summary, detection_df, decision_df, verdicts)
                       + "\n".join(extra_md) + "\n")
@@ -486,51 +494,42 @@ def _records(frame: pd.DataFrame) -> List[Dict[str, Any]]:
 # --------------------------------------------------------------------------- figures and Markdown
 
 
-def write_figures(out: Path, scores: Mapping[str, pd.DataFrame], splits, windows, names: Sequence[str],
-                  target_fa: float = detection.DEFAULT_TARGET_FA) -> List[Dict[str, str]]:
-    """The episode lengths of successes and failures per task (:func:`length_figure`), then per monitor: ROC curves
-    (pooled vs per task; test rollouts of every condition, end window) and alarm times against failure times."""
-    import matplotlib
+@dataclass(frozen=True)
+class MonitorFigures:
+    """What the study's figures draw (the report's ``report/monitors.py``), computed here."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    lengths: Optional[pd.DataFrame]  # :func:`length_table` of every logged rollout (None: no monitor)
+    # per monitor, its ROC curves on the test rollouts of every condition (end window): (label, false-alarm
+    # rates, catch rates, AUC), pooled first, then per task (a curve with one class left out)
+    roc: Dict[str, List[Tuple[str, np.ndarray, np.ndarray, float]]]
+    alarms: Dict[str, pd.DataFrame]  # per monitor, :func:`alarms_on_test` (as the decision table's)
+    functional_cp: pd.DataFrame  # ``functional_cp.csv``'s rows (analyses.functional_cp_table)
+    geometry: Optional["Geometry"]  # the feature sets' embeddings (feature_sets.geometry; None: not run)
 
-    figures = [length_figure(out, _episodes(scores[names[0]], splits, windows[DECISION_WINDOW]))] if names else []
+
+# (out, what to draw) -> [{"monitor", "kind", "file"}]: draws the figures below ``out`` (report/monitors.py)
+FigureWriter = Callable[[Path, MonitorFigures], List[Dict[str, str]]]
+
+
+def figure_data(scores: Mapping[str, pd.DataFrame], splits, windows, names: Sequence[str], target_fa: float,
+                functional_cp: pd.DataFrame, geometry: Optional["Geometry"]) -> MonitorFigures:
+    """The episode lengths of successes and failures per task, then per monitor its ROC curves (pooled vs per task;
+    test rollouts of every condition, end window) and its alarm times on the test rollouts."""
+    limits = windows[DECISION_WINDOW]
+    roc, alarms = {}, {}
     for name in names:
-        ep = _episodes(scores[name], splits, windows[DECISION_WINDOW])
+        ep = _episodes(scores[name], splits, limits)
         test = ep[ep[detection.SPLIT_COLUMN] == detection.TEST]
-        fig, ax = plt.subplots(figsize=(4.2, 4.0))
+        roc[name] = []
         for label, part in [("pooled", test), *[(t, g) for t, g in test.groupby("task")]]:
             fpr, tpr = roc_curve(part)
             if fpr is not None:
                 auc = detection.roc_auc(part.loc[~part["success"].astype(bool), "score"],
                                         part.loc[part["success"].astype(bool), "score"])
-                ax.plot(fpr, tpr, lw=2.2 if label == "pooled" else 1.2, label=f"{label} (AUC {auc:.2f})")
-        ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls=":")
-        ax.set(xlabel="false-alarm rate (successes)", ylabel="catch rate (failures)", title=f"{name}: test rollouts")
-        ax.legend(fontsize=7, loc="lower right")
-        fig.tight_layout()
-        file = f"figures/roc__{name}.png"
-        save_figure(fig, out / file, dpi=110)
-        plt.close(fig)
-        figures.append({"monitor": name, "kind": "roc", "file": file})
-
-        alarms = alarms_on_test(scores[name], splits, windows[DECISION_WINDOW], target_fa)  # as the decision table
-        fig, ax = plt.subplots(figsize=(5.4, 3.2))
-        horizon = int(alarms["horizon"].max())
-        bins = np.linspace(0, horizon, 21)
-        failures = alarms[~alarms["success"].astype(bool)]
-        ax.hist([failures["alarm_step"].dropna(), alarms.loc[alarms["success"].astype(bool), "alarm_step"].dropna()],
-                bins=bins, label=["alarms on failures", "false alarms"], color=["#c0392b", "#7f8c8d"])
-        ax.hist(failures["steps"], bins=bins, histtype="step", color="black", lw=1.2, label="failure ends")
-        ax.set(xlabel="control step", ylabel="rollouts", title=f"{name}: alarm times (test, all conditions)")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        file = f"figures/alarms__{name}.png"
-        save_figure(fig, out / file, dpi=110)
-        plt.close(fig)
-        figures.append({"monitor": name, "kind": "alarms", "file": file})
-    return figures
+                roc[name].append((label, fpr, tpr, auc))
+        alarms[name] = alarms_on_test(scores[name], splits, limits, target_fa)
+    lengths = length_table(_episodes(scores[names[0]], splits, limits)) if names else None
+    return MonitorFigures(lengths=lengths, roc=roc, alarms=alarms, functional_cp=functional_cp, geometry=geometry)
 
 
 LENGTH_FIGURE = "figures/lengths__by_task.png"
@@ -538,7 +537,7 @@ LENGTH_FIGURE = "figures/lengths__by_task.png"
 
 def length_table(ep: pd.DataFrame) -> pd.DataFrame:
     """Per task (sorted), the episode lengths of successes and of failures over every rollout of an episode table:
-    counts, medians and the lengths themselves (what :func:`length_figure` draws)."""
+    counts, medians and the lengths themselves (what the report's length figure draws)."""
     rows = []
     for task, part in ep.groupby("task", sort=True):
         row: Dict[str, Any] = {"task": task}
@@ -549,35 +548,6 @@ def length_table(ep: pd.DataFrame) -> pd.DataFrame:
         rows.append(row)
     return pd.DataFrame(rows, columns=["task", "n_successes", "median_successes", "successes", "n_failures",
                                        "median_failures", "failures"])
-
-
-def length_figure(out: Path, ep: pd.DataFrame) -> Dict[str, str]:
-    """Per task, the episode length of successes beside failures (every logged rollout, every condition): how far
-    length alone separates them, which a pooled AUC can pick up between tasks (the length-only control's row)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    table = length_table(ep)
-    tasks = table["task"].tolist()
-    jitter = np.random.default_rng(0)  # a fixed spread: the figure is the same for the same run
-    fig, ax = plt.subplots(figsize=(max(3.6, 1.3 * len(tasks) + 1.5), 3.4))
-    for i, row in enumerate(table.to_dict("records")):
-        for offset, color, label in ((-0.18, "#2e86c1", "successes"), (0.18, "#c0392b", "failures")):
-            steps = np.asarray(row[label], dtype=float)
-            ax.scatter(i + offset + jitter.uniform(-0.12, 0.12, steps.size), steps, s=9, alpha=0.6, color=color,
-                       label=label if i == 0 else None)
-            if steps.size:
-                ax.hlines(np.median(steps), i + offset - 0.15, i + offset + 0.15, color="black", lw=1.4)
-    ax.set_xticks(range(len(tasks)), tasks, rotation=20, fontsize=8)
-    ax.set(ylabel="episode length (control steps)")
-    ax.set_title("Successes vs failures (bar: median)", fontsize=9)  # short: a two-task figure is narrow
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    save_figure(fig, out / LENGTH_FIGURE, dpi=110)
-    plt.close(fig)
-    return {"monitor": "all", "kind": "episode length by task, successes vs failures", "file": LENGTH_FIGURE}
 
 
 def roc_curve(ep: pd.DataFrame) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
@@ -741,6 +711,6 @@ def summary_markdown(summary: Mapping[str, Any], detection_df: pd.DataFrame, dec
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["DECISION_WINDOW", "OUT", "boundary_scores", "clean_threshold", "decision_rows", "evaluate",
-           "roc_curve", "alarms_on_test",
-           "length_figure", "length_table", "summary_markdown", "task_resampling_line", "verdict_rows", "write_figures"]
+__all__ = ["DECISION_WINDOW", "FigureWriter", "LENGTH_FIGURE", "MonitorFigures", "OUT", "boundary_scores",
+           "clean_threshold", "decision_rows", "evaluate", "figure_data", "roc_curve", "alarms_on_test",
+           "length_table", "summary_markdown", "task_resampling_line", "verdict_rows"]

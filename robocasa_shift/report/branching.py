@@ -23,19 +23,11 @@ from robocasa_shift.analysis.branching import (
     trunk_series,
     write_outputs,
 )
+from robocasa_shift.report.figures import pyplot
 from robocasa_shift.rundir.files import save_figure
 
 MAX_TRUNKS_PLOTTED = 8
 INTERVENTION_COLORS = {CONTINUE: "#1f77b4", RECOVER: "#e07000"}
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _color(name: str, index: int) -> str:
@@ -54,7 +46,7 @@ def plot_condition(study: BranchStudy, task: str, condition: str, out_path: Path
     combined horizon as a green line, each intervention's horizon as a ringed marker, and
     checkpoints left out by the fidelity check as red crosses at the bottom.
     """
-    plt = _plt()
+    plt = pyplot()
     tau = study.tau if tau is None else float(tau)
     out_path = Path(out_path)
     frame = trunk_frame(study, tau)

@@ -11,7 +11,8 @@ from robocasa_shift.core.conditions import Condition, factor_levels
 from robocasa_shift.rundir.files import save_figure
 
 
-def _plt():
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (headless; imported when a figure is drawn, not with the report)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -24,7 +25,7 @@ def _save(fig, path: Path) -> None:
     fig.tight_layout()
     # bbox_inches="tight" keeps a legend placed beside the axes inside the image
     save_figure(fig, path, dpi=110, bbox_inches="tight")  # never through a symbolic link (see rundir.files)
-    _plt().close(fig)
+    pyplot().close(fig)
 
 
 def factor_groups(conditions, factor_order: Sequence[str]) -> List[Tuple[str, str, List[str]]]:
@@ -45,7 +46,7 @@ def fig_macro_dsr(summary: Dict[str, Any], path: Path, factor_order: Sequence[st
     """Macro dSR per condition with both intervals: the calibrated one first (the verdicts' interval, bold), the
     paper's percentile bootstrap beside it for comparison, each with its measured coverage in the legend.
     Returns the factors in the order drawn (:func:`factor_groups`)."""
-    plt = _plt()
+    plt = pyplot()
     ordered = factor_groups(summary["conditions"], factor_order)
     groups = {factor: levels for _, factor, levels in ordered}
     family_of = {factor: family for family, factor, _ in ordered}
@@ -101,7 +102,7 @@ def _label_color(rgba) -> str:
 
 def fig_task_dsr(summary: Dict[str, Any], path: Path) -> None:
     """Per-task dSR heat map; labels white on dark cells, black on light ones."""
-    plt = _plt()
+    plt = pyplot()
     conds = [c for c in summary["conditions"] if c != "clean"]
     tasks = summary["tasks"]
     grid = np.array([[summary["conditions"][c]["per_task_dsr"].get(t) if summary["conditions"][c]["per_task_dsr"].get(t) is not None else np.nan
@@ -124,7 +125,7 @@ def fig_task_dsr(summary: Dict[str, Any], path: Path) -> None:
 
 def fig_transitions(summary: Dict[str, Any], path: Path) -> None:
     """Stacked transitions per condition; the legend sits beside the axes, never over the bars."""
-    plt = _plt()
+    plt = pyplot()
     conds = [c for c in summary["conditions"] if c != "clean"]
     parts = {"SS": "#4c9a2a", "SF": "#d1495b", "FS": "#00798c", "FF": "#b0b0b0"}
     longest = max([len(c) for c in conds] + [0])
@@ -143,7 +144,7 @@ def fig_transitions(summary: Dict[str, Any], path: Path) -> None:
 
 def fig_stage_depth(summary: Dict[str, Any], stage_names: Dict[str, List[str]], path: Path) -> None:
     """S->F pairs: where the perturbed rollout stopped, per task (stacked over conditions)."""
-    plt = _plt()
+    plt = pyplot()
     tasks = summary["tasks"]
     conds = [c for c in summary["conditions"] if c != "clean"]
     fig, axes = plt.subplots(1, len(tasks), figsize=(3.2 * len(tasks), 3.2), squeeze=False)
@@ -166,7 +167,7 @@ def fig_stage_depth(summary: Dict[str, Any], stage_names: Dict[str, List[str]], 
 def fig_interactions(summary: Dict[str, Any], path: Path) -> None:
     """Per combination A+B: dSR(A), dSR(B), their sum and dSR(A+B) as bars, and the interaction with its calibrated
     interval as a point with an error bar, on the same base episodes."""
-    plt = _plt()
+    plt = pyplot()
     items = [(c, v) for c, v in (summary.get("interactions") or {}).items() if v.get("interaction") is not None]
     fig, ax = plt.subplots(figsize=(max(4.5, 2.6 * len(items) + 1.5), 3.4))
     if not items:
@@ -196,7 +197,7 @@ def fig_robustness(result: Dict[str, Any], path: Path) -> List[str]:
     by factor (:func:`factor_groups`), the clean success rate beside each run's name. Returns the columns drawn."""
     from robocasa_shift.core.specs import load_protocol
 
-    plt = _plt()
+    plt = pyplot()
     groups = factor_groups(result["conditions"], load_protocol().factor_order)
     conds = [c for _, _, levels in groups for c in levels]
     runs = list(result["robustness"])
