@@ -40,7 +40,7 @@ def register_test_judge() -> str:
 def make_corpus(root: Path) -> Dict[str, Path]:
     """``{"run": run dir with a branch study, "set": judge set, "predictions": its test judge's CSV}``."""
     import robocasa_shift as rs
-    from robocasa_shift.branching.engine import BranchSettings
+    from robocasa_shift.branching.checkpoints import BranchSettings
     from robocasa_shift.branching.study import Selection, branch
     from robocasa_shift.judging.export import ExportSettings, export_judge
     from robocasa_shift.judging.judges import run_judge

@@ -12,7 +12,7 @@ from helpers import cli
 from robocasa_shift.analysis import branching as ab
 from robocasa_shift.analysis.recoverability import jeffreys_lower
 from robocasa_shift.backends import get_backend
-from robocasa_shift.branching.engine import BranchSettings, record_trunk
+from robocasa_shift.branching.checkpoints import BranchSettings, record_trunk
 from robocasa_shift.branching.events import trunk_events
 from robocasa_shift.core import specs
 from robocasa_shift.core.records import RolloutKey

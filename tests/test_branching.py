@@ -17,7 +17,7 @@ from helpers import ROOT, cli
 
 from robocasa_shift.analysis import recoverability
 from robocasa_shift.backends import get_backend
-from robocasa_shift.branching.engine import (
+from robocasa_shift.branching.checkpoints import (
     BranchSettings,
     record_trunk,
     replay_fidelity,

@@ -23,7 +23,7 @@ from helpers import ROOT, cli
 from served_standins import GR00T_OPTIONS, OPENPI_OPTIONS, Gr00tFakeModel
 
 from robocasa_shift.backends import get_backend
-from robocasa_shift.branching.engine import BranchSettings, record_trunk, run_checkpoint
+from robocasa_shift.branching.checkpoints import BranchSettings, record_trunk, run_checkpoint
 from robocasa_shift.branching.snapshot import TrunkTape
 from robocasa_shift.checks.branch_audit import audit_branch_study
 from robocasa_shift.core import specs

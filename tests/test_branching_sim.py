@@ -20,7 +20,7 @@ CHILD = r"""
 import json, sys
 from robocasa_shift.core import specs
 from robocasa_shift.backends import get_backend
-from robocasa_shift.branching.engine import BranchSettings, replay_fidelity, run_branch
+from robocasa_shift.branching.checkpoints import BranchSettings, replay_fidelity, run_branch
 from robocasa_shift.branching.interventions import make_intervention
 from robocasa_shift.branching.snapshot import TrunkTape
 from robocasa_shift.core.records import RolloutKey
@@ -54,7 +54,7 @@ def lift():
 # failing trunk under an observation-side one; a clean trunk is the same path without the perturbation
 @pytest.mark.parametrize("key_id,pick", [("formal/Lift/0000/base:L2/r0", "spread"), ("formal/Lift/0000/blur:L3/r0", "late")])
 def test_a_checkpoint_restored_in_a_fresh_process_continues_the_trunk_bit_for_bit(lift, tmp_path, key_id, pick):
-    from robocasa_shift.branching.engine import record_trunk
+    from robocasa_shift.branching.checkpoints import record_trunk
     from robocasa_shift.core import specs
     from robocasa_shift.core.records import RolloutKey
 

@@ -191,9 +191,9 @@ def test_execution_noise_does_not_depend_on_how_the_policy_chunks_its_actions():
 
 
 def test_the_branch_studies_use_the_same_execution_noise():
-    from robocasa_shift.branching import engine
+    from robocasa_shift.branching import checkpoints
 
-    assert engine.ExecutionNoise is dynamics.ExecutionNoise
+    assert checkpoints.ExecutionNoise is dynamics.ExecutionNoise
 
 
 def test_the_levels_of_execution_noise_scale_one_draw_of_the_factor_s_stream(dynamics_run, protocol):

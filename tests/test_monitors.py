@@ -207,7 +207,7 @@ def test_a_user_monitor_registered_by_name_is_evaluated_beside_the_built_in_ones
 def test_alarms_routed_to_recover_are_priced_from_branches_at_the_alarm_checkpoints(corpus, tmp_path):
     import shutil
 
-    from robocasa_shift.branching.engine import BranchSettings
+    from robocasa_shift.branching.checkpoints import BranchSettings
     from robocasa_shift.branching.study import Selection, branch
     from robocasa_shift.monitoring.study import evaluate
 

@@ -294,7 +294,7 @@ def _pending_checkpoint(run: Path):
 
 
 def test_branch_resume_reads_no_snapshot_outside_the_study_and_no_fifo(mine):
-    from robocasa_shift.branching.engine import BranchSettings
+    from robocasa_shift.branching.checkpoints import BranchSettings
     from robocasa_shift.branching.study import Selection, branch
 
     run, outside = mine["run"], mine["outside"]

@@ -14,10 +14,12 @@ Modules:
 - ``interventions``: the repertoire, a registry with the entry-point group
   ``robocasa_shift.interventions``; ``recover`` reads its frozen, hashed spec
   from ``interventions/recover.yaml``.
-- ``estimator``: the lower Jeffreys posterior quantile, the expansion rule, the
-  recoverability horizon.
-- ``engine``: recording a trunk, restoring a checkpoint, replay fidelity, branches.
+- ``checkpoints``: recording a trunk, restoring a checkpoint, replay fidelity, branches.
 - ``study``: selection, planning, jobs on the executors, the branch store, resume.
+- ``events``: a trunk's task events, through the Env contract.
+
+The estimator (the lower Jeffreys posterior quantile, the expansion rule, the recoverability horizon) is
+``analysis/recoverability.py``.
 
 On disk, under ``RUN_DIR/branching/<name>/``::
 

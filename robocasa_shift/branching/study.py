@@ -8,7 +8,7 @@ of job on the study's executor:
    that the re-run reproduces the stored record (fingerprints, stage steps,
    outcome) and writes the snapshots and the trunk's verdict;
 2. a :class:`CheckpointJob` per branched checkpoint of each reproduced trunk:
-   replay fidelity, then the branches (``engine.run_checkpoint``). These run on
+   replay fidelity, then the branches (``checkpoints.run_checkpoint``). These run on
    a fresh set of worker processes (also with one worker), so every restore
    happens in a process that never recorded a snapshot.
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from robocasa_shift.branching.engine import (
+from robocasa_shift.branching.checkpoints import (
     BranchSettings,
     check_branchable,
     record_trunk,

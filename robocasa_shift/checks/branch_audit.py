@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping
 
 from robocasa_shift.analysis import recoverability
-from robocasa_shift.branching.engine import branch_seed
+from robocasa_shift.branching.checkpoints import branch_seed
 from robocasa_shift.branching.interventions import make_intervention
 from robocasa_shift.branching.study import BRANCHING, TRUNK_FIELDS, BranchStore, read_snapshot
 from robocasa_shift.checks.policy_state_audit import policy_state_problems

@@ -9,7 +9,7 @@ from typing import Optional, Tuple
 import click
 
 from robocasa_shift.analysis import recoverability
-from robocasa_shift.branching.engine import BUDGETS, BranchSettings
+from robocasa_shift.branching.checkpoints import BUDGETS, BranchSettings
 from robocasa_shift.branching.interventions import INTERVENTIONS
 from robocasa_shift.branching.study import SELECTION_KINDS, Selection, branch
 from robocasa_shift.cli.common import (

@@ -14,7 +14,7 @@
   the trunk's continuation bit for bit.
 - :func:`run_checkpoint` is one unit of work: fidelity, the zero-noise check,
   then K branches per intervention, expanded where the verdict is unclear (see
-  ``estimator``).
+  ``analysis/recoverability.py``).
 
 Execution noise: Gaussian, ``sigma`` on the arm's continuous commands of each
 action the policy returns (clipped to [-1, 1], the action space), never on the
