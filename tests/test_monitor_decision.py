@@ -658,3 +658,12 @@ def test_the_length_table_lists_each_tasks_success_and_failure_lengths_worked_ou
     assert table.loc[0, "median_failures"] == 220.0
     figure = length_figure(tmp_path, table)
     assert figure["file"] == LENGTH_FIGURE and (tmp_path / LENGTH_FIGURE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_monitor_study_takes_a_figure_writer_and_refuses_the_old_flag_before_reading_anything(tmp_path):
+    from robocasa_shift.monitoring.study import evaluate
+
+    for flag in (True, False):  # the figures are the report's (report/monitors.py): a flag would draw nothing
+        with pytest.raises(TypeError, match="report.monitors"):
+            evaluate(tmp_path / "no-run", ["clock"], figures=flag)
+    assert not (tmp_path / "no-run").exists()

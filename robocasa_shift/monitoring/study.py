@@ -349,8 +349,13 @@ def evaluate(run_dir: Path | str, monitors: Optional[Sequence[str]] = None, targ
     Raises:
         UnknownNameError: an unknown monitor (the message lists them).
         AnalysisError: no logged rollouts, or too few to split (a task needs two base episodes).
+        TypeError: ``figures`` is not a figure writer (a flag of the days this module drew them).
     """
     from robocasa_shift.monitoring.monitors import MONITORS
+
+    if figures is not None and not callable(figures):
+        raise TypeError(f"figures={figures!r}: a figure writer or None; the figures are drawn by "
+                        "robocasa_shift.report.monitors (evaluate_monitors)")
 
     # the label leak reads the records' outcomes; the trained heads join when the logs hold features
     names = list(monitors or [*monitor_names(), LABEL_LEAK, *TRAINED])
