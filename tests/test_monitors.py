@@ -5,6 +5,7 @@ fake-backend run with step logs.
 """
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -76,10 +77,27 @@ def corpus(tmp_path_factory):
     return run_dir
 
 
-def test_the_monitor_study_writes_every_table_with_thresholds_frozen_from_clean_validation(corpus):
+def _copy_without_results(corpus, dest):
+    """The corpus's records and step logs, without any study's results (``monitors/``)."""
+    import shutil
+
+    shutil.copytree(corpus, dest, ignore=lambda folder, names: ["monitors"] if Path(folder) == corpus else [])
+    return dest
+
+
+@pytest.fixture(scope="module")
+def evaluated(corpus, tmp_path_factory):
+    """The full study (every monitor, both trained heads, the figures) on a copy of the corpus, run once: its run
+    directory and summary."""
     from robocasa_shift.report.monitors import evaluate_monitors
 
-    summary = evaluate_monitors(corpus, n_resamples=50)
+    run_dir = _copy_without_results(corpus, tmp_path_factory.mktemp("evaluated") / "run")
+    return run_dir, evaluate_monitors(run_dir, n_resamples=50)
+
+
+@pytest.mark.slow
+def test_the_monitor_study_writes_every_table_with_thresholds_frozen_from_clean_validation(evaluated):
+    corpus, summary = evaluated
     out = corpus / "monitors"
     for name in ("summary.json", "summary.md", "detection.csv", "decision.csv", "loto.csv", "verdicts.csv"):
         assert (out / name).is_file(), name
@@ -168,22 +186,21 @@ def test_the_monitor_study_writes_every_table_with_thresholds_frozen_from_clean_
     assert verdicts["length_only"]["end_auc"] >= 0.5
 
 
-def test_the_monitor_study_is_deterministic_and_the_report_shows_it(corpus, tmp_path):
-    import shutil
+@pytest.mark.slow
+def test_the_monitor_study_is_deterministic_and_the_report_shows_it(corpus, evaluated, tmp_path):
+    from robocasa_shift.monitoring.study import evaluate
 
-    from robocasa_shift.report.monitors import evaluate_monitors
-
-    copy = tmp_path / "copy"
-    shutil.copytree(corpus, copy)
-    evaluate_monitors(copy, n_resamples=50)
-    evaluate_monitors(corpus, n_resamples=50)
+    first, _ = evaluated
+    copy = _copy_without_results(corpus, tmp_path / "copy")
+    # a second study of the same logs, in another directory (without its figures: the tables do not depend on them)
+    evaluate(copy, n_resamples=50)
     for name in ("detection.csv", "decision.csv", "verdicts.csv", "loto.csv", "incremental.csv", "fusion.csv", "cka.csv"):
-        assert (copy / "monitors" / name).read_text() == (corpus / "monitors" / name).read_text(), name
-    cli("report", str(copy), "--videos", "0")
-    page = (copy / "report" / "index.html").read_text()
+        assert (copy / "monitors" / name).read_text() == (first / "monitors" / name).read_text(), name
+    cli("report", str(first), "--videos", "0")
+    page = (first / "report" / "index.html").read_text()
     assert "Runtime monitors as intervention rules" in page and "figures/roc__steps_since_progress.png" in page
     assert "figures/latent__by_task.png" in page and "Feature sets" in page and "sequence_head" in page
-    assert (copy / "monitors" / "figures" / "roc__steps_since_progress.png").is_file()
+    assert (first / "monitors" / "figures" / "roc__steps_since_progress.png").is_file()
 
 
 def test_the_monitors_command_refuses_a_run_without_step_logs_and_unknown_monitors(tmp_path, corpus):
@@ -204,6 +221,7 @@ def test_a_user_monitor_registered_by_name_is_evaluated_beside_the_built_in_ones
     assert [v["monitor"] for v in summary["verdicts"]] == ["gripper_closed_for_test", "length_only"]
 
 
+@pytest.mark.slow
 def test_alarms_routed_to_recover_are_priced_from_branches_at_the_alarm_checkpoints(corpus, tmp_path):
     import shutil
 
