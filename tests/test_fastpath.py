@@ -25,13 +25,18 @@ def test_states_controllers_and_observations_equal_stock_robosuite_byte_for_byte
     env = get_backend("robosuite").make(task)
     try:
         assert env.fastpath["enabled"] and env.fastpath["observables_disabled"] and env.fastpath["fused_step"]
-        assert env.fastpath["compiled_substeps"]
+        assert env.fastpath["compiled_substeps"] and env.fastpath["compiled_loop"]
         rng = np.random.default_rng(7)
         actions = np.clip(rng.normal(0.0, 0.6, (30, env.action_dim)), -1, 1)
         actions[10:20, 11] = 1.0  # base mode for a while: the arm's goal then follows the desired pose
         key = RolloutKey("formal", task, 1, condition)
+        fused = env.raw.step.__self__
+        looped = []
+        fused._compiled_loop = lambda *args, run=fused._compiled_loop: looped.append(run(*args)) or looped[-1]
         fast = trajectory(env, protocol, key, actions)
-        assert env.raw.step.__self__.problem is None  # the fused step ran, not the stock one
+        del fused._compiled_loop
+        assert fused.problem is None  # the fused step ran, not the stock one
+        assert looped == [True] * 30  # and its middle substeps ran in one compiled call each step
         assert robosuite_fastpath.SharedClock.of(env.raw._observables.values()) is not None  # one shared clock
         robosuite_fastpath.disable(env.raw)
         assert "action_dim" not in vars(type(env.raw.robots[0])) and "step" not in vars(env.raw)
@@ -53,6 +58,7 @@ def test_compiled_substeps_set_the_controls_the_python_substeps_set(task, condit
     try:
         prepare_episode(env, protocol, RolloutKey("formal", task, 3, condition))
         fused = env.raw.step.__self__
+        fused._middle_substeps = None  # the substeps one by one, each through _compiled_control
         compiled = []
         fused._compiled_control = lambda arguments, run=fused._compiled_control: (compiled.append(1), run(arguments))
         actions = np.clip(np.random.default_rng(5).normal(0.0, 0.6, (25, env.action_dim)), -1, 1)
@@ -69,6 +75,60 @@ def test_compiled_substeps_set_the_controls_the_python_substeps_set(task, condit
         assert len(set(actions[:, 11] > 0)) == 2
     finally:
         env.close()
+
+
+def test_the_compiled_loop_of_substeps_gives_the_states_of_substeps_one_by_one(protocol):
+    """The middle substeps in one compiled call (MuJoCo's C functions from numba) against the same substeps one by
+    one from Python, which a recorder wrapped around ``sim.step2`` forces (as the bench's and a profiler's do): the
+    same integration state and controls after every substep the recorder sees, and after every control step."""
+    env = get_backend("robosuite").make("Stack")
+    try:
+        actions = np.clip(np.random.default_rng(11).normal(0.0, 0.6, (20, env.action_dim)), -1, 1)
+        key = RolloutKey("formal", "Stack", 2, "base:L2")
+        fused = env.raw.step.__self__
+        looped = []
+        fused._compiled_loop = lambda *args, run=fused._compiled_loop: looped.append(run(*args)) or looped[-1]
+        compiled = trajectory(env, protocol, key, actions)
+        assert looped == [True] * 20
+        recorded = []
+        watch = env.sim.step2
+        env.sim.step2 = lambda: (recorded.append(env.data.ctrl.tobytes()), watch())[1]  # a foreign wrapper
+        looped.clear()
+        one_by_one = trajectory(env, protocol, key, actions)
+        assert looped == [False] * 20 and len(recorded) == 20 * fused.substeps
+        assert len(set(recorded)) > 20 * (fused.substeps - 2)  # the controls change from substep to substep
+    finally:
+        env.close()
+    assert [k for c, o in zip(compiled, one_by_one) for k in c if c[k] != o[k]] == []
+    assert len({c["integration"] for c in compiled}) == 20
+
+
+def test_the_clock_predicts_the_substep_in_which_the_observables_sample():
+    """``SharedClock.until_sample`` follows update's branches: the compiled runs of substeps end where a sample falls."""
+    from types import SimpleNamespace
+
+    from robosuite.utils.observables import NO_DELAY
+
+    def clock(time, sampled, samples=None):
+        member = SimpleNamespace(name="counted", _filter=lambda x: x, _corrupter=lambda x: x,
+                                 _sensor=lambda cache: samples.append(1) or np.zeros(1))
+        return robosuite_fastpath.SharedClock([member], period=0.05, time=time, sampled=sampled, delay=0.0,
+                                              delayer=NO_DELAY)
+
+    in_phase = clock(0.002, True)  # robosuite's 20 Hz sampling at 500 Hz physics, sampled at the first substep
+    assert in_phase.until_sample(0.002, 23) == 23
+    assert in_phase.until_sample(0.002, 30) == 25  # the period wraps at the 24th update, the 25th samples
+    shifted = clock(0.018, True)  # a reset that stepped the physics leaves the clock out of phase with the steps
+    assert 1 < shifted.until_sample(0.002, 23) < 23
+    assert clock(0.0, False).until_sample(0.002, 23) == 1
+    assert (shifted.time, shifted.sampled) == (0.018, True)  # a prediction only
+    for start, sampled in ((0.002, True), (0.018, True), (0.036, True), (0.0, False), (0.01, False)):
+        n = clock(start, sampled).until_sample(0.002, 40)
+        samples = []
+        real = clock(start, sampled, samples)
+        for k in range(n):
+            real.update(0.002, {})
+            assert len(samples) == (1 if k == n - 1 else 0), (start, k, n)  # no sample before the predicted one
 
 
 def test_the_indexed_contact_check_answers_what_robosuites_answers_on_every_group_and_state(protocol):

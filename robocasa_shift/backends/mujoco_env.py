@@ -113,6 +113,8 @@ class MujocoEnv(PerturbableModel):
                 self._before_integration()
                 return _original(*args, **kwargs)
 
+            # a compiled loop of substeps (robosuite_fastpath) calls the watch itself when it is this one
+            integrate.before_integration = self._before_integration
             setattr(self.sim, name, integrate)
 
     def _before_integration(self) -> None:

@@ -89,20 +89,21 @@ def enable(raw) -> Dict[str, Any]:
     if not isinstance(vars(raw.sim.model).get("get_joint_qpos_addr"), JointAddresses):
         raw.sim.model.get_joint_qpos_addr = JointAddresses(raw.sim.model)
     problem = fused_step_problem(raw)
-    compiled = None
+    compiled = loop = None
     if problem is None:
         # enabled again after a reset that rebuilt robots and observables (RoboCasa's kitchens): the step stays
         fused = getattr(vars(raw).get("step"), "__self__", None)
         if not isinstance(fused, FusedStep):
             fused = FusedStep(raw)
         raw.step = fused.step  # an instance attribute: the class's own step is untouched
-        compiled = fused.compiled_problem
+        compiled, loop = fused.compiled_problem, fused.loop_problem
     return {"enabled": True, "robosuite": VERIFIED_ROBOSUITE, "action_dim_cached": True,
             "observables_disabled": disabled, "contacts_indexed": contacts is None,
             **({"contacts_indexed_reason": contacts} if contacts else {}), "joint_addresses_kept": True,
             "fused_step": problem is None,
             **({"fused_step_reason": problem} if problem else
-               {"compiled_substeps": compiled is None, **({"compiled_substeps_reason": compiled} if compiled else {})})}
+               {"compiled_substeps": compiled is None, **({"compiled_substeps_reason": compiled} if compiled else {}),
+                "compiled_loop": loop is None, **({"compiled_loop_reason": loop} if loop else {})})}
 
 
 def disable(raw) -> None:
@@ -215,13 +216,20 @@ class FusedStep:
         # the substeps between the first and the last, compiled (robosuite_kernels), where numpy's BLAS can be called;
         # a numba or llvmlite that fails to import or compile leaves them in Python, with the reason recorded
         self._substep_controls = None
+        # and, where MuJoCo's C functions can be called from numba, all of them in one compiled call
+        self._middle_substeps = None
         try:
-            from robocasa_shift.backends import numpy_blas, robosuite_kernels
+            from robocasa_shift.backends import mujoco_calls, numpy_blas, robosuite_kernels
 
             self.compiled_problem = numpy_blas.problem()
             self._substep_controls = robosuite_kernels.substep_controls
+            self.loop_problem = mujoco_calls.problem()
+            if self.compiled_problem is None and self.loop_problem is None:
+                self._middle_substeps = robosuite_kernels.middle_substeps
         except Exception as exc:
             self.compiled_problem = f"compiled substeps unavailable ({type(exc).__name__}: {exc})"
+        if self.compiled_problem is not None:
+            self.loop_problem = self.compiled_problem
 
     def _bind(self) -> None:
         """Handles and constants of the current controllers and model: robosuite builds new controllers on every
@@ -296,7 +304,10 @@ class FusedStep:
         sim, timestep, cache = self.sim, raw.model_timestep, raw._obs_cache
         clock = SharedClock.of(raw._observables.values())
         last = self.substeps - 1
+        looped = False
         for i in range(self.substeps):
+            if looped and i < last:  # run by the compiled loop, right after the first substep
+                continue
             sim.step1()
             if i == 0:  # the policy step: new goals, then the torques, then the robot's history buffers
                 self.composite.set_goal(action)
@@ -313,6 +324,8 @@ class FusedStep:
             else:
                 for observable in raw._observables.values():  # MujocoEnv._update_observables
                     observable.update(timestep=timestep, obs_cache=cache, force=False)
+            if i == 0 and compiled is not None:
+                looped = self._compiled_loop(compiled, last - 1, clock, timestep, cache)
         if clock is not None:
             clock.write_back()
         raw.cur_time += raw.control_timestep
@@ -367,6 +380,33 @@ class FusedStep:
         for site, (jacp, jacr) in self.jacobians.items():
             mj.mj_jacSite(model, data, jacp, jacr, site)
         self._substep_controls(*self.data_arrays, *arguments)
+
+    def _compiled_loop(self, compiled: tuple, count: int, clock: Optional["SharedClock"], timestep: float,
+                       cache: Dict[str, Any]) -> bool:
+        """Substeps 1 to ``count`` in compiled calls (``robosuite_kernels.middle_substeps``), each call running up to a
+        substep after which the observables sample, which they then do from that substep's state as they would have.
+        Between the substeps nothing else may run: ``sim.step2`` must be robosuite's own or the harness's watch, which
+        only counts them; anything else wrapped around the simulator's calls (a profiler, a recorder of controls)
+        gets them one by one from Python. Whether it ran them."""
+        if self._middle_substeps is None or clock is None or count <= 0:
+            return False
+        owned = vars(self.sim)
+        watch = owned.get("step2")
+        hook = getattr(watch, "before_integration", None)
+        if "step1" in owned or (watch is not None and hook is None):
+            return False
+        arguments = (self.model._address, self.data._address, self.qM, self.arm_center,
+                     self.grip_site, *self.data_arrays, *compiled)
+        done = 0
+        while done < count:
+            run = clock.until_sample(timestep, count - done)
+            self._middle_substeps(run, *arguments)
+            for _ in range(run):  # what the Python substeps did besides MuJoCo and the controls: count and tick
+                if hook is not None:
+                    hook()
+                clock.update(timestep, cache)  # the run's last update may sample: from this state, as it would
+            done += run
+        return True
 
     def _push_history(self, action) -> None:
         """The end of ``WheeledRobot.control`` on a policy step, verbatim: the robot's history buffers."""
@@ -580,6 +620,21 @@ class SharedClock:
             if (o._sampling_timestep, o._time_since_last_sample, o._sampled, o._current_delay) != state or o._delayer is not NO_DELAY:
                 return None
         return cls(members, *state, NO_DELAY)
+
+    def until_sample(self, timestep: float, limit: int) -> int:
+        """How many of the next ``limit`` updates run up to the first in which the members sample (or warn), that
+        one included; ``limit`` when none does. A prediction: the clock is not changed."""
+        time, sampled = self.time, self.sampled
+        for count in range(1, limit + 1):  # update's arithmetic and branches, on copies
+            time += timestep
+            if not sampled and self.period - self.delay >= time:
+                return count
+            if time >= self.period:
+                if not sampled:
+                    return count
+                time %= self.period
+                sampled = False
+        return limit
 
     def update(self, timestep: float, cache: Dict[str, Any]) -> None:
         """One substep of every member's ``Observable.update(timestep, cache, force=False)``."""

@@ -18,6 +18,7 @@ from robosuite.utils.control_utils import (
     orientation_error,
 )
 
+from robocasa_shift.backends.mujoco_calls import mj_fullM, mj_jacSite, mj_step1, mj_step2
 from robocasa_shift.backends.numpy_blas import dot_mm, dot_mv
 
 
@@ -96,3 +97,20 @@ def substep_controls(site_xpos, site_xmat, qpos, qvel, qfrc_bias, ctrl, full, gr
     for k in range(len(parts)):
         index, low, high = actuation[k]
         _actuate(ctrl, parts[k], index, low, high)
+
+
+@numba.njit(cache=True)
+def middle_substeps(count, model, data, qM, arm_center, grip_site, site_xpos, site_xmat, qpos, qvel, qfrc_bias, ctrl,
+                    full, grip_jacp, grip_jacr, center_jacp, center_jacr, osc, torso, base_vels, grip_vels, actuation):
+    """``count`` substeps as ``FusedStep`` runs them one by one in Python: ``mj_step1``, the mass matrix and the two
+    site Jacobians (in ``FusedStep._compiled_control``'s order), :func:`substep_controls`, ``mj_step2``. The MuJoCo
+    calls are MuJoCo's own C functions (:mod:`mujoco_calls`) on the same model and data (``model`` and ``data`` are
+    their addresses), so the same code runs on the same numbers; only the Python between them is gone."""
+    for _ in range(count):
+        mj_step1(model, data)
+        mj_fullM(model, full.ctypes.data, qM.ctypes.data)
+        mj_jacSite(model, data, center_jacp.ctypes.data, center_jacr.ctypes.data, arm_center)
+        mj_jacSite(model, data, grip_jacp.ctypes.data, grip_jacr.ctypes.data, grip_site)
+        substep_controls(site_xpos, site_xmat, qpos, qvel, qfrc_bias, ctrl, full, grip_jacp, grip_jacr, center_jacp,
+                         center_jacr, osc, torso, base_vels, grip_vels, actuation)
+        mj_step2(model, data)

@@ -1,0 +1,59 @@
+"""MuJoCo's C functions for compiled code: the very library the ``mujoco`` bindings loaded.
+
+A compiled loop over physics substeps (``robosuite_kernels.middle_substeps``) calls ``mj_step1``, ``mj_step2``,
+``mj_fullM`` and ``mj_jacSite`` on the model's and data's own addresses (``MjModel._address``), so the code that
+runs is the code the bindings run, on the same memory. The library is loaded into llvmlite's symbol table and the
+functions are declared by name, as :mod:`numpy_blas` declares numpy's BLAS, so compiled code that calls them is
+cached on disk like any other. Only the MuJoCo versions whose C signatures these declarations were checked against
+are accepted (``mj_fullM``'s arguments changed within 3.x); any other leaves :func:`problem` saying why, and the
+substeps then run one by one from Python.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import numba
+from numba import types
+
+VERIFIED_MUJOCO = ("3.9.0",)  # mj_fullM(m, dst, M); mj_jacSite(m, d, jacp, jacr, site)
+
+
+def _find_library() -> Optional[str]:
+    """None when MuJoCo's library is loaded into llvmlite's symbols, or why not."""
+    try:
+        import mujoco
+    except ImportError as exc:
+        return f"mujoco cannot be imported ({exc})"
+    if mujoco.__version__ not in VERIFIED_MUJOCO:
+        return f"MuJoCo's C calls declared for {', '.join(VERIFIED_MUJOCO)}, not {mujoco.__version__}"
+    path = os.path.realpath(os.path.join(os.path.dirname(mujoco.__file__), f"libmujoco.so.{mujoco.__version__}"))
+    try:
+        with open("/proc/self/maps") as maps:  # the library the bindings loaded, not another copy
+            loaded = {os.path.realpath(line.split()[-1]) for line in maps if "libmujoco.so" in line}
+        if loaded != {path}:
+            return f"the mujoco bindings loaded {sorted(loaded) or 'no libmujoco'}, not {path}"
+        import llvmlite.binding
+
+        llvmlite.binding.load_library_permanently(path)  # the same handle: dlopen returns the loaded library
+    except Exception as exc:  # no memory map, a broken llvmlite: the substeps stay in Python
+        return f"MuJoCo's library cannot be called from compiled code ({type(exc).__name__}: {exc})"
+    return None
+
+
+_PROBLEM = _find_library()
+
+
+def problem() -> Optional[str]:
+    """Why the functions below cannot be called in this process, or None when they can."""
+    return _PROBLEM
+
+
+# pointers as integers: an address and a pointer travel in the same register on x86-64 and aarch64
+_P = types.intp
+mj_step1 = types.ExternalFunction("mj_step1", types.void(_P, _P))
+mj_step2 = types.ExternalFunction("mj_step2", types.void(_P, _P))
+mj_fullM = types.ExternalFunction("mj_fullM", types.void(_P, _P, _P))
+mj_jacSite = types.ExternalFunction("mj_jacSite", types.void(_P, _P, _P, _P, types.int32))
+assert numba  # the declarations above are numba types
