@@ -113,7 +113,7 @@ def test_the_sequence_head_learns_a_late_failure_signal_and_is_deterministic_fro
 
 
 def test_linear_cka_is_one_under_an_orthogonal_rotation_and_rescaling_and_the_squared_correlation_by_hand():
-    from robocasa_shift.monitoring.feature_sets import linear_cka
+    from robocasa_shift.analysis.monitor_features import linear_cka
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((30, 5))
@@ -129,7 +129,7 @@ def test_linear_cka_is_one_under_an_orthogonal_rotation_and_rescaling_and_the_sq
 
 
 def test_the_sign_flip_p_enumerates_every_sign_assignment_and_the_task_summary_is_worked_out_by_hand():
-    from robocasa_shift.monitoring.feature_sets import signflip_p, task_summary
+    from robocasa_shift.analysis.monitor_features import signflip_p, task_summary
 
     # (0.1, 0.2, 0.3): of the 8 assignments only all-plus and all-minus reach |mean| 0.2, so p = 2/8
     assert signflip_p([0.1, 0.2, 0.3]) == pytest.approx(0.25)
@@ -149,7 +149,7 @@ def test_the_sign_flip_p_enumerates_every_sign_assignment_and_the_task_summary_i
 
 
 def test_the_first_pls_direction_is_the_normalised_covariance_with_the_target():
-    from robocasa_shift.monitoring.feature_sets import pls_directions
+    from robocasa_shift.analysis.monitor_features import pls_directions
 
     rng = np.random.default_rng(2)
     x = rng.standard_normal((40, 4))
@@ -246,6 +246,7 @@ def test_without_umap_learn_the_geometry_figure_is_a_pca_projection_and_says_why
 
 def test_when_the_base_set_already_separates_every_task_fusion_and_its_shuffled_control_add_exactly_nothing():
     pytest.importorskip("torch")
+    from robocasa_shift.analysis.monitor_features import task_summary
     from robocasa_shift.monitoring import feature_sets
 
     # the other side of the fusion test: the failure signal in the base set, the added set noise
@@ -253,5 +254,5 @@ def test_when_the_base_set_already_separates_every_task_fusion_and_its_shuffled_
     table = feature_sets.fusion_table(logs, splits, {"A": None, "B": None, "C": None}, "middle", seed=0)
     assert (table[["base_auc", "fusion_auc", "shuffled_auc"]] == 1.0).all().all()
     assert (table["fusion_minus_base"] == 0).all() and (table["fusion_minus_shuffled"] == 0).all()
-    summary = feature_sets.task_summary(dict(zip(table["task"], table["fusion_minus_shuffled"])))
+    summary = task_summary(dict(zip(table["task"], table["fusion_minus_shuffled"])))
     assert summary["mean"] == 0 and summary["positive"] == "0/3" and summary["signflip_p"] == 1.0
