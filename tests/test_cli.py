@@ -84,6 +84,26 @@ def test_bad_names_exit_2_with_the_valid_ones(tmp_path, args, message):
     assert not (tmp_path / "run").exists()  # nothing was started
 
 
+def test_a_record_without_the_fields_that_have_defaults_exports_them_as_their_defaults(tmp_path):
+    """The store accepts a record file that leaves out a field with a default (an older version wrote fewer); the
+    records table read it with ``rec[name]`` and export died with a KeyError instead."""
+    import json
+
+    run_dir = tmp_path / "run"
+    cli("run", "--backend", "fake", "--task", "Reach", "--condition", "clean", "--episodes", "0", "--run-dir",
+        str(run_dir), "--policy", "fake-expert", "--workers", "1", "--no-progress")
+    (path,) = (run_dir / "records").rglob("*.json")
+    record = json.loads(path.read_text())
+    for name in ("policy_rng_fingerprint", "env_fingerprint", "renderer", "error", "error_kind", "perturbation"):
+        del record[name]
+    path.write_text(json.dumps(record))
+    proc = cli("export", str(run_dir), "--out", str(tmp_path / "records.csv"), check=False)
+    assert proc.returncode == 0, proc.stderr
+    table = pd.read_csv(tmp_path / "records.csv", keep_default_na=False)
+    assert table.policy_rng_fingerprint.tolist() == [""] and table.error.tolist() == [""]
+    assert table.success.tolist() == [True]
+
+
 def test_run_and_export_records_table(tmp_path):
     run_dir = tmp_path / "run"
     proc = cli("run", "--backend", "fake", "--task", "Reach", "--condition", "clean,camera:L3", "--episodes", "0",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Dict, List, Optional
 
 
@@ -139,8 +139,21 @@ def _per_entry(pert: Dict[str, Any], field_name: str) -> Any:
     return pert.get(field_name)
 
 
+def _defaults() -> Dict[str, Any]:
+    """The value of every ``Record`` field that has one."""
+    out = {}
+    for f in fields(Record):
+        if f.default is not MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
 def to_row(rec: Dict[str, Any]) -> Dict[str, Any]:
-    """One row of the records table (docs/records.md)."""
+    """One row of the records table (docs/records.md). A record file may leave out fields that have a default
+    (an older version wrote fewer; the store accepts it): they read as their defaults."""
+    rec = {**_defaults(), **rec}
     pert = rec.get("perturbation") or {}
     return {
         "task": rec["task"],
