@@ -128,12 +128,17 @@ def test_the_elided_forward_step_changes_no_bit_of_stock_stepping(env, protocol,
     from robocasa_shift.core.records import RolloutKey
 
     assert env.fastpath == {"enabled": True, "robosuite": "1.4.0", "elided_forward": True, "flat_arm": True,
-                            "compiled_substeps": True, "contacts_indexed": True}
+                            "compiled_substeps": True, "compiled_loop": True, "contacts_indexed": True}
     key = RolloutKey("formal", "spatial-0", 1, condition)
     actions = np.clip(np.random.default_rng(4).normal(0.0, 0.6, (20, 7)), -1, 1)
     actions[:, 6] = np.sign(actions[:, 6])
+    step = env.raw.step.__self__
+    resumed = []
+    step._compiled_loop = lambda *args, run=step._compiled_loop: resumed.append(run(*args)) or resumed[-1]
     fast = trajectory(env, protocol, key, actions)
-    assert isinstance(env.raw.step.__self__.arm, libero_fastpath.FlatArm)  # the written-out substeps ran
+    del step._compiled_loop
+    assert isinstance(step.arm, libero_fastpath.FlatArm)  # the written-out substeps ran
+    assert len(resumed) >= 20 and set(resumed) == {step.substeps - 1}  # the middle substeps compiled, every step
     libero_fastpath.disable(env.raw)
     try:
         stock = trajectory(env, protocol, key, actions)
@@ -174,6 +179,7 @@ def test_compiled_libero_substeps_set_the_controls_and_gripper_action_the_python
 
     monkeypatch.setattr(FlatArm, "compiled_arguments", arguments)
     monkeypatch.setattr(FlatArm, "compiled_control", compare)
+    monkeypatch.setattr(libero_fastpath, "compiled_loop_problem", lambda: "one substep at a time, to compare each")
     env.reset(4, BaseEpisode("formal", 2))
     checked.clear()  # the reset's settling steps were compared too: count the rollout's own
     rng = np.random.default_rng(6)
@@ -224,6 +230,45 @@ def test_a_state_mujoco_would_reset_is_stepped_stock(env, tmp_path, monkeypatch)
             ends.append(env._integration().tobytes())
         finally:
             libero_fastpath.enable(env.raw, env._before_integration)
+    assert ends[0] == ends[1] and np.all(np.isfinite(np.frombuffer(ends[0])))
+
+
+@needs_libero
+def test_a_state_mujoco_would_reset_inside_the_compiled_loop_is_stepped_stock(env, tmp_path, monkeypatch):
+    """The compiled loop checks each substep's state as the elided step does: a NaN velocity that appears after the
+    fifth substep stops it there, and that substep runs stock (MuJoCo resets the simulation), as robosuite 1.4's own
+    step does with the NaN at the same point."""
+    from robocasa_shift.backends import libero_fastpath
+    from robocasa_shift.core.backend import BaseEpisode
+
+    monkeypatch.chdir(tmp_path)  # MuJoCo writes its warning into MUJOCO_LOG.TXT there
+    ends, stops = [], []
+    for fast in (True, False):
+        env.reset(5, BaseEpisode("formal", 0))
+        env.step(np.zeros(7))
+        if fast:  # the first substep runs in Python, the next four compiled; then the NaN
+            arm = env.raw.step.__self__._flat_arm()
+            middle = arm._middle_substeps
+
+            def poisoned(count, *args, middle=middle):
+                ran, action = middle(min(count, 4), *args)
+                env.data.qvel[0] = np.nan
+                stops.append((ran, count))
+                return ran, action
+
+            arm._middle_substeps = poisoned
+        else:
+            libero_fastpath.disable(env.raw)
+            watch, calls = env.sim.step, []
+            env.sim.step = lambda: (watch(), calls.append(1), len(calls) == 5 and env.data.qvel.__setitem__(0, np.nan))
+        try:
+            env.step(np.zeros(7))
+            ends.append(env._integration().tobytes())
+        finally:
+            if not fast:
+                env.sim.step = watch  # the harness's own watch again
+            libero_fastpath.enable(env.raw, env._before_integration)
+    assert stops[0][0] == 4 and stops[0][1] > 4, stops  # it ran 4 substeps of a longer run and was stopped there
     assert ends[0] == ends[1] and np.all(np.isfinite(np.frombuffer(ends[0])))
 
 

@@ -528,6 +528,7 @@ def test_the_kitchen_fast_path_changes_no_bit_of_stock_stepping(kitchen, protoco
     actions[4:8, 11] = 1.0  # base mode for a while
     fast = trajectory(kitchen, protocol, key, actions)
     assert kitchen.fastpath["fused_step"] and kitchen.fastpath["compiled_substeps"], kitchen.fastpath
+    assert kitchen.fastpath["compiled_loop"], kitchen.fastpath  # the middle substeps in compiled calls
     assert kitchen.fastpath["contacts_indexed"] and kitchen.fastpath["joint_addresses_kept"], kitchen.fastpath
     assert kitchen.raw.step.__self__.problem is None  # the fused step ran, not the stock one
     assert kitchen.simulator_info()["fastpath"]["fused_step"]

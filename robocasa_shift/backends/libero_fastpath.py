@@ -126,6 +126,14 @@ def compiled_substeps_problem(raw) -> Optional[str]:
     return numpy_blas.problem()
 
 
+def compiled_loop_problem() -> Optional[str]:
+    """Why the compiled substeps cannot run in one compiled loop with MuJoCo's C functions, or None."""
+    from robocasa_shift.backends import mujoco_calls
+
+    return mujoco_calls.problem() or (
+        None if mujoco_calls.FULL_M_ARGUMENTS == "d, dst" else "mj_fullM is not called as (m, d, dst) here")
+
+
 def _modern_update():
     """The controller update LIBERO-PRO installs on robosuite 1.4 (mj_fullM's newer argument order), or None."""
     try:
@@ -148,9 +156,11 @@ def enable(raw, before_integration: Callable[[], None]) -> Dict[str, Any]:
     if contacts is None:  # the grasp and contact predicates' check_contact, from geom ids (same answers)
         raw.check_contact = robosuite_fastpath.ContactCheck(raw)
     compiled = compiled_substeps_problem(raw) if flat is None else "no flat arm"
+    loop = (compiled or compiled_loop_problem()) if flat is None else "no flat arm"
     return {"enabled": True, "robosuite": VERIFIED_ROBOSUITE, "elided_forward": True, "flat_arm": flat is None,
             **({"flat_arm_reason": flat} if flat else {}), "compiled_substeps": compiled is None,
-            **({"compiled_substeps_reason": compiled} if compiled else {}), "contacts_indexed": contacts is None,
+            **({"compiled_substeps_reason": compiled} if compiled else {}), "compiled_loop": loop is None,
+            **({"compiled_loop_reason": loop} if loop else {}), "contacts_indexed": contacts is None,
             **({"contacts_indexed_reason": contacts} if contacts else {})}
 
 
@@ -167,6 +177,7 @@ class ElidedForwardStep:
         import mujoco
 
         self.raw, self._mj, self.before_integration = raw, mujoco, before_integration
+        self._watch = before_integration  # the harness's own: a compiled loop of substeps calls it itself
         self.substeps = int(raw.control_timestep / raw.model_timestep)
         self.arm: Optional[FlatArm] = None
 
@@ -199,7 +210,10 @@ class ElidedForwardStep:
         policy_step = True
         compiled = None
         last = self.substeps - 1
+        resume = 0  # the first substep the compiled loop did not run
         for i in range(self.substeps):
+            if i < resume:
+                continue
             if not self._valid(data):  # MuJoCo's own checks would reset it: exactly stock
                 sim.forward()
                 raw._pre_action(action, policy_step)
@@ -232,6 +246,8 @@ class ElidedForwardStep:
                 clock.update(raw.model_timestep, raw._obs_cache)
             else:
                 raw._update_observables()
+            if policy_step and compiled is not None:
+                resume = self._compiled_loop(arm, compiled, i + 1, last, clock)
             policy_step = False
         if arm is not None and clock is not None:
             clock.write_back()
@@ -239,6 +255,27 @@ class ElidedForwardStep:
         reward, done, info = raw._post_action(action)
         observations = raw.viewer._get_observations() if raw.viewer_get_obs else raw._get_observations()
         return observations, reward, done, info
+
+    def _compiled_loop(self, arm: "FlatArm", compiled: tuple, start: int, stop: int, clock) -> int:
+        """Substeps ``start`` to ``stop - 1`` in compiled calls, each ending where the observables sample (which they
+        then do from that substep's state, as they would have) or before a state MuJoCo would reset. Between the
+        substeps nothing else may run: the harness's watch only counts them, and anything wrapped around this step's
+        calls (a profiler, a recorder of controls) gets them one by one from Python. The first substep not run."""
+        if (arm._middle_substeps is None or clock is None or self.before_integration is not self._watch
+                or "_physics" in vars(self) or "compiled_control" in vars(arm)):
+            return start
+        raw = self.raw
+        i = start
+        while i < stop:
+            run = clock.until_sample(raw.model_timestep, stop - i)
+            ran = arm.compiled_substeps(compiled, run)
+            for _ in range(ran):  # what the Python substeps did besides MuJoCo and the controls: count and tick
+                self.before_integration()
+                clock.update(raw.model_timestep, raw._obs_cache)  # the run's last update may sample, as it would
+            i += ran
+            if ran < run:  # a state MuJoCo would reset: that substep and the rest one by one
+                break
+        return i
 
     def _flat_arm(self) -> Optional["FlatArm"]:
         """The mirror of the current robot's control (robosuite builds a new controller at every reset), or None where
@@ -295,10 +332,15 @@ class FlatArm:
         # the substeps between the first and the last, compiled (libero_kernels), where numpy's BLAS can be called and
         # the gripper is the Panda gripper it mirrors; otherwise they run control() below, with the reason recorded
         self.compiled_problem = compiled_substeps_problem(raw)
+        self._middle_substeps, self.loop_problem = None, self.compiled_problem
         if self.compiled_problem is None:
-            from robocasa_shift.backends.libero_kernels import substep_controls
+            from robocasa_shift.backends.libero_kernels import middle_substeps, substep_controls
 
             self._substep_controls = substep_controls
+            # and all of them in compiled calls, where MuJoCo's C functions can be called from numba
+            self.loop_problem = compiled_loop_problem()
+            if self.loop_problem is None:
+                self._middle_substeps = middle_substeps
         self.sim = raw.sim
         self.model, self.data = raw.sim.model._model, raw.sim.data._data
         self.robot = robot = raw.robots[0]
@@ -341,6 +383,15 @@ class FlatArm:
                 self.eef_site, self.qpos_index, self.qvel_index, c.goal_pos, c.goal_ori, c.initial_joint, c.kp, c.kd,
                 bool(c.uncoupling), self.arm_actuators, self.torque_low, self.torque_high), \
             (gripper_step, self.grip_actuators_array, self.grip_bias, self.grip_weight)
+
+    def compiled_substeps(self, arguments: tuple, count: int) -> int:
+        """Up to ``count`` middle substeps in one compiled call (``libero_kernels.middle_substeps``): the same MuJoCo
+        and controller arithmetic as ``count`` calls of :meth:`compiled_control` between ``mj_step1`` and ``mj_step2``;
+        it stops before a state MuJoCo would reset. How many ran."""
+        arm, grip = arguments
+        ran, self.gripper.current_action = self._middle_substeps(
+            count, self.model._address, self.data._address, MJMAXVAL, *arm, self.gripper.current_action, *grip)
+        return ran
 
     def compiled_control(self, arguments: tuple) -> None:
         """A substep between the first and the last: MuJoCo's mass matrix and site Jacobians as :meth:`_update` gets

@@ -18,6 +18,7 @@ from robosuite.utils.control_utils import (
     orientation_error,
 )
 
+from robocasa_shift.backends.mujoco_calls import mj_fullM, mj_jacSite, mj_step1, mj_step2
 from robocasa_shift.backends.numpy_blas import dot_mv
 from robocasa_shift.backends.robosuite_kernels import _actuate, _mass_matrix
 
@@ -71,3 +72,36 @@ def substep_controls(site_xpos, site_xmat, qpos, qvel, qfrc_bias, ctrl, full, ja
         ctrl[grip_actuators[k]] = applied[k]
     _actuate(ctrl, torques, arm_actuators, torque_low, torque_high)
     return action
+
+
+@numba.njit(cache=True)
+def _within(values, limit):
+    """``(np.abs(values) <= limit).all()``: NaN fails the comparison, as there."""
+    for x in values:
+        if not abs(x) <= limit:
+            return False
+    return True
+
+
+@numba.njit(cache=True)
+def middle_substeps(count, model, data, limit, site_xpos, site_xmat, qpos, qvel, qfrc_bias, ctrl, full, jacp, jacr,
+                    eef_site, qpos_index, qvel_index, goal_pos, goal_ori, initial_joint, kp, kd, uncoupling,
+                    arm_actuators, torque_low, torque_high, current_action, gripper_step, grip_actuators, grip_bias,
+                    grip_weight):
+    """Up to ``count`` substeps as ``ElidedForwardStep`` runs them one by one in Python: MuJoCo's validity check
+    (``ElidedForwardStep._valid``), ``mj_step1``, the mass matrix and the site Jacobians (``FlatArm.compiled_control``),
+    :func:`substep_controls`, ``mj_step2``, with MuJoCo's own C functions (:mod:`mujoco_calls`; ``model`` and
+    ``data`` are their addresses). Stops before a substep whose state MuJoCo would reset (that one runs stock, from
+    Python). Returns (substeps run, the gripper's running action)."""
+    for k in range(count):
+        if not (_within(qpos, limit) and _within(qvel, limit)):
+            return k, current_action
+        mj_step1(model, data)
+        mj_fullM(model, data, full.ctypes.data)  # MuJoCo 3.17's form: (m, d, dst)
+        mj_jacSite(model, data, jacp.ctypes.data, jacr.ctypes.data, eef_site)
+        current_action = substep_controls(site_xpos, site_xmat, qpos, qvel, qfrc_bias, ctrl, full, jacp, jacr,
+                                          eef_site, qpos_index, qvel_index, goal_pos, goal_ori, initial_joint, kp, kd,
+                                          uncoupling, arm_actuators, torque_low, torque_high, current_action,
+                                          gripper_step, grip_actuators, grip_bias, grip_weight)
+        mj_step2(model, data)
+    return count, current_action

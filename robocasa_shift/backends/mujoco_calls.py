@@ -5,8 +5,9 @@ A compiled loop over physics substeps (``robosuite_kernels.middle_substeps``) ca
 runs is the code the bindings run, on the same memory. The library is loaded into llvmlite's symbol table and the
 functions are declared by name, as :mod:`numpy_blas` declares numpy's BLAS, so compiled code that calls them is
 cached on disk like any other. Only the MuJoCo versions whose C signatures these declarations were checked against
-are accepted (``mj_fullM``'s arguments changed within 3.x); any other leaves :func:`problem` saying why, and the
-substeps then run one by one from Python.
+are accepted: ``mj_fullM``'s arguments changed within 3.x (:data:`FULL_M_ARGUMENTS` says which form this process
+has, and each compiled loop checks it is the form it was written for); any other leaves :func:`problem` saying why,
+and the substeps then run one by one from Python.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Optional
 import numba
 from numba import types
 
-VERIFIED_MUJOCO = ("3.9.0",)  # mj_fullM(m, dst, M); mj_jacSite(m, d, jacp, jacr, site)
+# mj_fullM's arguments after the model in each verified MuJoCo (robosuite 1.5's and LIBERO's environments); the others
+# are the same in both: mj_step1(m, d), mj_step2(m, d), mj_jacSite(m, d, jacp, jacr, site)
+VERIFIED_MUJOCO = {"3.9.0": "dst, M", "3.17.0": "d, dst"}
 
 
 def _find_library() -> Optional[str]:
@@ -45,6 +48,17 @@ def _find_library() -> Optional[str]:
 _PROBLEM = _find_library()
 
 
+def _full_m_arguments() -> Optional[str]:
+    try:
+        import mujoco
+    except ImportError:
+        return None
+    return VERIFIED_MUJOCO.get(mujoco.__version__)
+
+
+FULL_M_ARGUMENTS = _full_m_arguments()  # "dst, M" or "d, dst": how mj_fullM is called here
+
+
 def problem() -> Optional[str]:
     """Why the functions below cannot be called in this process, or None when they can."""
     return _PROBLEM
@@ -54,6 +68,6 @@ def problem() -> Optional[str]:
 _P = types.intp
 mj_step1 = types.ExternalFunction("mj_step1", types.void(_P, _P))
 mj_step2 = types.ExternalFunction("mj_step2", types.void(_P, _P))
-mj_fullM = types.ExternalFunction("mj_fullM", types.void(_P, _P, _P))
+mj_fullM = types.ExternalFunction("mj_fullM", types.void(_P, _P, _P))  # either form: three pointers
 mj_jacSite = types.ExternalFunction("mj_jacSite", types.void(_P, _P, _P, _P, types.int32))
 assert numba  # the declarations above are numba types
