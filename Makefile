@@ -39,8 +39,10 @@ $(VENV)/.setup-done: setup.cfg pyproject.toml
 	$(PY) -c "import importlib.util as u, os; d=os.path.dirname(u.find_spec('robosuite').origin); p=os.path.join(d,'macros_private.py'); os.path.exists(p) or open(p,'w').write('# robocasa-shift set-up: quieter console, no behaviour change\nCONSOLE_LOGGING_LEVEL = \"ERROR\"\n')"
 	touch $@
 
+# Whole files on each process, in the order tests/conftest.py gives (the files holding a slow test first), not
+# pytest-xdist's own (most tests first, which left the wheel's two long tests to run alone at the end).
 test: setup setup-vlaeval
-	$(VENV)/bin/pytest -q -p no:cacheprovider -n auto --dist loadfile
+	$(VENV)/bin/pytest -q -p no:cacheprovider -n auto --dist loadfile --no-loadscope-reorder
 
 test-fast: setup
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m "not sim"

@@ -321,6 +321,7 @@ def test_a_policy_that_cannot_snapshot_its_state_is_refused_with_the_reason(fake
 # --------------------------------------------------------------------------- the study: run, resume, audit, report
 
 
+@pytest.mark.slow
 def test_branch_runs_resumes_audits_and_reports_on_the_fake_backend(fake_run, tmp_path):
     import shutil
 
@@ -399,6 +400,7 @@ def test_branch_runs_resumes_audits_and_reports_on_the_fake_backend(fake_run, tm
     assert cli("audit", str(run), check=False).returncode == 1
 
 
+@pytest.mark.slow
 def test_a_killed_branch_command_resumes_with_nothing_lost_and_nothing_duplicated(fake_run, tmp_path):
     import shutil
 
@@ -445,6 +447,7 @@ def test_explicit_keys_and_steps_branch_only_those_and_report_steps_off_the_boun
         branch(run, Selection(keys=(key.id,)), BranchSettings(interventions=("recover",)), name="alarms")
 
 
+@pytest.mark.slow
 def test_branches_on_ray_equal_those_of_the_local_executor(fake_run, tmp_path):
     import shutil
 

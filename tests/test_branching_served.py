@@ -105,10 +105,12 @@ def gr00t_study(tmp_path_factory):
         server.wait(10)
 
 
+@pytest.mark.slow
 def test_a_gr00t_branch_study_reproduces_every_checkpoint_and_the_monitors_read_the_launchers_samples(gr00t_study):
     check_study(*gr00t_study)
 
 
+@pytest.mark.slow
 def test_an_openpi_branch_study_through_the_serving_shim_command_reproduces_every_checkpoint(tmp_path):
     server, port = serve("robocasa_shift.policies.openpi", "--policy-factory", "served_standins:make_openpi_policy",
                          r"on ws://127\.0\.0\.1:(\d+) \(seeded sessions, state, samples\)")

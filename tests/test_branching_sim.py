@@ -52,6 +52,7 @@ def lift():
 
 # a perturbed trunk at spread checkpoints (the restore re-applies a state-side perturbation) and one late in a
 # failing trunk under an observation-side one; a clean trunk is the same path without the perturbation
+@pytest.mark.slow
 @pytest.mark.parametrize("key_id,pick", [("formal/Lift/0000/base:L2/r0", "spread"), ("formal/Lift/0000/blur:L3/r0", "late")])
 def test_a_checkpoint_restored_in_a_fresh_process_continues_the_trunk_bit_for_bit(lift, tmp_path, key_id, pick):
     from robocasa_shift.branching.checkpoints import record_trunk

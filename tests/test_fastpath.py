@@ -319,6 +319,7 @@ def test_the_stock_simulator_switch_turns_every_shortcut_off_and_says_so():
         env.close()
 
 
+@pytest.mark.slow
 def test_a_run_on_the_stock_simulator_gives_the_same_records_and_its_manifest_says_what_ran(tmp_path):
     """The switch reaches the workers through the study config; the manifest records what ran on each side."""
     import json

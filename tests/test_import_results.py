@@ -90,6 +90,7 @@ def two_policies(tmp_path_factory):
     return root, summary_a, summary_b
 
 
+@pytest.mark.slow
 def test_liberoplus_per_category_table_equals_a_hand_count(two_policies):
     root, summary, _ = two_policies
     conditions = summary["conditions"]

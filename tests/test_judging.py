@@ -396,6 +396,7 @@ def test_the_end_state_judge_trains_on_judge_sets_and_judges_every_sample(export
         judge._net("Lift")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", ["local", "ray"])
 def test_export_and_judging_on_worker_processes_equal_the_in_process_results(exported, logged, tmp_path, executor):
     from robocasa_shift.judging.endstate import TrainConfig, train

@@ -30,6 +30,7 @@ def matrix_run(tmp_path_factory):
     return run_dir, audit, report
 
 
+@pytest.mark.slow
 def test_every_level_of_the_verdict_grid_is_visible_in_a_1280_pixel_window(matrix_run):
     if shutil.which("chromium") is None:
         pytest.skip("Debian's chromium is not installed (make setup installs it)")
@@ -181,6 +182,7 @@ def test_the_first_screen_says_what_the_design_could_and_could_not_show(matrix_r
     assert "every verdict was within its reach" in _design_reach(summary)
 
 
+@pytest.mark.slow
 def test_a_report_made_again_keeps_its_videos_and_a_forged_list_costs_a_re_run(matrix_run, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(matrix_run[0], copy)  # a copy of a reported run, as a reader receives it

@@ -58,6 +58,7 @@ def test_a_saved_digest_stands_for_its_run(fake_run, tmp_path):
     assert all("timing" not in r and "wall_s" not in r for r in run_digest(tmp_path / "digest.json").values())
 
 
+@pytest.mark.slow
 @pytest.mark.sim
 def test_the_golden_reference_run_is_reproduced(tmp_path):
     """Three rollouts of the golden run (recorded with the code from before the fast path), full horizon, field for

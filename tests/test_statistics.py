@@ -404,6 +404,7 @@ def test_verdict_rules():
     assert verdict(None, None, None) is None
 
 
+@pytest.mark.slow
 def test_verdicts_per_condition_and_task_in_the_summary():
     big_same = counts_spec(Alpha=(40, 0, 0, 10), Beta=(45, 0, 0, 5), Gamma=(30, 0, 0, 20), Delta=(48, 0, 0, 2))
     # clean: episodes 0-9 succeed, 10-19 fail, in both tasks

@@ -578,6 +578,7 @@ def test_unknown_presets_and_image_formats_list_the_known_ones():
         VlaEvalPolicy(image_format="webp")
 
 
+@pytest.mark.slow
 def test_formal_dry_run_says_one_action_per_step_means_a_render_every_step(tmp_path):
     from helpers import cli
 
