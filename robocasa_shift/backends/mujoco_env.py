@@ -118,7 +118,9 @@ class MujocoEnv(PerturbableModel):
             setattr(self.sim, name, integrate)
 
     def _before_integration(self) -> None:
-        """Called just before each substep's integration (a fast path that integrates by itself calls it too)."""
+        """Called just before each substep's integration (a fast path that integrates by itself calls it too; its
+        compiled loops of middle substeps call it after the loop, once per substep run, so before the last substep it
+        may only count)."""
         if self._substep is not None:
             self._substep += 1
             if self._substep == self._substeps:
