@@ -249,8 +249,9 @@ $(ROBOCASA_KIT)/STANDIN-KIT.json: $(ROBOCASA_VENV)/.setup-done robocasa_shift/ba
 
 # The kitchen tests, on the stand-in kit unless ROBOCASA_ASSETS_PATH names RoboCasa's real assets. Here a kitchen
 # test that cannot run fails instead of skipping (ROBOCASA_SHIFT_REQUIRE_KITCHENS), so CI never passes untested.
+# Two processes: the whole kitchen runs (tests/test_robocasa_runs.py, minutes each) beside the other kitchen tests.
 test-robocasa: setup-robocasa setup-robocasa-standin
-	ROBOCASA_SHIFT_REQUIRE_KITCHENS=1 ROBOCASA_ASSETS_PATH=$${ROBOCASA_ASSETS_PATH:-$(abspath $(ROBOCASA_KIT))} $(ROBOCASA_VENV)/bin/pytest -q -p no:cacheprovider -rs tests/test_robocasa.py
+	ROBOCASA_SHIFT_REQUIRE_KITCHENS=1 ROBOCASA_ASSETS_PATH=$${ROBOCASA_ASSETS_PATH:-$(abspath $(ROBOCASA_KIT))} $(ROBOCASA_VENV)/bin/pytest -q -p no:cacheprovider -rs -n 2 --dist loadfile tests/test_robocasa.py tests/test_robocasa_runs.py
 
 # Stage validation on the stand-in kitchens: 5 expert demonstrations and 5 random rollouts per task.
 validate-stages-robocasa: setup-robocasa-standin

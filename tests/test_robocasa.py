@@ -16,7 +16,6 @@ Three tiers, by what the Python running them has:
   expert, a paired GR00T client run). Skipped, with the reason, elsewhere.
 """
 
-import importlib.util
 import inspect
 import json
 import os
@@ -28,6 +27,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from helpers import cli
+from kitchens import kit_opt_in, needs_robocasa, robocasa_importable, skip_unless_required, unavailable_reason
 
 from robocasa_shift.backends import get_backend
 from robocasa_shift.backends import robocasa_backend as rb
@@ -39,51 +39,8 @@ from robocasa_shift.errors import BackendUnavailable
 FORMAL = ["PreSoakPan", "RinseSinkBasin", "WashLettuce", "StackBowlsCabinet"]
 
 
-def _robocasa_importable() -> bool:
-    if importlib.util.find_spec("robocasa") is None:
-        return False
-    from robosuite.environments.base import MujocoEnv
-
-    return "load_model_on_init" in inspect.signature(MujocoEnv.__init__).parameters
-
-
-# Set by `make test-robocasa`: there, a kitchen test that cannot run fails instead of skipping, so CI never passes
-# green with the kitchens untested (a kit that did not build, a broken .venv-robocasa).
-REQUIRE_KITCHENS = os.environ.get("ROBOCASA_SHIFT_REQUIRE_KITCHENS") == "1"
-
-
-def _skip_unless_required(reason: str):
-    if REQUIRE_KITCHENS:
-        pytest.fail(f"ROBOCASA_SHIFT_REQUIRE_KITCHENS=1 but {reason}")
-    pytest.skip(reason)
-
-
-needs_robocasa = pytest.mark.skipif(
-    not REQUIRE_KITCHENS and not _robocasa_importable(),
-    reason="RoboCasa's code on a robosuite with load_model_on_init is not installed in this Python "
-           "(run `make test-robocasa`, which builds .venv-robocasa)",
-)
-
-
-def _kit_opt_in():
-    """``standin`` when the assets in use are the generated stand-in kit (the tests opt in, as a study must)."""
-    if not _robocasa_importable():
-        return None
-    import robocasa.models
-
-    return rb.standin.KIT_KIND if rb.standin.kit_manifest(robocasa.models.assets_root) else None
-
-
-def _unavailable_reason():
-    try:
-        rb.check_available(_kit_opt_in())
-    except BackendUnavailable as exc:
-        return str(exc)
-    return None
-
-
 def _kitchen_backend():
-    return get_backend("robocasa", asset_kit=_kit_opt_in())
+    return get_backend("robocasa", asset_kit=kit_opt_in())
 
 
 # ---------------------------------------------------------------------- anywhere
@@ -177,7 +134,7 @@ def test_python_state_keeps_plain_data_only():
 
 
 def test_run_exits_3_with_what_is_missing_before_any_rollout(tmp_path):
-    reason = _unavailable_reason()
+    reason = unavailable_reason()
     if reason is None:
         pytest.skip("the robocasa backend is available here (assets present): nothing to refuse")
     run_dir = tmp_path / "x"
@@ -186,7 +143,7 @@ def test_run_exits_3_with_what_is_missing_before_any_rollout(tmp_path):
     assert proc.returncode == 3, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert proc.stderr.strip().startswith("error: ")
-    if _robocasa_importable():
+    if robocasa_importable():
         for text in ("kitchen assets are missing", "download_kitchen_assets", "ROBOCASA_ASSETS_PATH"):
             assert text in proc.stderr
     else:
@@ -381,8 +338,8 @@ def kitchen_controller_lift():
     The kitchen's own config is read from a kitchen constructed by create_env (the
     constructor needs no assets); Lift stands in for the scene, which does.
     """
-    if not _robocasa_importable():
-        _skip_unless_required("RoboCasa's code is not installed here (run `make test-robocasa`)")
+    if not robocasa_importable():
+        skip_unless_required("RoboCasa's code is not installed here (run `make test-robocasa`)")
     import robosuite
     from robocasa.utils.env_utils import create_env
 
@@ -461,9 +418,9 @@ def test_base_offset_goes_through_robocasas_set_robot_base(kitchen_controller_li
 
 @pytest.fixture(scope="module")
 def kitchen():
-    reason = _unavailable_reason()
+    reason = unavailable_reason()
     if reason is not None:
-        _skip_unless_required(f"needs a working robocasa backend (kitchen assets included): {reason}")
+        skip_unless_required(f"needs a working robocasa backend (kitchen assets included): {reason}")
     env = _kitchen_backend().make("PreSoakPan")
     yield env
     env.close()
@@ -561,27 +518,6 @@ def test_the_bench_retraces_a_kitchen_rollout_though_each_reset_builds_a_new_sim
     assert parts["physics"] > 0 and parts["controller"] > 0
 
 
-@pytest.mark.parametrize("stock", [False, True])
-def test_the_kitchen_golden_run_is_reproduced_with_and_without_the_fast_path(tmp_path, stock):
-    """The expert's golden kitchen run (recorded with the code from before the fast path), field for field: one base
-    episode's clean and perturbed rollouts on the fast path, the other's on the stock simulator."""
-    from golden import assert_reproduced, backend_golden
-
-    if _kit_opt_in() is None:
-        pytest.skip("the kitchen golden run was recorded on the stand-in kit")
-    digest, _, why = backend_golden("robocasa")
-    if digest is None:
-        pytest.skip(why)
-    run = tmp_path / "run"
-    cli("run", "--backend", "robocasa", "--asset-kit", "standin", "--task", "RinseSinkBasin", "--phase", "validation",
-        "--condition", "clean,action_latency:L2", "--episodes", "1" if stock else "0", "--policy", "expert",
-        "--workers", "1", "--no-progress", "--run-dir", str(run), *(["--stock-simulator"] if stock else []),
-        timeout=1800)
-    assert_reproduced(digest, run, count=2)
-    fastpath = json.loads((run / "manifest.json").read_text())["simulator"]["fastpath"]
-    assert fastpath["enabled"] is not stock and fastpath.get("fused_step", False) is not stock
-
-
 def test_kitchen_perturbation_hooks(kitchen, protocol):
     from robocasa_shift.core.factors import applied_perturbation, factor_kind
     from robocasa_shift.seeding import draw_rng
@@ -601,19 +537,6 @@ def test_kitchen_perturbation_hooks(kitchen, protocol):
     assert applied_perturbation(light, "L3", kitchen, None)["ok"]
     kitchen.reset(SEED)
     assert kitchen.fingerprint() == clean
-
-
-def test_the_robocasa_backend_passes_every_check_of_the_contract():
-    """``check-backend robocasa`` on one kitchen, as every built-in backend passes it (81 s on 2 cores on the kit):
-    seeded resets, fingerprints, every condition applied, read back and undone, renders, snapshots."""
-    reason = _unavailable_reason()
-    if reason is not None:
-        _skip_unless_required(f"needs a working robocasa backend (kitchen assets included): {reason}")
-    from robocasa_shift.checks.backend_check import check_backend
-
-    result = check_backend("robocasa", ["RinseSinkBasin"], episodes=(0,), asset_kit=_kit_opt_in())
-    assert result.passed, result.markdown
-    assert set(result["tasks"]) == {"RinseSinkBasin"}
 
 
 def test_kitchen_base_offset_through_placement(kitchen):
@@ -959,7 +882,7 @@ def test_kitchen_resets_of_one_seed_agree_across_processes_and_asset_paths(kitch
 
     elsewhere = tmp_path / "assets-elsewhere"
     elsewhere.symlink_to(Path(robocasa.models.assets_root).resolve(), target_is_directory=True)
-    procs = [subprocess.Popen([sys.executable, "-c", _FINGERPRINT, _kit_opt_in() or "", str(SEED)],
+    procs = [subprocess.Popen([sys.executable, "-c", _FINGERPRINT, kit_opt_in() or "", str(SEED)],
                               env={**os.environ, "PYTHONHASHSEED": hash_seed, "ROBOCASA_ASSETS_PATH": assets},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for hash_seed, assets in (("1", robocasa.models.assets_root), ("2", str(elsewhere)))]
@@ -986,7 +909,7 @@ def test_records_and_manifest_carry_the_asset_kit(kitchen, protocol):
                          specs.load_stage_spec("robocasa", "PreSoakPan"), "robocasa", horizon=2)
     assert record.valid, record.error
     assert (record.asset_kit, record.asset_kit_sha256) == ((kit or {}).get("kind"), (kit or {}).get("sha256"))
-    cache = StudyCache(StudyConfig(backend="robocasa", policy="random", asset_kit=_kit_opt_in()))
+    cache = StudyCache(StudyConfig(backend="robocasa", policy="random", asset_kit=kit_opt_in()))
     try:
         manifest = study_manifest(cache, ["PreSoakPan"])
     finally:
@@ -996,7 +919,7 @@ def test_records_and_manifest_carry_the_asset_kit(kitchen, protocol):
 
 
 def test_a_run_on_the_standin_kit_without_the_opt_in_exits_3_before_any_rollout(tmp_path):
-    if _kit_opt_in() is None:
+    if kit_opt_in() is None:
         pytest.skip("the assets in use are RoboCasa's own, not the stand-in kit")
     run_dir = tmp_path / "x"
     proc = cli("run", "--backend", "robocasa", "--task", "WashLettuce", "--condition", "clean", "--episodes", "0",
@@ -1008,10 +931,10 @@ def test_a_run_on_the_standin_kit_without_the_opt_in_exits_3_before_any_rollout(
 
 @pytest.fixture(scope="module")
 def rinse_kitchen():
-    reason = _unavailable_reason()
+    reason = unavailable_reason()
     if reason is not None:
-        _skip_unless_required(f"needs a working robocasa backend (kitchen assets included): {reason}")
-    if _kit_opt_in() is None:
+        skip_unless_required(f"needs a working robocasa backend (kitchen assets included): {reason}")
+    if kit_opt_in() is None:
         pytest.skip("the scripted kitchen expert is written for the stand-in kit's sinks (lever handle, hinged spout)")
     env = _kitchen_backend().make("RinseSinkBasin")
     yield env
