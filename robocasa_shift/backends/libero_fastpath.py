@@ -130,8 +130,7 @@ def compiled_loop_problem() -> Optional[str]:
     """Why the compiled substeps cannot run in one compiled loop with MuJoCo's C functions, or None."""
     from robocasa_shift.backends import mujoco_calls
 
-    return mujoco_calls.problem() or (
-        None if mujoco_calls.FULL_M_ARGUMENTS == "d, dst" else "mj_fullM is not called as (m, d, dst) here")
+    return mujoco_calls.problem(full_m="d, dst")
 
 
 def _modern_update():

@@ -5,8 +5,7 @@ A compiled loop over physics substeps (``robosuite_kernels.middle_substeps``) ca
 runs is the code the bindings run, on the same memory. The library is loaded into llvmlite's symbol table and the
 functions are declared by name, as :mod:`numpy_blas` declares numpy's BLAS, so compiled code that calls them is
 cached on disk like any other. Only the MuJoCo versions whose C signatures these declarations were checked against
-are accepted: ``mj_fullM``'s arguments changed within 3.x (:data:`FULL_M_ARGUMENTS` says which form this process
-has, and each compiled loop checks it is the form it was written for); any other leaves :func:`problem` saying why,
+are accepted: ``mj_fullM``'s arguments changed within 3.x (each compiled loop asks :func:`problem` for the form it was written for); any other leaves :func:`problem` saying why,
 and the substeps then run one by one from Python.
 """
 
@@ -15,7 +14,6 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-import numba
 from numba import types
 
 # mj_fullM's arguments after the model in each verified MuJoCo (robosuite 1.5's and LIBERO's environments); the others
@@ -48,20 +46,16 @@ def _find_library() -> Optional[str]:
 _PROBLEM = _find_library()
 
 
-def _full_m_arguments() -> Optional[str]:
-    try:
-        import mujoco
-    except ImportError:
-        return None
-    return VERIFIED_MUJOCO.get(mujoco.__version__)
+def problem(full_m: str) -> Optional[str]:
+    """Why a compiled loop written for ``mj_fullM``'s ``full_m`` form ("dst, M" or "d, dst") cannot call the functions
+    below in this process, or None when it can."""
+    if _PROBLEM is not None:
+        return _PROBLEM
+    import mujoco
 
-
-FULL_M_ARGUMENTS = _full_m_arguments()  # "dst, M" or "d, dst": how mj_fullM is called here
-
-
-def problem() -> Optional[str]:
-    """Why the functions below cannot be called in this process, or None when they can."""
-    return _PROBLEM
+    if VERIFIED_MUJOCO[mujoco.__version__] != full_m:
+        return f"mj_fullM is called as (m, {VERIFIED_MUJOCO[mujoco.__version__]}) in MuJoCo {mujoco.__version__}"
+    return None
 
 
 # pointers as integers: an address and a pointer travel in the same register on x86-64 and aarch64
@@ -70,4 +64,3 @@ mj_step1 = types.ExternalFunction("mj_step1", types.void(_P, _P))
 mj_step2 = types.ExternalFunction("mj_step2", types.void(_P, _P))
 mj_fullM = types.ExternalFunction("mj_fullM", types.void(_P, _P, _P))  # either form: three pointers
 mj_jacSite = types.ExternalFunction("mj_jacSite", types.void(_P, _P, _P, _P, types.int32))
-assert numba  # the declarations above are numba types

@@ -223,8 +223,7 @@ class FusedStep:
 
             self.compiled_problem = numpy_blas.problem()
             self._substep_controls = robosuite_kernels.substep_controls
-            self.loop_problem = mujoco_calls.problem() or (
-                None if mujoco_calls.FULL_M_ARGUMENTS == "dst, M" else "mj_fullM is not called as (m, dst, M) here")
+            self.loop_problem = mujoco_calls.problem(full_m="dst, M")
             if self.compiled_problem is None and self.loop_problem is None:
                 self._middle_substeps = robosuite_kernels.middle_substeps
         except Exception as exc:
