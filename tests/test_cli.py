@@ -1,8 +1,10 @@
 import json
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
-from helpers import cli
+from helpers import ROOT, cli
 
 
 def test_conditions_json_lists_the_thirteen_of_the_matrix_then_the_optional_ones():
@@ -216,3 +218,57 @@ def test_the_help_of_the_commands_that_read_a_run_shows_an_example(command):
 
     text = CliRunner().invoke(main, [command, "--help"], terminal_width=100).output
     assert "Example" in text and f"robocasa-shift {command} runs/" in text, text
+
+
+def test_help_lists_every_command_and_each_loads_from_its_module_under_its_name():
+    import importlib
+    import re
+
+    import click
+
+    from robocasa_shift.cli import COMMANDS, main
+
+    listed = cli("--help").stdout.split("Commands:\n")[1]
+    assert re.findall(r"^  (\S+)", listed, re.M) == sorted(COMMANDS)
+    # every command a command module defines is in the table (a subcommand through its group)
+    defined = set()
+    for path in sorted((ROOT / "robocasa_shift" / "cli").glob("[!_]*.py")):
+        module = importlib.import_module(f"robocasa_shift.cli.{path.stem}")
+        objects = {name: obj for name, obj in vars(module).items() if isinstance(obj, click.Command)}
+        below = {id(sub) for obj in objects.values() if isinstance(obj, click.Group) for sub in obj.commands.values()}
+        defined |= {f"{module.__name__}:{name}" for name, obj in objects.items() if id(obj) not in below}
+    assert defined == set(COMMANDS.values())
+    ctx = click.Context(main)
+    assert all(main.get_command(ctx, name).name == name for name in COMMANDS)
+    assert main.get_command(ctx, "nope") is None
+
+
+def test_an_unknown_command_is_refused_with_the_close_names_of_every_command():
+    proc = cli("conditon", check=False)
+    assert proc.returncode == 2
+    assert "No such command 'conditon'. (Did you mean one of: 'conditions', 'monitors'?)" in proc.stderr
+
+
+# The CLI in a fresh interpreter: the command's exit status, then which of the heavy modules it imported.
+IMPORTS_OF_A_COMMAND = """
+import sys
+from robocasa_shift.cli import main
+try:
+    main(sys.argv[1:], prog_name="robocasa-shift")
+except SystemExit as exc:
+    print("exit", exc.code)
+print(sorted(m for m in ("pandas", "scipy", "matplotlib") if m in sys.modules))
+"""
+
+
+def test_the_light_commands_import_no_pandas_scipy_or_matplotlib(tmp_path):
+    run = tmp_path / "run"
+    fake = ["--backend", "fake", "--policy", "fake", "--task", "Reach", "--episodes", "0", "--no-progress"]
+    for args in (["conditions"], ["tasks"], ["policies"], ["run", *fake, "--run-dir", str(run)], ["audit", str(run)]):
+        proc = subprocess.run([sys.executable, "-c", IMPORTS_OF_A_COMMAND, *args], capture_output=True, text=True,
+                              cwd=ROOT, timeout=300)
+        assert proc.stdout.splitlines()[-2:] == ["exit 0", "[]"], (args, proc.stdout[-2000:], proc.stderr[-2000:])
+    # the records table's command does import pandas (the check sees an import when there is one)
+    proc = subprocess.run([sys.executable, "-c", IMPORTS_OF_A_COMMAND, "export", str(run), "--out", str(tmp_path / "r.csv")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.stdout.splitlines()[-2] == "exit 0" and "'pandas'" in proc.stdout.splitlines()[-1], proc.stdout[-2000:]

@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from robocasa_shift import errors
-from robocasa_shift.cli import handle_errors
+from robocasa_shift.cli.common import handle_errors
 
 ERROR_CLASSES = sorted(
     (obj for obj in vars(errors).values()

@@ -760,10 +760,12 @@ def test_the_asset_kit_is_a_study_option_and_only_robocasa_takes_it():
     with pytest.raises(BadInput, match="no asset kits"):
         get_backend("fake", asset_kit="standin")
     assert get_backend("robocasa", asset_kit="standin").asset_kit == "standin"
+    import click
+
     from robocasa_shift.cli import main
 
     for command in ("run", "screen", "formal", "calibrate", "validate-stages", "check-backend"):
-        options = {opt for param in main.commands[command].params for opt in param.opts}
+        options = {opt for param in main.get_command(click.Context(main), command).params for opt in param.opts}
         assert "--asset-kit" in options, command
 
 

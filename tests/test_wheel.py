@@ -174,9 +174,9 @@ def test_every_command_runs_from_the_wheel_with_the_base_requirements_then_with_
     assert "make setup-robocasa" in cli("standin-kit", "build", "kit", code=3).stderr
     assert "make setup-lerobot" in cli("train-lerobot", "--out", "lerobot", code=3).stderr
     assert "make setup-libero" in cli("libero-stage-specs", "--task", "spatial-0", "--out", "specs", code=3).stderr
-    from robocasa_shift.cli import main
+    from robocasa_shift.cli import COMMANDS
 
-    missing = sorted(set(main.commands) - cli.commands)
+    missing = sorted(set(COMMANDS) - cli.commands)
     assert missing == [], f"commands not run from the wheel: {missing}"
 
     # -- the light extras: the same environment, then what waited for them

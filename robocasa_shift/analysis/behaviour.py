@@ -16,7 +16,6 @@ import math
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
-from scipy import stats
 
 from robocasa_shift.core.conditions import CLEAN
 from robocasa_shift.core.records import RolloutKey
@@ -94,6 +93,8 @@ def mean_interval(values: Sequence[float], level: float = 0.95) -> Dict[str, Any
     mean = float(x.mean())
     if n < 2:
         return {"n": 1, "mean": mean, "interval": None}
+    from scipy import stats  # here, not at the top: the audit imports this module and rarely needs it
+
     half = float(stats.t.ppf(0.5 + level / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
     return {"n": n, "mean": mean, "interval": [mean - half, mean + half]}
 

@@ -214,6 +214,3 @@ def compare_command(runs: Tuple[Path, ...], out_dir: Optional[Path], fail_on: Tu
             f"{c} {v or 'no verdict'}" for c, v in verdict_gate["failing"].items()))
     if fail_on:
         click.echo(f"gate passed (--fail-on {', '.join(fail_on)})")
-
-
-COMMANDS = [export_command, analyze_command, report_command, compare_command]

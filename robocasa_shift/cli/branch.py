@@ -116,6 +116,3 @@ def branch_command(run_dir: Path, name: str, kinds, tasks, conditions, keys, max
                f"{result['checkpoints_run']} checkpoints run ({result['checkpoints_invalid']} invalid, "
                f"{result['fidelity_failed']} failed replay fidelity); fidelity so far "
                f"{fidelity.get('ok', '?')}/{fidelity.get('checked', '?')} -> {result['branch_dir']}")
-
-
-COMMANDS = [branch_command]

@@ -252,7 +252,3 @@ def check_policy_command(policy: str, backend: str, task: Optional[str], policy_
         atomic_write_text(out, json.dumps(result.to_json(), indent=1, sort_keys=True) + "\n")
     if not result.passed:
         sys.exit(1)
-
-
-COMMANDS = [validate_stages_command, validate_pairing_command, calibrate_command, audit_command, diff_runs_command,
-            check_backend_command, check_policy_command]

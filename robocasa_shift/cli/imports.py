@@ -71,6 +71,3 @@ def import_results_command(fmt: str, path: Path, run_dir: Path, classification: 
     if summary["instruction_leaks"]:
         click.echo(f"  WARNING: {info['instruction_leaks']} instruction(s) carry their variant's id "
                    f"(see analysis/imported.json, instruction_leaks)")
-
-
-COMMANDS = [import_results_command]

@@ -98,6 +98,3 @@ def tasks_command(backend: str, as_json: bool) -> None:
 def policies_command() -> None:
     """List registered policies."""
     click.echo("\n".join(POLICIES.names()))
-
-
-COMMANDS = [conditions_command, tasks_command, policies_command]

@@ -242,6 +242,3 @@ def train_judge_command(runs_dir: Path, out: Optional[Path], execution: Executio
         click.echo(f"  {task:<14} {entry['examples']} examples, held-out BA {entry['held_out_balanced_accuracy']}, "
                    f"{entry['train_s']} s")
     click.echo(f"weights -> {out or WEIGHTS_DIR} ({manifest['wall_s']} s training)")
-
-
-COMMANDS = [export_judge_command, judge_command, localise_command, score_judge_command, train_judge_command]

@@ -56,6 +56,3 @@ def verify_command(kit_dir: Path) -> None:
 
     manifest = verify_kit(kit_dir)
     click.echo(f"stand-in kit v{manifest['version']}: {manifest['n_files']} files intact, sha256 {manifest['sha256']}")
-
-
-COMMANDS = [standin_kit_group]

@@ -75,6 +75,3 @@ def monitors_command(run_dir: Path, monitors, target_fa: float, kappa: float, re
                    f"  excess cost {fmt(v.get('excess'))} [{fmt(ci[0])}, {fmt(ci[1])}]"
                    f"  decision admits: {v.get('decision_admits')}")
     click.echo(f"-> {run_dir}/monitors/summary.md")
-
-
-COMMANDS = [monitors_command]

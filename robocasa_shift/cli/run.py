@@ -234,6 +234,3 @@ def merge_command(out: Path, sources: Tuple[Path, ...]) -> None:
     click.echo(f"{result['records']} records from {result['sources']} run directories -> {out}")
     for file, problem in result["unreadable"]:
         click.echo(f"  skipped unreadable record {file}: {problem}", err=True)
-
-
-COMMANDS = [run_command, screen_command, formal_command, merge_command]

@@ -320,6 +320,3 @@ def plan_power_command(wanted: float, wanted_verdict: str, min_effect: float, n_
 def _power_text(result: stats.PowerResult) -> str:
     return (f"{result.power:.3f}" if result.method == "exact" else
             f"{result.power:.3f}, monte carlo, {result.studies} studies, standard error {result.standard_error:.3f}")
-
-
-COMMANDS = [check_coverage_command, plan_power_command]

@@ -96,6 +96,3 @@ def sweep_command(task: str, factor: str, episodes: str, grid_points: Optional[i
                        f"-> {'confirmed' if p['confirmed'] else 'NOT confirmed'}")
         if not conf["passed"]:
             raise CheckFailed("the held-out confirmation did not confirm the curve")
-
-
-COMMANDS = [sweep_command]

@@ -308,7 +308,3 @@ def import_liberoplus_command(wheel: Path, out_dir: Optional[Path], new_sha256: 
         # Atomic and confined to the folder: a link planted at a document's name is replaced, never followed.
         atomic_write_text(target / name, header + text, root=target)
         click.echo(f"{target / name}: sha256 {specs.canonical_hash(content)}")
-
-
-COMMANDS = [freeze_command, train_reference_command, train_lerobot_command, bench_command, libero_stage_specs_command,
-            import_liberoplus_command]
