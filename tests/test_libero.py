@@ -120,28 +120,37 @@ def test_resets_are_exact_and_undo_every_edit(env):
 @needs_libero
 @pytest.mark.parametrize("condition", ["clean", "arm_init:L3"])
 def test_the_elided_forward_step_changes_no_bit_of_stock_stepping(env, protocol, condition):
-    """One evaluation of the dynamics per substep instead of three: every state, controller attribute and observation
-    equals robosuite 1.4's own step's, byte for byte, the gripper opening and closing on the way."""
+    """One evaluation of the dynamics per substep instead of three, every substep after the first compiled: every state
+    (the one before the last integration too), controller attribute (and its layout) and observation equals robosuite
+    1.4's own step's, byte for byte, the gripper opening and closing on the way."""
     from helpers import trajectory
 
     from robocasa_shift.backends import libero_fastpath
     from robocasa_shift.core.records import RolloutKey
 
+    disabled = [name for name, obs in env.raw._observables.items() if obs.modality == "object"]
+    assert len(disabled) > 10 and not any(name.startswith("robot0_") for name in disabled)
     assert env.fastpath == {"enabled": True, "robosuite": "1.4.0", "elided_forward": True, "flat_arm": True,
-                            "compiled_substeps": True, "compiled_loop": True, "contacts_indexed": True}
+                            "observables_disabled": sorted(disabled), "compiled_substeps": True,
+                            "compiled_loop": True, "contacts_indexed": True}
     key = RolloutKey("formal", "spatial-0", 1, condition)
     actions = np.clip(np.random.default_rng(4).normal(0.0, 0.6, (20, 7)), -1, 1)
     actions[:, 6] = np.sign(actions[:, 6])
     step = env.raw.step.__self__
     resumed = []
     step._compiled_loop = lambda *args, run=step._compiled_loop: resumed.append(run(*args)) or resumed[-1]
+    # the layouts the last substep leaves (they pick the compiled variant of robosuite's kernels and numpy's BLAS order)
+    layouts = lambda c: {n: (getattr(c, n).flags.c_contiguous, getattr(c, n).flags.f_contiguous)  # noqa: E731
+                         for n in libero_fastpath.FlatArm.LEFT}
     fast = trajectory(env, protocol, key, actions)
+    fast_layouts = layouts(env.raw.robots[0].controller)
     del step._compiled_loop
     assert isinstance(step.arm, libero_fastpath.FlatArm)  # the written-out substeps ran
-    assert len(resumed) >= 20 and set(resumed) == {step.substeps - 1}  # the middle substeps compiled, every step
+    assert len(resumed) >= 20 and set(resumed) == {step.substeps}  # every substep after the first compiled, every step
     libero_fastpath.disable(env.raw)
     try:
         stock = trajectory(env, protocol, key, actions)
+        assert layouts(env.raw.robots[0].controller) == fast_layouts
     finally:
         libero_fastpath.enable(env.raw, env._before_integration)
     assert len(fast[0]) > 20  # physics, the controller's attributes, observables, proprioception
@@ -210,6 +219,32 @@ def test_the_indexed_contact_check_answers_what_robosuite_1_4_answers(env):
                 assert raw.check_contact(first, second) is stock, (step, first, second)
                 answers[stock] += 1
     assert answers[True] > 20 and answers[False] > 20, answers  # both answers were tested
+
+
+@needs_libero
+def test_the_grasp_predicate_answers_robosuite_s_grasp_check(env, protocol):
+    """The grasp predicate, on the finger pads' and the object's geom names read once, equals robosuite 1.4's own
+    ``_check_grasp`` with its own ``check_contact`` after every step of the expert's pick of the bowl: both answers."""
+    from robocasa_shift.backends.libero_backend import grasped
+    from robocasa_shift.core.records import RolloutKey
+    from robocasa_shift.engine.rollout import Observer, run_rollout
+    from robocasa_shift.policies import make_policy
+
+    raw, answers = env.raw, []
+
+    class Compare(Observer):
+        def on_step(self, step, action, env, latched):
+            indexed = vars(raw).pop("check_contact")  # robosuite's own method for the reference
+            try:
+                stock = raw._check_grasp(gripper=env.gripper, object_geoms=env.object_of("akita_black_bowl_1"))
+            finally:
+                raw.check_contact = indexed
+            answers.append((grasped(env, "akita_black_bowl_1"), bool(stock)))
+
+    record = run_rollout(env, make_policy("expert"), RolloutKey("formal", "spatial-0", 0, "clean"), protocol,
+                         load_stage_spec("libero", "spatial-0"), "libero", observer=Compare(), horizon=120)
+    assert record.valid and record.stages_completed >= 1, record.error
+    assert all(mine is stock for mine, stock in answers) and {stock for _, stock in answers} == {True, False}
 
 
 @needs_libero

@@ -218,6 +218,7 @@ class LiberoEnv(DynamicsHooks, CameraPoseHooks, ArmJointHooks, MujocoEnv):
         self._context = None
         self._obs: Dict[str, np.ndarray] = {}
         self._nominal = self.model_values()
+        self._grasp_geoms: Dict[str, tuple] = {}
         self.initial_state: Optional[int] = None
         self.steps = 0
 
@@ -358,6 +359,17 @@ class LiberoEnv(DynamicsHooks, CameraPoseHooks, ArmJointHooks, MujocoEnv):
         """The stage spec's manipulated objects (BDDL names) -> their root bodies (``dynamics``)."""
         return {name: int(self.sim.model.body_name2id(self.object_of(name).root_body)) for name in self._stage_objects()}
 
+    def grasp_geoms(self, name: str) -> tuple:
+        """The geom names ``_check_grasp`` reads for the gripper and an object (the left and the right finger pads', the
+        object's contact geoms): names of the model, which a reset never rebuilds, so read once per object."""
+        found = self._grasp_geoms.get(name)
+        if found is None:
+            pads = self.gripper.important_geoms
+            found = ((frozenset(pads["left_fingerpad"]), frozenset(pads["right_fingerpad"])),
+                     frozenset(self.object_of(name).contact_geoms))
+            self._grasp_geoms[name] = found
+        return found
+
     def object_of(self, name: str):
         """The LIBERO object behind an object, fixture or region name (a region's parent object)."""
         state = self.raw.object_states_dict[name]
@@ -442,8 +454,10 @@ def bddl(env: LiberoEnv, predicate: str, objects: List[str]) -> bool:
 
 @predicate("libero", "grasped")
 def grasped(env: LiberoEnv, object: str) -> bool:
-    """Both finger pads touch the object (robosuite's grasp check)."""
-    return bool(env.raw._check_grasp(gripper=env.gripper, object_geoms=env.object_of(object)))
+    """Both finger pads touch the object: robosuite's grasp check (``_check_grasp`` with the gripper and the object's
+    model), on the geom names it would read, read once."""
+    pads, geoms = env.grasp_geoms(object)
+    return all(env.raw.check_contact(pad, geoms) for pad in pads)
 
 
 @predicate("libero", "touched")

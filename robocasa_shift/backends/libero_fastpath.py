@@ -25,12 +25,15 @@ limits three times, name-to-id lookups, the end effector's site Jacobians comput
 torque limits and the gripper's actuator range re-read from the model, copies of fresh arrays. The same numpy
 and MuJoCo calls run on arrays made the same way, in the same order, with robosuite's numba kernels; the
 controller's ``mj_forward`` is not called at all there (nothing it reads has changed since ``mj_step1``, so
-:meth:`ElidedForwardStep._forward_if_changed` would skip it); between the first and the last substep only the
-actuator controls and the gripper's running action are computed, compiled (:mod:`libero_kernels`, as
-:mod:`robosuite_kernels` does for robosuite 1.5), the last substep leaving every attribute as stock does; the observables, which keep one clock, keep it
-once (robosuite 1.5's ``SharedClock``: 1.4's ``Observable.update`` is the same code). ``check_contact``, which
-the grasp predicates and LIBERO's goal checks call, answers from geom ids (robosuite 1.5's ``ContactCheck``: 1.4's
-method is the same loop).
+:meth:`ElidedForwardStep._forward_if_changed` would skip it). All of them run compiled (:mod:`libero_kernels`, as
+:mod:`robosuite_kernels` does for robosuite 1.5), in calls that end where the observables sample; the last one
+keeps the values robosuite leaves in the controller's attributes and the state before its integration (the
+harness's snapshots re-run that integration), and the attributes are set from them as stock sets them. The
+observables, which keep one clock, keep it once (robosuite 1.5's ``SharedClock``: 1.4's ``Observable.update`` is
+the same code), and LIBERO's object observables (each object's pose, and its pose relative to the hand) are
+disabled: the harness delivers the robot's own sensing (``robot0_*``) and reads objects from the simulator, as on
+robosuite. ``check_contact``, which the grasp predicates and LIBERO's goal checks call, answers from geom ids
+(robosuite 1.5's ``ContactCheck``: 1.4's method is the same loop).
 
 A substep whose state MuJoCo would reject (a position or velocity beyond ``mjMAXVAL`` or NaN:
 ``mj_step`` then resets the simulation) runs stock, and so does every substep of a stack this was
@@ -150,13 +153,16 @@ def enable(raw, before_integration: Callable[[], None]) -> Dict[str, Any]:
         return {"enabled": False, "reason": why}
     step = ElidedForwardStep(raw, before_integration)
     raw.step = step.step  # an instance attribute: the class is untouched
+    # LIBERO's object observables (poses, and each object relative to the hand): the harness delivers robot0_* only
+    disabled = robosuite_fastpath.disable_unread_observables(raw)
     flat = flat_arm_problem(raw)
     contacts = robosuite_fastpath.contact_check_problem(raw)
     if contacts is None:  # the grasp and contact predicates' check_contact, from geom ids (same answers)
         raw.check_contact = robosuite_fastpath.ContactCheck(raw)
     compiled = compiled_substeps_problem(raw) if flat is None else "no flat arm"
     loop = (compiled or compiled_loop_problem()) if flat is None else "no flat arm"
-    return {"enabled": True, "robosuite": VERIFIED_ROBOSUITE, "elided_forward": True, "flat_arm": flat is None,
+    return {"enabled": True, "robosuite": VERIFIED_ROBOSUITE, "elided_forward": True, "observables_disabled": disabled,
+            "flat_arm": flat is None,
             **({"flat_arm_reason": flat} if flat else {}), "compiled_substeps": compiled is None,
             **({"compiled_substeps_reason": compiled} if compiled else {}), "compiled_loop": loop is None,
             **({"compiled_loop_reason": loop} if loop else {}), "contacts_indexed": contacts is None,
@@ -167,6 +173,7 @@ def disable(raw) -> None:
     """Stock robosuite again."""
     vars(raw).pop("step", None)
     vars(raw).pop("check_contact", None)
+    robosuite_fastpath.enable_unread_observables(raw)
 
 
 class ElidedForwardStep:
@@ -246,7 +253,7 @@ class ElidedForwardStep:
             else:
                 raw._update_observables()
             if policy_step and compiled is not None:
-                resume = self._compiled_loop(arm, compiled, i + 1, last, clock)
+                resume = self._compiled_loop(arm, compiled, i + 1, self.substeps, clock)
             policy_step = False
         if arm is not None and clock is not None:
             clock.write_back()
@@ -256,10 +263,11 @@ class ElidedForwardStep:
         return observations, reward, done, info
 
     def _compiled_loop(self, arm: "FlatArm", compiled: tuple, start: int, stop: int, clock) -> int:
-        """Substeps ``start`` to ``stop - 1`` in compiled calls, each ending where the observables sample (which they
-        then do from that substep's state, as they would have) or before a state MuJoCo would reset. Between the
-        substeps nothing else may run: the harness's watch only counts them, and anything wrapped around this step's
-        calls (a profiler, a recorder of controls) gets them one by one from Python. The first substep not run."""
+        """Substeps ``start`` to ``stop - 1`` (the control step's last) in compiled calls, each ending where the
+        observables sample (which they then do from that substep's state, as they would have) or before a state MuJoCo
+        would reset; the last substep's controller attributes are then set as its Python would have left them. Between
+        the substeps nothing else may run: the harness's watch only counts them, and anything wrapped around this
+        step's calls (a profiler, a recorder of controls) gets them one by one from Python. The first substep not run."""
         if (arm._middle_substeps is None or clock is None or self.before_integration is not self._watch
                 or "_physics" in vars(self) or "compiled_control" in vars(arm)):
             return start
@@ -268,12 +276,14 @@ class ElidedForwardStep:
         while i < stop:
             run = clock.until_sample(raw.model_timestep, stop - i)
             ran = arm.compiled_substeps(compiled, run)
-            for _ in range(ran):  # what the Python substeps did besides MuJoCo and the controls: count and tick
-                self.before_integration()
+            for k in range(i, i + ran):  # what the Python substeps did besides MuJoCo and the controls: count and tick
+                self.before_integration(arm.before_last if k == stop - 1 else None)  # the state before the last one
                 clock.update(raw.model_timestep, raw._obs_cache)  # the run's last update may sample, as it would
             i += ran
             if ran < run:  # a state MuJoCo would reset: that substep and the rest one by one
                 break
+        if i == stop > start:
+            arm.leave_attributes()
         return i
 
     def _flat_arm(self) -> Optional["FlatArm"]:
@@ -317,6 +327,10 @@ class FlatArm:
     that is not a policy step, written out: the same numpy and MuJoCo calls on arrays made the same way, in the same
     order, with robosuite's numba kernels, without the lookups and re-derived constants (each block names the method
     it mirrors)."""
+
+    # what a substep's run_controller leaves in the controller (besides new_update), as libero_kernels returns them
+    LEFT = ("ee_pos", "ee_ori_mat", "ee_pos_vel", "ee_ori_vel", "joint_pos", "joint_vel", "J_pos", "J_ori", "J_full",
+            "mass_matrix", "torques")
 
     def __init__(self, raw):
         import mujoco
@@ -363,6 +377,13 @@ class FlatArm:
         nv = self.model.nv
         self.jacp, self.jacr = np.zeros((3, nv)), np.zeros((3, nv))
         self.full = np.ndarray(shape=(nv, nv), dtype=np.float64, order="C")
+        # the compiled loop's last substep's controller values (LEFT's order), in the layouts _update leaves them in
+        n = len(self.qvel_index)
+        self.integration = int(mujoco.mjtState.mjSTATE_INTEGRATION)
+        self.before_last = np.empty(mujoco.mj_stateSize(self.model, self.integration))
+        self.left = (np.empty(3), np.empty((3, 3)), np.empty(3), np.empty(3), np.empty(len(self.qpos_index)),
+                     np.empty(n), np.empty((n, 3)).T, np.empty((n, 3)).T, np.empty((n, 6)).T, np.empty((n, n)).T,
+                     np.empty(n))
 
     def compiled_arguments(self, action) -> Optional[tuple]:
         """The arguments of ``libero_kernels.substep_controls`` over this control step (the goals just set), or None
@@ -389,8 +410,18 @@ class FlatArm:
         it stops before a state MuJoCo would reset. How many ran."""
         arm, grip = arguments
         ran, self.gripper.current_action = self._middle_substeps(
-            count, self.model._address, self.data._address, MJMAXVAL, *arm, self.gripper.current_action, *grip)
+            count, self.model._address, self.data._address, MJMAXVAL, *arm, self.gripper.current_action, *grip,
+            self.left, self.before_last, self.integration)
         return ran
+
+    def leave_attributes(self) -> None:
+        """The controller and the robot as the control step's last substep leaves them when :meth:`control` runs it:
+        fresh arrays of the values the compiled loop kept from it, the update flag, the robot's clipped torques."""
+        c = self.controller
+        for name, value in zip(self.LEFT, self.left):
+            setattr(c, name, np.array(value))
+        c.new_update = True
+        self.robot.torques = _clip(c.torques, self.torque_low, self.torque_high)
 
     def compiled_control(self, arguments: tuple) -> None:
         """A substep between the first and the last: MuJoCo's mass matrix and site Jacobians as :meth:`_update` gets
@@ -399,7 +430,7 @@ class FlatArm:
         mj.mj_fullM(model, d, self.full)
         mj.mj_jacSite(model, d, self.jacp, self.jacr, self.eef_site)
         arm, grip = arguments
-        self.gripper.current_action = self._substep_controls(*arm, self.gripper.current_action, *grip)
+        self.gripper.current_action = self._substep_controls(*arm, self.gripper.current_action, *grip)[0]
 
     def control(self, action) -> None:
         """``RobotEnv._pre_action(action, policy_step=False)`` (its dimension check done once per control step)."""

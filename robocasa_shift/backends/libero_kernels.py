@@ -5,9 +5,10 @@ The same construction as :mod:`robosuite_kernels` (robosuite 1.5's), for robosui
 elementwise arithmetic rounds every operation as numpy's does, robosuite's own numba kernels (``opspace_matrices``,
 ``nullspace_torques``, ``orientation_error``) get the array types robosuite passes them (here the Jacobians are
 Fortran-ordered, as robosuite 1.4's fancy indexing leaves them), and every ``np.dot`` is numpy's own BLAS call
-(:mod:`numpy_blas`). robosuite sets every controller attribute again at every substep, so the last substep, run in
-Python, leaves them as stock robosuite does; the gripper's running action, which carries from substep to substep,
-is returned. tests/test_libero.py compares these controls with the Python ones on many states, byte for byte.
+(:mod:`numpy_blas`). robosuite sets every controller attribute again at every substep, from values these substeps
+compute anyway: the loop keeps the last substep's, and ``FlatArm`` sets the attributes from them as stock robosuite
+leaves them; the gripper's running action, which carries from substep to substep, is returned. tests/test_libero.py
+compares these controls with the Python ones on many states, byte for byte.
 """
 
 import numba
@@ -18,7 +19,7 @@ from robosuite.utils.control_utils import (
     orientation_error,
 )
 
-from robocasa_shift.backends.mujoco_calls import mj_fullM, mj_jacSite, mj_step1, mj_step2
+from robocasa_shift.backends.mujoco_calls import mj_fullM, mj_getState, mj_jacSite, mj_step1, mj_step2
 from robocasa_shift.backends.numpy_blas import dot_mv
 from robocasa_shift.backends.robosuite_kernels import _actuate, _mass_matrix
 
@@ -42,7 +43,8 @@ def substep_controls(site_xpos, site_xmat, qpos, qvel, qfrc_bias, ctrl, full, ja
                      torque_high, current_action, gripper_step, grip_actuators, grip_bias, grip_weight):
     """One substep of ``FlatArm.control``: the OSC's torques clipped into the arm's actuators, and the gripper's
     action advanced by ``gripper_step`` (``[-1, 1] * speed * sign(action)``, the same every substep of a control
-    step) and mapped onto its actuators; returns the gripper's new running action."""
+    step) and mapped onto its actuators; returns the gripper's new running action and the values the substep leaves
+    in the controller's attributes (``FlatArm.LEFT``'s order)."""
     ee_pos = site_xpos[eef_site].copy()
     ee_ori_mat = site_xmat[eef_site].reshape((3, 3)).copy()
     ee_pos_vel = dot_mv(jacp, qvel)
@@ -71,7 +73,24 @@ def substep_controls(site_xpos, site_xmat, qpos, qvel, qfrc_bias, ctrl, full, ja
     for k in range(grip_actuators.shape[0]):
         ctrl[grip_actuators[k]] = applied[k]
     _actuate(ctrl, torques, arm_actuators, torque_low, torque_high)
-    return action
+    return action, (ee_pos, ee_ori_mat, ee_pos_vel, ee_ori_vel, joint_pos, joint_vel, J_pos, J_ori, J_full,
+                    mass_matrix, torques)
+
+
+@numba.njit(cache=True)
+def _keep(into, values):
+    """Each of a substep's controller values into the caller's array of the same shape and layout."""
+    into[0][:] = values[0]
+    into[1][:, :] = values[1]
+    into[2][:] = values[2]
+    into[3][:] = values[3]
+    into[4][:] = values[4]
+    into[5][:] = values[5]
+    into[6][:, :] = values[6]
+    into[7][:, :] = values[7]
+    into[8][:, :] = values[8]
+    into[9][:, :] = values[9]
+    into[10][:] = values[10]
 
 
 @numba.njit(cache=True)
@@ -87,21 +106,26 @@ def _within(values, limit):
 def middle_substeps(count, model, data, limit, site_xpos, site_xmat, qpos, qvel, qfrc_bias, ctrl, full, jacp, jacr,
                     eef_site, qpos_index, qvel_index, goal_pos, goal_ori, initial_joint, kp, kd, uncoupling,
                     arm_actuators, torque_low, torque_high, current_action, gripper_step, grip_actuators, grip_bias,
-                    grip_weight):
+                    grip_weight, left, before_last, integration):
     """Up to ``count`` substeps as ``ElidedForwardStep`` runs them one by one in Python: MuJoCo's validity check
     (``ElidedForwardStep._valid``), ``mj_step1``, the mass matrix and the site Jacobians (``FlatArm.compiled_control``),
     :func:`substep_controls`, ``mj_step2``, with MuJoCo's own C functions (:mod:`mujoco_calls`; ``model`` and
     ``data`` are their addresses). Stops before a substep whose state MuJoCo would reset (that one runs stock, from
-    Python). Returns (substeps run, the gripper's running action)."""
+    Python). The last substep run leaves its controller values in ``left`` and the state it integrated from
+    (``mj_getState`` of the ``integration`` components) in ``before_last``. Returns (substeps run, the gripper's
+    running action)."""
     for k in range(count):
         if not (_within(qpos, limit) and _within(qvel, limit)):
             return k, current_action
         mj_step1(model, data)
         mj_fullM(model, data, full.ctypes.data)  # MuJoCo 3.17's form: (m, d, dst)
         mj_jacSite(model, data, jacp.ctypes.data, jacr.ctypes.data, eef_site)
-        current_action = substep_controls(site_xpos, site_xmat, qpos, qvel, qfrc_bias, ctrl, full, jacp, jacr,
-                                          eef_site, qpos_index, qvel_index, goal_pos, goal_ori, initial_joint, kp, kd,
-                                          uncoupling, arm_actuators, torque_low, torque_high, current_action,
-                                          gripper_step, grip_actuators, grip_bias, grip_weight)
+        current_action, values = substep_controls(site_xpos, site_xmat, qpos, qvel, qfrc_bias, ctrl, full, jacp, jacr,
+                                                  eef_site, qpos_index, qvel_index, goal_pos, goal_ori, initial_joint,
+                                                  kp, kd, uncoupling, arm_actuators, torque_low, torque_high,
+                                                  current_action, gripper_step, grip_actuators, grip_bias, grip_weight)
+        if k == count - 1:
+            _keep(left, values)
+            mj_getState(model, data, before_last.ctypes.data, integration)
         mj_step2(model, data)
     return count, current_action

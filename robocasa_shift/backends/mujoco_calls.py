@@ -1,7 +1,7 @@
 """MuJoCo's C functions for compiled code: the very library the ``mujoco`` bindings loaded.
 
 A compiled loop over physics substeps (``robosuite_kernels.middle_substeps``) calls ``mj_step1``, ``mj_step2``,
-``mj_fullM`` and ``mj_jacSite`` on the model's and data's own addresses (``MjModel._address``), so the code that
+``mj_fullM``, ``mj_jacSite`` and ``mj_getState`` on the model's and data's own addresses (``MjModel._address``), so the code that
 runs is the code the bindings run, on the same memory. The library is loaded into llvmlite's symbol table and the
 functions are declared by name, as :mod:`numpy_blas` declares numpy's BLAS, so compiled code that calls them is
 cached on disk like any other. Only the MuJoCo versions whose C signatures these declarations were checked against
@@ -17,7 +17,7 @@ from typing import Optional
 from numba import types
 
 # mj_fullM's arguments after the model in each verified MuJoCo (robosuite 1.5's and LIBERO's environments); the others
-# are the same in both: mj_step1(m, d), mj_step2(m, d), mj_jacSite(m, d, jacp, jacr, site)
+# are the same in both: mj_step1(m, d), mj_step2(m, d), mj_jacSite(m, d, jacp, jacr, site), mj_getState(m, d, state, sig)
 VERIFIED_MUJOCO = {"3.9.0": "dst, M", "3.17.0": "d, dst"}
 
 
@@ -64,3 +64,4 @@ mj_step1 = types.ExternalFunction("mj_step1", types.void(_P, _P))
 mj_step2 = types.ExternalFunction("mj_step2", types.void(_P, _P))
 mj_fullM = types.ExternalFunction("mj_fullM", types.void(_P, _P, _P))  # either form: three pointers
 mj_jacSite = types.ExternalFunction("mj_jacSite", types.void(_P, _P, _P, _P, types.int32))
+mj_getState = types.ExternalFunction("mj_getState", types.void(_P, _P, _P, types.int32))

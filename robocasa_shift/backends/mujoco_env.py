@@ -117,14 +117,14 @@ class MujocoEnv(PerturbableModel):
             integrate.before_integration = self._before_integration
             setattr(self.sim, name, integrate)
 
-    def _before_integration(self) -> None:
+    def _before_integration(self, integration: Optional[np.ndarray] = None) -> None:
         """Called just before each substep's integration (a fast path that integrates by itself calls it too; its
-        compiled loops of middle substeps call it after the loop, once per substep run, so before the last substep it
-        may only count)."""
+        compiled loops of substeps call it after the loop, once per substep run, handing over the ``integration``
+        state they kept from before the last substep's integration when they ran that one)."""
         if self._substep is not None:
             self._substep += 1
             if self._substep == self._substeps:
-                self._before_last = (self.steps + 1, self._integration())
+                self._before_last = (self.steps + 1, self._integration() if integration is None else integration.copy())
 
     def step(self, action: np.ndarray) -> None:
         """One control step of robosuite's ``env.step`` (the embodiment's action: 12-D PandaOmron, 7-D Panda)."""

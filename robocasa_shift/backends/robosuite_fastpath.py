@@ -47,7 +47,7 @@ identity test, which pins the version, fails.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -80,9 +80,7 @@ def enable(raw) -> Dict[str, Any]:
             robot.__class__ = type(cls.__name__, (cls,), {"action_dim": property(lambda self, d=dim: d),
                                                           "_fastpath": True, "_stock_class": cls,
                                                           "__module__": cls.__module__})
-    disabled = sorted(name for name, obs in raw._observables.items() if obs.modality in UNREAD_MODALITIES)
-    for name in disabled:
-        raw._observables[name].set_enabled(False)
+    disabled = disable_unread_observables(raw)
     contacts = contact_check_problem(raw)
     if contacts is None and not isinstance(vars(raw).get("check_contact"), ContactCheck):
         raw.check_contact = ContactCheck(raw)  # an instance attribute: the class's own method is untouched
@@ -114,6 +112,19 @@ def disable(raw) -> None:
     for robot in raw.robots:
         if getattr(type(robot), "_fastpath", False):
             robot.__class__ = type(robot)._stock_class
+    enable_unread_observables(raw)
+
+
+def disable_unread_observables(raw) -> List[str]:
+    """Disable the observables of a modality nothing in the harness reads (robosuite 1.4's and 1.5's); their names."""
+    disabled = sorted(name for name, obs in raw._observables.items() if obs.modality in UNREAD_MODALITIES)
+    for name in disabled:
+        raw._observables[name].set_enabled(False)
+    return disabled
+
+
+def enable_unread_observables(raw) -> None:
+    """Stock robosuite's observables again (``set_enabled`` resets each one's clock, as a reset does)."""
     for obs in raw._observables.values():
         if obs.modality in UNREAD_MODALITIES:
             obs.set_enabled(True)
