@@ -343,7 +343,8 @@ class InProcess:
 
         on_classes = {(Observable, "update"): "observables", (robosuite_fastpath.SharedClock, "update"): "observables",
                       (robosuite_fastpath.SharedClock, "write_back"): "observables",
-                      (libero_fastpath.FlatArm, "control"): "controller"}
+                      (libero_fastpath.FlatArm, "control"): "controller",
+                      (libero_fastpath.FlatArm, "policy_control"): "controller"}
         composite = getattr(raw.robots[0], "composite_controller", None)  # robosuite 1.5 (1.4 sets goals in control)
         if composite is not None:
             on_classes[(type(composite), "set_goal")] = "controller"

@@ -198,10 +198,10 @@ def liberoplus_wheel(extra=None, paraphrase_edit=None, version="0.1.5"):
     return buffer.getvalue()
 
 
-def trajectory(env, protocol, key, actions):
+def trajectory(env, protocol, key, actions, extra=None):
     """After every control step of ``actions`` from ``key``: the integration state, every numeric attribute of
-    every controller, the robot's observables' clocks and values, and the delivered proprioception, as bytes (what
-    the fast path's identity tests compare with stock stepping)."""
+    every controller, the robot's observables' clocks and values, the delivered proprioception and whatever arrays
+    ``extra(env)`` names, as bytes (what the fast path's identity tests compare with stock stepping)."""
     import numpy as np
 
     from robocasa_shift.engine.rollout import inject, prepare_episode
@@ -214,5 +214,6 @@ def trajectory(env, protocol, key, actions):
         state = env.get_state(full=True, observations=True)  # the object observables are off on the fast path
         state = {k: v for k, v in state.items() if not k.startswith("observation.") or ".robot0_" in k}
         steps.append({**{k: np.asarray(v).tobytes() for k, v in state.items()},
-                      **{f"proprio.{k}": v.tobytes() for k, v in env.proprio().items()}})
+                      **{f"proprio.{k}": v.tobytes() for k, v in env.proprio().items()},
+                      **{f"extra.{k}": np.asarray(v).tobytes() for k, v in (extra(env) if extra else {}).items()}})
     return steps

@@ -118,11 +118,12 @@ def test_resets_are_exact_and_undo_every_edit(env):
 
 
 @needs_libero
-@pytest.mark.parametrize("condition", ["clean", "arm_init:L3"])
-def test_the_elided_forward_step_changes_no_bit_of_stock_stepping(env, protocol, condition):
+@pytest.mark.parametrize("condition,compiled", [("clean", True), ("arm_init:L3", True), ("clean", False)])
+def test_the_elided_forward_step_changes_no_bit_of_stock_stepping(env, protocol, condition, compiled, monkeypatch):
     """One evaluation of the dynamics per substep instead of three, every substep after the first compiled: every state
     (the one before the last integration too), controller attribute (and its layout) and observation equals robosuite
-    1.4's own step's, byte for byte, the gripper opening and closing on the way."""
+    1.4's own step's, byte for byte, the gripper opening and closing on the way; also where the controller's arrays
+    are of a type the compiled substeps do not take (every substep then runs the written-out Python)."""
     from helpers import trajectory
 
     from robocasa_shift.backends import libero_fastpath
@@ -136,20 +137,30 @@ def test_the_elided_forward_step_changes_no_bit_of_stock_stepping(env, protocol,
     key = RolloutKey("formal", "spatial-0", 1, condition)
     actions = np.clip(np.random.default_rng(4).normal(0.0, 0.6, (20, 7)), -1, 1)
     actions[:, 6] = np.sign(actions[:, 6])
+    if not compiled:
+        monkeypatch.setattr(libero_fastpath.FlatArm, "compiled_arguments", lambda arm, action: None)
     step = env.raw.step.__self__
     resumed = []
     step._compiled_loop = lambda *args, run=step._compiled_loop: resumed.append(run(*args)) or resumed[-1]
     # the layouts the last substep leaves (they pick the compiled variant of robosuite's kernels and numpy's BLAS order)
     layouts = lambda c: {n: (getattr(c, n).flags.c_contiguous, getattr(c, n).flags.f_contiguous)  # noqa: E731
                          for n in libero_fastpath.FlatArm.LEFT}
-    fast = trajectory(env, protocol, key, actions)
+    def robot(env):  # the robot's clipped torques and the history buffers a policy step pushes
+        robot = env.raw.robots[0]
+        buffers = {name: value for name, value in vars(robot).items() if name.startswith("recent_")}
+        assert len(buffers) == 8
+        return {"torques": robot.torques, **{f"{name}.{field}": value for name, buffer in buffers.items()
+                                             for field, value in vars(buffer).items()}}
+
+    fast = trajectory(env, protocol, key, actions, robot)
     fast_layouts = layouts(env.raw.robots[0].controller)
     del step._compiled_loop
     assert isinstance(step.arm, libero_fastpath.FlatArm)  # the written-out substeps ran
-    assert len(resumed) >= 20 and set(resumed) == {step.substeps}  # every substep after the first compiled, every step
+    # every substep after the first compiled, every step (or none)
+    assert (len(resumed) >= 20 and set(resumed) == {step.substeps}) if compiled else resumed == []
     libero_fastpath.disable(env.raw)
     try:
-        stock = trajectory(env, protocol, key, actions)
+        stock = trajectory(env, protocol, key, actions, robot)
         assert layouts(env.raw.robots[0].controller) == fast_layouts
     finally:
         libero_fastpath.enable(env.raw, env._before_integration)

@@ -92,6 +92,7 @@ def flat_arm_problem(raw) -> Optional[str]:
     from robosuite.controllers.osc import OperationalSpaceController
     from robosuite.environments.robot_env import RobotEnv
     from robosuite.robots.manipulator import Manipulator
+    from robosuite.robots.robot import Robot
     from robosuite.robots.single_arm import SingleArm
 
     robot = raw.robots[0]
@@ -102,7 +103,11 @@ def flat_arm_problem(raw) -> Optional[str]:
                 "robot.grip_action": (type(robot).grip_action, (Manipulator.grip_action,)),
                 "osc.run_controller": (type(controller).run_controller, (OperationalSpaceController.run_controller,)),
                 "osc.update": (type(controller).update, (_modern_update(),)),
-                "osc.torque_compensation": (type(controller).torque_compensation, (Controller.torque_compensation,))}
+                "osc.torque_compensation": (type(controller).torque_compensation, (Controller.torque_compensation,)),
+                "robot._joint_positions": (type(robot)._joint_positions, (Robot._joint_positions,)),
+                "robot.ee_force": (type(robot).ee_force, (SingleArm.ee_force,)),
+                "robot.ee_torque": (type(robot).ee_torque, (SingleArm.ee_torque,)),
+                "robot.get_sensor_measurement": (type(robot).get_sensor_measurement, (Robot.get_sensor_measurement,))}
     for name, (have, allowed) in mirrored.items():
         if have not in allowed:
             return f"{name} is not the one mirrored ({getattr(have, '__qualname__', have)})"
@@ -224,9 +229,11 @@ class ElidedForwardStep:
                 sim.forward()
                 raw._pre_action(action, policy_step)
                 sim.step()
-            elif arm is not None and not policy_step:
-                self._physics(mj.mj_step1)
-                if compiled is not None and i < last:  # the controller's attributes are the last substep's business
+            elif arm is not None:
+                self._physics(mj.mj_forward if policy_step else mj.mj_step1)
+                if policy_step:  # the goals set, and the compiled substeps' arguments
+                    compiled = arm.policy_control(action)
+                elif compiled is not None and i < last:  # the controller's attributes are the last substep's business
                     arm.compiled_control(compiled)
                 else:
                     arm.control(action)
@@ -246,8 +253,6 @@ class ElidedForwardStep:
                         sim.forward = wrapped
                 self.before_integration()
                 self._physics(mj.mj_step2)
-                if arm is not None and policy_step:  # the goals are set: the compiled substeps' arguments
-                    compiled = arm.compiled_arguments(action)
             if arm is not None and clock is not None:
                 clock.update(raw.model_timestep, raw._obs_cache)
             else:
@@ -340,8 +345,11 @@ class FlatArm:
             orientation_error,
         )
 
+        from robosuite.utils.transform_utils import mat2quat
+
         self._mj = mujoco
         self._kernels = (opspace_matrices, nullspace_torques, orientation_error)
+        self._mat2quat = mat2quat
         # the substeps between the first and the last, compiled (libero_kernels), where numpy's BLAS can be called and
         # the gripper is the Panda gripper it mirrors; otherwise they run control() below, with the reason recorded
         self.compiled_problem = compiled_substeps_problem(raw)
@@ -368,6 +376,14 @@ class FlatArm:
         ctrlrange = raw.sim.model.actuator_ctrlrange
         self.torque_low, self.torque_high = ctrlrange[self.arm_actuators, 0], ctrlrange[self.arm_actuators, 1]
         self.gripper = robot.gripper
+        # Robot._joint_positions and get_sensor_measurement's slices of sensordata for the end effector's force and torque
+        self.joint_pos_indexes = index(robot._ref_joint_pos_indexes)
+        sensor_dim = raw.sim.model.sensor_dim
+        self.force_torque_sensors = []
+        for name in (self.gripper.important_sensors["force_ee"], self.gripper.important_sensors["torque_ee"]):
+            sensor = raw.sim.model.sensor_name2id(name)
+            start = int(np.sum(sensor_dim[:sensor]))
+            self.force_torque_sensors.append((start, start + int(sensor_dim[sensor])))
         self.grip_actuators = [raw.sim.model.actuator_name2id(a) for a in self.gripper.actuators]
         self.grip_actuators_array = index(self.grip_actuators)
         ctrl_range = ctrlrange[self.grip_actuators]
@@ -431,6 +447,61 @@ class FlatArm:
         mj.mj_jacSite(model, d, self.jacp, self.jacr, self.eef_site)
         arm, grip = arguments
         self.gripper.current_action = self._substep_controls(*arm, self.gripper.current_action, *grip)[0]
+
+    def policy_control(self, action) -> Optional[tuple]:
+        """``RobotEnv._pre_action(action, policy_step=True)`` (its dimension check done once per control step): the
+        controller's update (``mj_forward`` has just run), robosuite's own ``set_goal`` (whose update then has nothing
+        to do), the controls as :meth:`control` sets them, and the robot's history buffers pushed as
+        ``SingleArm.control`` pushes them, with the joint and sensor addresses read once. Where the substeps run
+        compiled, the update before ``set_goal`` sets only what it reads (the end effector's pose) and the controls
+        are this control step's first compiled substep, whose values set every attribute as the update and
+        ``run_controller`` would; their arguments are returned for the substeps after it (None: none compiled)."""
+        robot, c, d = self.robot, self.controller, self.data
+        robot_action = action[0:self.action_dim]
+        # SingleArm.control(robot_action, policy_step=True)
+        gripper_action = robot_action[self.control_dim:]
+        compiled = None
+        if c.new_update and self.compiled_problem is None:
+            c.ee_pos = np.array(d.site_xpos[self.eef_site])
+            c.ee_ori_mat = np.array(d.site_xmat[self.eef_site].reshape([3, 3]))
+            c.new_update = False
+            c.set_goal(robot_action[:self.control_dim])
+            compiled = self.compiled_arguments(action)
+            c.new_update = compiled is None  # arrays of another type: the update and the controller in Python
+        else:
+            if c.new_update:
+                self._update()
+            c.set_goal(robot_action[:self.control_dim])
+        if compiled is None:
+            torques = self._run_controller()
+            robot.torques = _clip(torques, self.torque_low, self.torque_high)
+            gripper_action_actual = self.gripper.format_action(gripper_action)
+            d.ctrl[self.grip_actuators] = self.grip_bias + self.grip_weight * gripper_action_actual
+            d.ctrl[self.arm_actuators] = robot.torques
+        else:
+            mj, model = self._mj, self.model
+            mj.mj_fullM(model, d, self.full)
+            mj.mj_jacSite(model, d, self.jacp, self.jacr, self.eef_site)
+            arm, grip = compiled
+            self.gripper.current_action, values = self._substep_controls(*arm, self.gripper.current_action, *grip)
+            for name, value in zip(self.LEFT, values):  # arrays the kernel made for this call
+                setattr(c, name, value)
+            c.new_update = True
+            robot.torques = _clip(c.torques, self.torque_low, self.torque_high)
+        robot.recent_qpos.push(d.qpos[self.joint_pos_indexes])
+        robot.recent_actions.push(robot_action)
+        robot.recent_torques.push(robot.torques)
+        sensors = d.sensordata
+        force, torque = (np.array(sensors[start:stop]) for start, stop in self.force_torque_sensors)
+        robot.recent_ee_forcetorques.push(np.concatenate((force, torque)))
+        robot.recent_ee_pose.push(np.concatenate((c.ee_pos, self._mat2quat(c.ee_ori_mat))))
+        robot.recent_ee_vel.push(np.concatenate((c.ee_pos_vel, c.ee_ori_vel)))
+        robot.recent_ee_vel_buffer.push(np.concatenate((c.ee_pos_vel, c.ee_ori_vel)))
+        diffs = np.vstack([robot.recent_ee_acc.current,
+                           robot.control_freq * np.diff(robot.recent_ee_vel_buffer.buf, axis=0)])
+        ee_acc = np.array([np.convolve(col, np.ones(10) / 10.0, mode="valid")[0] for col in diffs.transpose()])
+        robot.recent_ee_acc.push(ee_acc)
+        return compiled
 
     def control(self, action) -> None:
         """``RobotEnv._pre_action(action, policy_step=False)`` (its dimension check done once per control step)."""
