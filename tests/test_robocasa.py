@@ -471,6 +471,28 @@ def test_kitchen_snapshot_round_trip_is_bit_exact(kitchen):
     assert state_equal(kitchen.get_state(), snap) and kitchen.fingerprint() == fp
 
 
+def test_a_render_context_collected_after_a_reset_frees_nothing_of_the_live_one(kitchen):
+    """robosuite frees a garbage-collected render context's GL objects in whatever GL context is current then. Each
+    reset drops a simulator and its render context (a reference cycle), and when the collector got to it after the
+    next context was made current, the live context lost its textures (same numbers): its frames changed with the
+    collector's timing. Garbage-collected contexts are freed in their own GL context instead."""
+    import gc
+
+    camera = kitchen.third_person_cameras[0]
+    kitchen.reset(SEED)
+    first = kitchen.render(camera, 96)
+    gc.collect()
+    gc.disable()
+    try:
+        kitchen.reset(SEED + 1)
+        kitchen.reset(SEED)  # a kitchen compiled anew: two simulators and render contexts are garbage by now
+        assert np.array_equal(kitchen.render(camera, 96), first)  # the live context is current
+        gc.collect()
+        assert np.array_equal(kitchen.render(camera, 96), first)
+    finally:
+        gc.enable()
+
+
 @pytest.mark.parametrize("condition", ["clean", "base:L2"])
 def test_the_kitchen_fast_path_changes_no_bit_of_stock_stepping(kitchen, protocol, condition):
     """RoboCasa's robot gets robosuite's fused step and compiled substeps (its part controllers come in another order

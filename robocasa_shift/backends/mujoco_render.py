@@ -24,7 +24,7 @@ pixel for pixel over tasks, conditions, cameras, sizes and moving robots.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -49,9 +49,14 @@ def make_current(ctx) -> None:
     robosuite's EGL contexts call ``eglReleaseThread`` when one is created or freed, which leaves no
     context current and resets the thread's API to OpenGL ES: a later render of another live
     environment of the process (one whose context was made earlier) then draws into nothing and reads
-    back garbage. Binding the API and the context before every render costs about 10 us.
+    back garbage. Binding the API and the context before every render costs about 10 us. The render
+    contexts garbage-collected since the last call are freed first (see :func:`defer_collected_frees`).
     """
-    gl_ctx = ctx.gl_ctx
+    free_collected()
+    _bind(ctx.gl_ctx)
+
+
+def _bind(gl_ctx) -> None:
     if type(gl_ctx).__name__ == "EGLGLContext":
         from mujoco.egl import egl_ext as EGL
 
@@ -60,15 +65,50 @@ def make_current(ctx) -> None:
 
 
 def free(ctx) -> None:
-    """Free a render context's GL objects in its own GL context.
+    """Free a render context's GL objects in its own GL context (see :func:`defer_collected_frees`)."""
+    _free_gl(ctx.con, ctx.gl_ctx)
+    ctx.robocasa_shift_freed = True  # its garbage collection finds nothing left to free
 
-    robosuite frees them when the context is garbage-collected, in whatever GL context is current
-    then: another environment's, whose textures and framebuffers carry the same numbers, so that
-    environment's renders turned to garbage.
+
+def _free_gl(con, gl_ctx) -> None:
+    _bind(gl_ctx)
+    con.free()
+    gl_ctx.free()  # leaves no GL context current: make_current binds the next one
+
+
+# (MjrContext, GL context) of the render contexts garbage-collected and not yet freed (see defer_collected_frees)
+_COLLECTED: List[Tuple[Any, Any]] = []
+
+
+def defer_collected_frees() -> None:
+    """Make a garbage-collected robosuite render context free its GL objects in its own GL context (idempotent).
+
+    robosuite's ``MjRenderContext.__del__`` frees its textures, meshes and framebuffers in whatever GL
+    context is current when the garbage collector gets to it: another render context's, whose objects
+    carry the same numbers (each GL context numbers its own from 1), so that context drew its next
+    frames with those objects gone. Kitchens drop a simulator and its render context (a reference
+    cycle) at every reset, so which frames changed depended on when the collector ran. Here ``__del__``
+    only hands the context's GL objects over, touching no GL state (it may run inside a render, or on
+    another thread); :func:`free_collected` frees them, each in its own context, before the next bind.
     """
-    make_current(ctx)
-    ctx.con.free()
-    ctx.gl_ctx.free()  # its later garbage collection finds both freed, and frees nothing
+    from robosuite.utils.binding_utils import MjRenderContext
+
+    if getattr(MjRenderContext.__del__, "robocasa_shift_deferred", False):
+        return
+
+    def collected(ctx) -> None:
+        con, gl_ctx = getattr(ctx, "con", None), getattr(ctx, "gl_ctx", None)
+        if con is not None and gl_ctx is not None and not getattr(ctx, "robocasa_shift_freed", False):
+            _COLLECTED.append((con, gl_ctx))
+
+    collected.robocasa_shift_deferred = True
+    MjRenderContext.__del__ = collected
+
+
+def free_collected() -> None:
+    """Free the GL objects of the render contexts garbage-collected so far, each in its own GL context."""
+    while _COLLECTED:
+        _free_gl(*_COLLECTED.pop())
 
 
 class CameraFrame:

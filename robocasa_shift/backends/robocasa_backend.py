@@ -78,6 +78,7 @@ from robocasa_shift.backends.mujoco_env import (
     MujocoEnv,
     check_render_profile,
 )
+from robocasa_shift.backends.mujoco_render import defer_collected_frees, free_collected
 from robocasa_shift.core.backend import TaskInfo, TaskTable, installed_versions
 from robocasa_shift.core.factors import BaseOffset
 from robocasa_shift.core.stages import predicate
@@ -380,8 +381,10 @@ _CACHED_YAML: Optional[_CachedYaml] = None
 
 
 def patch_robocasa() -> None:
-    """Apply the backend's fixes to RoboCasa (idempotent): stable counter regions, registries parsed once."""
+    """Apply the backend's fixes to RoboCasa (idempotent): stable counter regions, registries parsed once, and
+    render contexts (one per reset) freed in their own GL context (``mujoco_render.defer_collected_frees``)."""
     global _CACHED_YAML
+    defer_collected_frees()
     from robocasa.models.fixtures.counter import Counter
     from robocasa.models.scenes import kitchen_arena, scene_utils
     from robocasa.utils import env_utils
@@ -591,6 +594,7 @@ class RobocasaEnv(MujocoEnv):
                         f"`python -m robocasa.scripts.download_kitchen_assets --type all` (or fix ROBOCASA_ASSETS_PATH)"
                     ) from None
                 raise
+        free_collected()  # the render contexts of earlier kitchens, garbage by now, whether or not anything renders
         # kitchens rebuild their observables on every reset: switch the image ones off again
         for cam in THIRD_PERSON_CAMERAS + WRIST_CAMERAS:
             if f"{cam}_image" in self.raw._observables:
