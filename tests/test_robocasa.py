@@ -493,6 +493,52 @@ def test_a_render_context_collected_after_a_reset_frees_nothing_of_the_live_one(
         gc.enable()
 
 
+def test_a_kitchen_written_again_reuses_the_compiled_model_and_render_context_and_changes_nothing(kitchen, protocol):
+    """A reset that writes the last kitchen's XML again (the conditions of one base episode share its seed) copies
+    the model as it was compiled and moves its render context instead of compiling and uploading again: its
+    fingerprint, frames and states after steps equal a fresh environment's, after a perturbed rollout too, and
+    another kitchen in between is compiled anew. ``--stock-simulator`` never reuses."""
+    import gc
+    import hashlib
+
+    from robocasa_shift.core.records import RolloutKey
+    from robocasa_shift.engine.rollout import inject, prepare_episode
+
+    def walk(env, key):
+        prepare_episode(env, protocol, key)
+        inject(env, protocol, key)
+        env.render(env.third_person_cameras[0], 96)
+        gc.collect()  # earlier kitchens' render contexts collected while this one is current (the worst moment)
+        out = [env.fingerprint(), hashlib.sha256(env.render(env.third_person_cameras[0], 96).tobytes()).hexdigest()]
+        rng = np.random.default_rng(1)
+        for _ in range(4):
+            env.step(np.clip(rng.normal(0.0, 0.4, env.action_dim), -1, 1))
+            out.append(env._integration().tobytes())
+        out.append(hashlib.sha256(env.render(env.third_person_cameras[0], 96).tobytes()).hexdigest())
+        return out
+
+    clean, lit = RolloutKey("formal", "PreSoakPan", 2, "clean"), RolloutKey("formal", "PreSoakPan", 2, "illumination:L3")
+    other = RolloutKey("formal", "PreSoakPan", 3, "clean")
+    before = kitchen.kitchens_reused
+    first = walk(kitchen, lit)  # a perturbed rollout first: the model it edits is not the kept one
+    again = walk(kitchen, clean)
+    assert kitchen.kitchens_reused == before + 1 and kitchen.fastpath["kitchen_reuse"]
+    walk(kitchen, other)
+    back = walk(kitchen, clean)
+    assert kitchen.kitchens_reused == before + 1  # another kitchen in between: both compiled anew
+    fresh = _kitchen_backend().make("PreSoakPan")
+    try:
+        reference = walk(fresh, clean)
+        fresh.set_stock_simulator(True)
+        reused = fresh.kitchens_reused
+        walk(fresh, clean)
+        assert fresh.kitchens_reused == reused  # the stock simulator compiles every kitchen
+    finally:
+        fresh.close()
+    assert again == reference and back == reference
+    assert first[0] != reference[0]  # the perturbed rollout really edited the kitchen
+
+
 @pytest.mark.parametrize("condition", ["clean", "base:L2"])
 def test_the_kitchen_fast_path_changes_no_bit_of_stock_stepping(kitchen, protocol, condition):
     """RoboCasa's robot gets robosuite's fused step and compiled substeps (its part controllers come in another order

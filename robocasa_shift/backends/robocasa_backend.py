@@ -78,7 +78,7 @@ from robocasa_shift.backends.mujoco_env import (
     MujocoEnv,
     check_render_profile,
 )
-from robocasa_shift.backends.mujoco_render import defer_collected_frees, free_collected
+from robocasa_shift.backends.mujoco_render import defer_collected_frees, free, free_collected, make_current
 from robocasa_shift.core.backend import TaskInfo, TaskTable, installed_versions
 from robocasa_shift.core.factors import BaseOffset
 from robocasa_shift.core.stages import predicate
@@ -519,6 +519,15 @@ def _plain(value: Any, arrays: bool) -> Any:
     return _SKIP
 
 
+@dataclass
+class _KeptKitchen:
+    """The last kitchen a worker compiled (see ``RobocasaEnv._initialize_sim``)."""
+
+    xml: str
+    model: Any  # a copy of the MjModel as compiled
+    context: Any = None  # its render context, once robosuite built one
+
+
 class RobocasaEnv(MujocoEnv):
     """A live RoboCasa kitchen environment of one task, reused across rollouts.
 
@@ -564,6 +573,10 @@ class RobocasaEnv(MujocoEnv):
         self.action_dim = ACTION_DIM
         self.fastpath = {"enabled": False, "reason": "applied at every reset (kitchens rebuild the robot)"}
         self._context = None
+        # the last kitchen compiled: its XML, a copy of its model as compiled, its render context (see _initialize_sim)
+        self._kept: Optional[_KeptKitchen] = None
+        self.kitchens_reused = 0
+        self.raw._initialize_sim = self._initialize_sim  # an instance attribute: the class's own is untouched
         self._seed: Optional[int] = None
         self._success = False
         self._problems: Dict[tuple, Optional[str]] = {}
@@ -595,6 +608,8 @@ class RobocasaEnv(MujocoEnv):
                     ) from None
                 raise
         free_collected()  # the render contexts of earlier kitchens, garbage by now, whether or not anything renders
+        if self._kept is not None:  # the render context robosuite built (or was handed) for this kitchen
+            self._kept.context = self.raw.sim._render_context_offscreen
         # kitchens rebuild their observables on every reset: switch the image ones off again
         for cam in THIRD_PERSON_CAMERAS + WRIST_CAMERAS:
             if f"{cam}_image" in self.raw._observables:
@@ -613,6 +628,54 @@ class RobocasaEnv(MujocoEnv):
         flags[self._mujoco.mjtRndFlag.mjRND_REFLECTION] = int(profile["reflections"])
         lang = self.raw.get_ep_meta().get("lang")
         self.task = replace(self.spec.info(), instruction=lang or self.spec.instruction)
+
+    def _initialize_sim(self, xml_string: Optional[str] = None) -> None:
+        """robosuite's ``MujocoEnv._initialize_sim`` (the XML through its processors, ``MjSim.from_xml_string``, a
+        forward pass, the control clock), reusing the last kitchen where this reset wrote the very same XML.
+
+        RoboCasa writes a kitchen's XML from the reset's draws and compiles it again at every reset; the conditions
+        of one base episode share its seed, so their kitchens are the same. Compiling the same XML gives the same
+        model, so a copy of the model as it was compiled (before any perturbation or reset wrote into it) is that
+        compile; its render context, built for an identical model, draws the same pixels, and is moved to the new
+        simulator (with the forward pass building a context would run). ``--stock-simulator`` turns it off; the
+        kitchen golden run (two conditions of each base episode) proves the records unchanged."""
+        import copy
+
+        from robosuite.utils.binding_utils import MjSim
+
+        raw = self.raw
+        xml = xml_string if xml_string else raw.model.get_xml()
+        for processor in raw._xml_processors:
+            xml = processor(xml)
+        kept = self._kept
+        if kept is not None and kept.xml == xml and not self.stock_simulator:
+            sim = MjSim(copy.copy(kept.model))
+            if kept.context is not None:
+                ctx = kept.context
+                make_current(ctx)  # as building a context does: robosuite's own renders (observables) go to it
+                sim.forward()  # MjRenderContext's own first step
+                ctx.sim, ctx.model, ctx.data = sim, sim.model, sim.data
+                sim.add_render_context(ctx)
+            self.kitchens_reused += 1
+        else:
+            self._forget_kept()
+            sim = MjSim.from_xml_string(xml)
+            self._kept = _KeptKitchen(xml, copy.copy(sim.model._model))
+        raw.sim = sim
+        raw.sim.forward()
+        raw.initialize_time(raw.control_freq)
+
+    def _forget_kept(self) -> None:
+        """Drop the kept kitchen, freeing its render context in its own GL context unless the simulator still uses it."""
+        kept, self._kept = self._kept, None
+        if kept is not None and kept.context is not None and getattr(self.raw.sim, "_render_context_offscreen",
+                                                                     None) is not kept.context:
+            free(kept.context)
+
+    def close(self) -> None:
+        self._forget_kept()
+        super().close()
+        free_collected()  # the render context robosuite's close just dropped
 
     def step(self, action: np.ndarray) -> None:
         """One control step of RoboCasa's ``env.step``; ``action`` in the harness's PandaOmron layout."""
@@ -645,7 +708,7 @@ class RobocasaEnv(MujocoEnv):
         self.raw.update_state()
 
     def _enable_fastpath(self) -> Dict[str, Any]:
-        return robosuite_fastpath.enable(self.raw)
+        return {**robosuite_fastpath.enable(self.raw), "kitchen_reuse": True}  # see _initialize_sim
 
     def _disable_fastpath(self) -> None:
         robosuite_fastpath.disable(self.raw)
