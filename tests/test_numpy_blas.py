@@ -74,3 +74,21 @@ def test_another_numpy_is_not_called_into(monkeypatch):
     monkeypatch.setattr(np, "__version__", "2.0.0")
     path, why = numpy_blas._find_library()
     assert path is None and numpy_blas.VERIFIED_NUMPY in why and "2.0.0" in why
+
+
+def test_the_compiled_calls_leave_numba_s_own_lapack_working_when_imported_first():
+    """numpy's BLAS and MuJoCo's functions reach compiled code by name only: a process that imports them before
+    numba's ``np.linalg`` first loads scipy's LAPACK still gets a single-precision eigendecomposition (robosuite
+    1.4's ``mat2quat``), where loading the libraries whole into llvmlite made it abort ("Insufficient memory for buffer
+    allocation required by LAPACK")."""
+    import subprocess
+
+    script = ("import numpy as np\n"
+              "from robocasa_shift.backends import mujoco_calls, numpy_blas\n"
+              "assert numpy_blas.problem() is None, numpy_blas.problem()\n"
+              "import numba\n"
+              "eigh = numba.njit(lambda a: np.linalg.eigh(a)[0])\n"
+              "print(eigh(np.diag(np.array([1.0, 2.0, 3.0], dtype=np.float32))).tolist())\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0 and done.stdout.strip() == "[1.0, 2.0, 3.0]", done.stderr[-2000:]

@@ -2,23 +2,26 @@
 
 A compiled loop over physics substeps (``robosuite_kernels.middle_substeps``) calls ``mj_step1``, ``mj_step2``,
 ``mj_fullM``, ``mj_jacSite`` and ``mj_getState`` on the model's and data's own addresses (``MjModel._address``), so the code that
-runs is the code the bindings run, on the same memory. The library is loaded into llvmlite's symbol table and the
-functions are declared by name, as :mod:`numpy_blas` declares numpy's BLAS, so compiled code that calls them is
-cached on disk like any other. Only the MuJoCo versions whose C signatures these declarations were checked against
+runs is the code the bindings run, on the same memory. Each function's address is handed to llvmlite under its name,
+as :mod:`numpy_blas` hands numpy's BLAS, so compiled code that calls them is cached on disk like any other. Only the MuJoCo versions whose C signatures these declarations were checked against
 are accepted: ``mj_fullM``'s arguments changed within 3.x (each compiled loop asks :func:`problem` for the form it was written for); any other leaves :func:`problem` saying why,
 and the substeps then run one by one from Python.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 from typing import Optional
 
 from numba import types
 
+from robocasa_shift.backends.numpy_blas import add_symbols
+
 # mj_fullM's arguments after the model in each verified MuJoCo (robosuite 1.5's and LIBERO's environments); the others
 # are the same in both: mj_step1(m, d), mj_step2(m, d), mj_jacSite(m, d, jacp, jacr, site), mj_getState(m, d, state, sig)
 VERIFIED_MUJOCO = {"3.9.0": "dst, M", "3.17.0": "d, dst"}
+_FUNCTIONS = ("mj_step1", "mj_step2", "mj_fullM", "mj_jacSite", "mj_getState")
 
 
 def _find_library() -> Optional[str]:
@@ -35,12 +38,10 @@ def _find_library() -> Optional[str]:
             loaded = {os.path.realpath(line.split()[-1]) for line in maps if "libmujoco.so" in line}
         if loaded != {path}:
             return f"the mujoco bindings loaded {sorted(loaded) or 'no libmujoco'}, not {path}"
-        import llvmlite.binding
-
-        llvmlite.binding.load_library_permanently(path)  # the same handle: dlopen returns the loaded library
-    except Exception as exc:  # no memory map, a broken llvmlite: the substeps stay in Python
+        library = ctypes.CDLL(path)  # the same handle: dlopen returns the loaded library
+    except Exception as exc:  # no memory map: the substeps stay in Python
         return f"MuJoCo's library cannot be called from compiled code ({type(exc).__name__}: {exc})"
-    return None
+    return add_symbols(library, _FUNCTIONS)
 
 
 _PROBLEM = _find_library()

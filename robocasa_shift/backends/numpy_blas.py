@@ -3,7 +3,8 @@
 A dot product's last bits depend on the order of its sums, and that order is the BLAS kernel's. numba's own
 ``np.dot`` calls scipy's BLAS, a separate OpenBLAS build with its own kernels, so a compiled copy of numpy code
 that uses it can differ from numpy in the last bit. The functions here call numpy's own OpenBLAS (the library
-numpy's multiarray module loaded, found in this process's memory map) through its exported CBLAS symbols, with
+numpy's multiarray module loaded, found in this process's memory map) through its exported CBLAS symbols (each
+handed to llvmlite by its address), with
 the routine (gemv, gemm or a scalar product), order, transposition and leading dimensions numpy 1.26's
 ``cblas_matrixproduct`` (numpy/core/src/common/cblasfuncs.c) picks for the same arrays, a zeroed output and
 alpha 1, beta 0, as numpy passes them: the same call with the same arguments, so the same bits.
@@ -39,13 +40,23 @@ def _find_library() -> tuple:
     missing = [name for name in _SYMBOLS if not hasattr(library, name)]
     if missing:
         return None, f"{path} lacks {missing}"
+    why = add_symbols(library, _SYMBOLS)
+    return (None, why) if why else (path, None)
+
+
+def add_symbols(library: ctypes.CDLL, names) -> Optional[str]:
+    """Make ``names`` of an already loaded ``library`` resolve in numba-compiled code, each by its address; None, or
+    why not. Only these names: loading the library into llvmlite (``load_library_permanently``) would reopen it with
+    its every symbol global, and a shared library loaded afterwards (scipy's LAPACK, which numba's ``np.linalg``
+    calls) could then bind to numpy's 64-bit-integer OpenBLAS and fail."""
     try:
         import llvmlite.binding
 
-        llvmlite.binding.load_library_permanently(path)  # its symbols resolve in numba-compiled code from now on
+        for name in names:
+            llvmlite.binding.add_symbol(name, ctypes.cast(getattr(library, name), ctypes.c_void_p).value)
     except Exception as exc:  # a broken llvmlite: the callers keep their numpy code
-        return None, f"llvmlite cannot load {path} ({type(exc).__name__}: {exc})"
-    return path, None
+        return f"llvmlite cannot take the symbols of {library._name} ({type(exc).__name__}: {exc})"
+    return None
 
 
 LIBRARY, _PROBLEM = _find_library()
