@@ -355,9 +355,9 @@ class FlatArm:
         self.compiled_problem = compiled_substeps_problem(raw)
         self._middle_substeps, self.loop_problem = None, self.compiled_problem
         if self.compiled_problem is None:
-            from robocasa_shift.backends.libero_kernels import middle_substeps, substep_controls
+            from robocasa_shift.backends.libero_kernels import kept_substep_controls, middle_substeps, substep_controls
 
-            self._substep_controls = substep_controls
+            self._substep_controls, self._kept_substep_controls = substep_controls, kept_substep_controls
             # and all of them in compiled calls, where MuJoCo's C functions can be called from numba
             self.loop_problem = compiled_loop_problem()
             if self.loop_problem is None:
@@ -393,7 +393,7 @@ class FlatArm:
         nv = self.model.nv
         self.jacp, self.jacr = np.zeros((3, nv)), np.zeros((3, nv))
         self.full = np.ndarray(shape=(nv, nv), dtype=np.float64, order="C")
-        # the compiled loop's last substep's controller values (LEFT's order), in the layouts _update leaves them in
+        # a compiled substep's controller values (LEFT's order), in the layouts _update leaves them in
         n = len(self.qvel_index)
         self.integration = int(mujoco.mjtState.mjSTATE_INTEGRATION)
         self.before_last = np.empty(mujoco.mj_stateSize(self.model, self.integration))
@@ -431,8 +431,8 @@ class FlatArm:
         return ran
 
     def leave_attributes(self) -> None:
-        """The controller and the robot as the control step's last substep leaves them when :meth:`control` runs it:
-        fresh arrays of the values the compiled loop kept from it, the update flag, the robot's clipped torques."""
+        """The controller and the robot as a substep leaves them when robosuite runs it: fresh arrays of the values a
+        compiled substep kept (``left``), the update flag, the robot's clipped torques."""
         c = self.controller
         for name, value in zip(self.LEFT, self.left):
             setattr(c, name, np.array(value))
@@ -483,11 +483,9 @@ class FlatArm:
             mj.mj_fullM(model, d, self.full)
             mj.mj_jacSite(model, d, self.jacp, self.jacr, self.eef_site)
             arm, grip = compiled
-            self.gripper.current_action, values = self._substep_controls(*arm, self.gripper.current_action, *grip)
-            for name, value in zip(self.LEFT, values):  # arrays the kernel made for this call
-                setattr(c, name, value)
-            c.new_update = True
-            robot.torques = _clip(c.torques, self.torque_low, self.torque_high)
+            self.gripper.current_action = self._kept_substep_controls(*arm, self.gripper.current_action, *grip,
+                                                                      self.left)
+            self.leave_attributes()
         robot.recent_qpos.push(d.qpos[self.joint_pos_indexes])
         robot.recent_actions.push(robot_action)
         robot.recent_torques.push(robot.torques)

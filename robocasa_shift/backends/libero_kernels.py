@@ -78,6 +78,20 @@ def substep_controls(site_xpos, site_xmat, qpos, qvel, qfrc_bias, ctrl, full, ja
 
 
 @numba.njit(cache=True)
+def kept_substep_controls(site_xpos, site_xmat, qpos, qvel, qfrc_bias, ctrl, full, jacp, jacr, eef_site, qpos_index,
+                          qvel_index, goal_pos, goal_ori, initial_joint, kp, kd, uncoupling, arm_actuators, torque_low,
+                          torque_high, current_action, gripper_step, grip_actuators, grip_bias, grip_weight, left):
+    """:func:`substep_controls` with its controller values copied into ``left`` (cheaper than returning eleven arrays
+    to Python); returns the gripper's running action."""
+    action, values = substep_controls(site_xpos, site_xmat, qpos, qvel, qfrc_bias, ctrl, full, jacp, jacr, eef_site,
+                                      qpos_index, qvel_index, goal_pos, goal_ori, initial_joint, kp, kd, uncoupling,
+                                      arm_actuators, torque_low, torque_high, current_action, gripper_step,
+                                      grip_actuators, grip_bias, grip_weight)
+    _keep(left, values)
+    return action
+
+
+@numba.njit(cache=True)
 def _keep(into, values):
     """Each of a substep's controller values into the caller's array of the same shape and layout."""
     into[0][:] = values[0]
