@@ -471,6 +471,20 @@ def test_kitchen_snapshot_round_trip_is_bit_exact(kitchen):
     assert state_equal(kitchen.get_state(), snap) and kitchen.fingerprint() == fp
 
 
+def test_kitchen_resets_build_no_image_observables_and_render_nothing(kitchen, monkeypatch):
+    """The harness renders the cameras a policy reads itself: a reset builds no image observables, so robosuite renders
+    no camera to set them up (it did twice per camera at every reset), and the harness's frames still come."""
+    from robosuite.utils.binding_utils import MjRenderContext
+
+    renders = []
+    monkeypatch.setattr(MjRenderContext, "render", lambda self, *a, **k: renders.append(a))
+    kitchen.reset(SEED + 2)
+    assert renders == [] and not [name for name in kitchen.raw._observables if name.endswith(("_image", "_depth"))]
+    assert any(name.startswith("robot0_") for name in kitchen.raw._observables)
+    monkeypatch.undo()
+    assert kitchen.render(kitchen.third_person_cameras[0], 64).std() > 0
+
+
 def test_a_render_context_collected_after_a_reset_frees_nothing_of_the_live_one(kitchen):
     """robosuite frees a garbage-collected render context's GL objects in whatever GL context is current then. Each
     reset drops a simulator and its render context (a reference cycle), and when the collector got to it after the

@@ -38,9 +38,11 @@ How the environment is driven, and why:
 - Actions use the harness's PandaOmron layout (the embedded backend's: arm
   0:6, torso 6, base 7:10, gripper 10, base mode 11) and are reordered into the
   kitchen controller's order (RoboCasa puts gripper 6, base 7:10, torso 10).
-- Image observables are switched off: the harness renders only the cameras a
-  policy reads, at its size, through the environment's own offscreen context
-  (rendering reads the state, so trajectories are unchanged).
+- No image observables (``use_camera_obs`` off from the first reset on): the
+  harness renders only the cameras a policy reads, at its size, through the
+  environment's own offscreen context (rendering reads the state, so
+  trajectories are unchanged), and robosuite, which rebuilds its observables
+  at every reset, no longer renders each camera twice there to set them up.
 - Reproducible resets: RoboCasa's ``Counter.get_reset_regions`` removes
   duplicate counter tops with ``list(set(...))`` over XML elements, so the
   order of the regions it returns - and which one the seeded draw then picks -
@@ -570,6 +572,7 @@ class RobocasaEnv(MujocoEnv):
             raise BackendUnavailable(f"{task.name} overrides Kitchen.reward; this backend reads success from it")
         if RENDER_PROFILES[render_profile]["offsamples"] is not None:
             self.raw.set_xml_processor(_quality_processor(RENDER_PROFILES[render_profile]["offsamples"]))
+        self.raw.use_camera_obs = False  # read when observables are built, at every reset (module docstring)
         self.action_dim = ACTION_DIM
         self.fastpath = {"enabled": False, "reason": "applied at every reset (kitchens rebuild the robot)"}
         self._context = None
@@ -610,11 +613,8 @@ class RobocasaEnv(MujocoEnv):
         free_collected()  # the render contexts of earlier kitchens, garbage by now, whether or not anything renders
         if self._kept is not None:  # the render context robosuite built (or was handed) for this kitchen
             self._kept.context = self.raw.sim._render_context_offscreen
-        # kitchens rebuild their observables on every reset: switch the image ones off again
-        for cam in THIRD_PERSON_CAMERAS + WRIST_CAMERAS:
-            if f"{cam}_image" in self.raw._observables:
-                self.raw.modify_observable(f"{cam}_image", "enabled", False)
-        # and their robot and controllers: the fast path is applied again (it checks the stack at every step too)
+        # kitchens rebuild their robot and controllers on every reset: the fast path is applied again (it checks the
+        # stack at every step too)
         self.set_stock_simulator(self.stock_simulator)
         self.bind()
         self._obs = obs
