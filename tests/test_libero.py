@@ -209,6 +209,26 @@ def test_compiled_libero_substeps_set_the_controls_and_gripper_action_the_python
 
 
 @needs_libero
+def test_the_compiled_acceleration_estimate_is_numpy_s_convolution_bit_for_bit():
+    """``SingleArm.control``'s acceleration estimate (a vstack, a diff and six ten-tap convolutions) against the
+    compiled one, on random buffers of mixed magnitudes and signs: the same bits (a sum in another order differs)."""
+    from robocasa_shift.backends.libero_kernels import ee_acceleration
+
+    rng = np.random.default_rng(9)
+    differ = 0
+    for trial in range(300):
+        current = rng.normal(size=6) * 10.0 ** rng.integers(-6, 6, 6)
+        buffer = rng.normal(size=(10, 6)) * 10.0 ** rng.integers(-6, 6, (10, 6))
+        control_freq = [20, 20.0, 7][trial % 3]
+        diffs = np.vstack([current, control_freq * np.diff(buffer, axis=0)])
+        stock = np.array([np.convolve(col, np.ones(10) / 10.0, mode="valid")[0] for col in diffs.transpose()])
+        assert ee_acceleration(current, buffer, control_freq).tobytes() == stock.tobytes(), trial
+        pairwise = np.array([np.sum(col * 0.1) for col in diffs.transpose()])  # another order of the same sums
+        differ += pairwise.tobytes() != stock.tobytes()
+    assert differ > 30  # the data tells summation orders apart
+
+
+@needs_libero
 def test_the_indexed_contact_check_answers_what_robosuite_1_4_answers(env):
     """LIBERO's check_contact (grasp predicates, goal checks) from geom ids against robosuite 1.4's own method, on every
     pair of the scene's objects, the gripper and its fingerpads, at every step of a rollout that closes the gripper."""

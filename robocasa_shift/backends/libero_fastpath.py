@@ -355,9 +355,15 @@ class FlatArm:
         self.compiled_problem = compiled_substeps_problem(raw)
         self._middle_substeps, self.loop_problem = None, self.compiled_problem
         if self.compiled_problem is None:
-            from robocasa_shift.backends.libero_kernels import kept_substep_controls, middle_substeps, substep_controls
+            from robocasa_shift.backends.libero_kernels import (
+                ee_acceleration,
+                kept_substep_controls,
+                middle_substeps,
+                substep_controls,
+            )
 
             self._substep_controls, self._kept_substep_controls = substep_controls, kept_substep_controls
+            self._ee_acceleration = ee_acceleration
             # and all of them in compiled calls, where MuJoCo's C functions can be called from numba
             self.loop_problem = compiled_loop_problem()
             if self.loop_problem is None:
@@ -453,9 +459,10 @@ class FlatArm:
         controller's update (``mj_forward`` has just run), robosuite's own ``set_goal`` (whose update then has nothing
         to do), the controls as :meth:`control` sets them, and the robot's history buffers pushed as
         ``SingleArm.control`` pushes them, with the joint and sensor addresses read once. Where the substeps run
-        compiled, the update before ``set_goal`` sets only what it reads (the end effector's pose) and the controls
-        are this control step's first compiled substep, whose values set every attribute as the update and
-        ``run_controller`` would; their arguments are returned for the substeps after it (None: none compiled)."""
+        compiled, the update before ``set_goal`` sets only what it reads (the end effector's pose), the controls are
+        this control step's first compiled substep, whose values set every attribute as the update and
+        ``run_controller`` would, and the acceleration estimate is compiled too (``libero_kernels.ee_acceleration``);
+        the substeps' arguments are returned for the substeps after it (None: none compiled)."""
         robot, c, d = self.robot, self.controller, self.data
         robot_action = action[0:self.action_dim]
         # SingleArm.control(robot_action, policy_step=True)
@@ -495,9 +502,13 @@ class FlatArm:
         robot.recent_ee_pose.push(np.concatenate((c.ee_pos, self._mat2quat(c.ee_ori_mat))))
         robot.recent_ee_vel.push(np.concatenate((c.ee_pos_vel, c.ee_ori_vel)))
         robot.recent_ee_vel_buffer.push(np.concatenate((c.ee_pos_vel, c.ee_ori_vel)))
-        diffs = np.vstack([robot.recent_ee_acc.current,
-                           robot.control_freq * np.diff(robot.recent_ee_vel_buffer.buf, axis=0)])
-        ee_acc = np.array([np.convolve(col, np.ones(10) / 10.0, mode="valid")[0] for col in diffs.transpose()])
+        current, velocities = robot.recent_ee_acc.current, robot.recent_ee_vel_buffer.buf
+        if compiled is not None and current.shape == (6,) and velocities.shape == (10, 6) \
+                and current.dtype == velocities.dtype == np.float64 and type(robot.control_freq) in (int, float):
+            ee_acc = self._ee_acceleration(current, velocities, robot.control_freq)
+        else:
+            diffs = np.vstack([current, robot.control_freq * np.diff(velocities, axis=0)])
+            ee_acc = np.array([np.convolve(col, np.ones(10) / 10.0, mode="valid")[0] for col in diffs.transpose()])
         robot.recent_ee_acc.push(ee_acc)
         return compiled
 

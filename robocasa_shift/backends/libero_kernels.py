@@ -108,6 +108,24 @@ def _keep(into, values):
 
 
 @numba.njit(cache=True)
+def ee_acceleration(current, buffer, control_freq):
+    """``SingleArm.control``'s estimate of the end effector's acceleration on a policy step: every column of
+    ``np.vstack([current, control_freq * np.diff(buffer, axis=0)])`` convolved with ``np.ones(10) / 10.0`` ("valid",
+    one value for ten rows). numpy sums a kernel of at most 11 taps itself (``small_correlate``): from zero, one
+    product of a value and a tap at a time, in order, as here."""
+    rows, cols = buffer.shape
+    tap = 1.0 / 10.0
+    out = np.empty(cols)
+    for j in range(cols):
+        total = 0.0
+        total += current[j] * tap
+        for r in range(1, rows):
+            total += (control_freq * (buffer[r, j] - buffer[r - 1, j])) * tap
+        out[j] = total
+    return out
+
+
+@numba.njit(cache=True)
 def _within(values, limit):
     """``(np.abs(values) <= limit).all()``: NaN fails the comparison, as there."""
     for x in values:
