@@ -539,9 +539,12 @@ class ContactCheck:
     """
 
     def __init__(self, raw):
+        from robosuite.models.base import MujocoModel
+
         self.raw = raw
         self.model = None
         self.tables: Dict[frozenset, np.ndarray] = {}
+        self._model_type = MujocoModel
 
     def __call__(self, geoms_1, geoms_2=None) -> bool:
         raw = self.raw
@@ -558,18 +561,17 @@ class ContactCheck:
         first, second = contacts.geom1[:ncon], contacts.geom2[:ncon]
         in_1 = self._table(group_1)
         if group_2 is None:  # any contact with the first group
-            return bool(np.any(in_1[first]) or np.any(in_1[second]))
+            return bool(in_1[first].any() or in_1[second].any())
         in_2 = self._table(group_2)
-        return bool(np.any((in_1[first] & in_2[second]) | (in_2[first] & in_1[second])))
+        return bool((in_1[first] & in_2[second]).any() or (in_2[first] & in_1[second]).any())
 
-    @staticmethod
-    def _names(geoms) -> Optional[frozenset]:
+    def _names(self, geoms) -> Optional[frozenset]:
         """The group's names as robosuite reads them, or None for a group it is not certain to read the same way."""
-        from robosuite.models.base import MujocoModel
-
+        if type(geoms) is frozenset:  # the harness's own groups (the grasp predicates')
+            return geoms
         if type(geoms) is str:
             return frozenset((geoms,))
-        if isinstance(geoms, MujocoModel):
+        if isinstance(geoms, self._model_type):
             geoms = geoms.contact_geoms
         if type(geoms) in (list, tuple, set, frozenset) and all(type(name) is str for name in geoms):
             return frozenset(geoms)

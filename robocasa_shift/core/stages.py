@@ -113,15 +113,18 @@ class StageTracker:
 
     def _evaluate(self, index: int, env, step: Optional[int]) -> Tuple[Optional[bool], Optional[str]]:
         """``(holds, None)``, or ``(None, error)`` when the predicate raised or returned something not a bool."""
-        goal = self.spec.subgoals[index]
-        where = f"subgoal '{goal.id}' (predicate {goal.predicate})" + ("" if step is None else f" at step {step}")
         try:
             holds = self.functions[index](env)
         except Exception as exc:  # recorded on the rollout, never read as False
-            return None, f"{where}: {type(exc).__name__}: {exc}"
+            return None, f"{self._where(index, step)}: {type(exc).__name__}: {exc}"
         if not isinstance(holds, BOOL_TYPES):
-            return None, f"{where} returned {holds!r} of type {type(holds).__name__}, not a bool (bool or numpy.bool_)"
+            return None, (f"{self._where(index, step)} returned {holds!r} of type {type(holds).__name__}, not a bool "
+                          "(bool or numpy.bool_)")
         return bool(holds), None
+
+    def _where(self, index: int, step: Optional[int]) -> str:
+        goal = self.spec.subgoals[index]
+        return f"subgoal '{goal.id}' (predicate {goal.predicate})" + ("" if step is None else f" at step {step}")
 
     def update(self, env, step: int) -> List[str]:
         """Evaluate on the post-step state of control step ``step``; return the subgoals that latched."""
