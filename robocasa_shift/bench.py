@@ -502,6 +502,13 @@ def formal_keys(task: str, episodes: Sequence[int]) -> List[RolloutKey]:
     return [RolloutKey("formal", task, e, c, 0) for e in episodes for c in FORMAL_CONDITIONS]
 
 
+def pool_keys(task: str, repeat: int, rollouts: int) -> List[RolloutKey]:
+    """The pools' ``rollouts`` keys of one repeat: the conditions of as many base episodes as they need, other
+    episodes each repeat and as few in all as that takes (LIBERO has 25 formal base episodes per task)."""
+    per_repeat = -(-rollouts // len(FORMAL_CONDITIONS))
+    return formal_keys(task, range(repeat * per_repeat, (repeat + 1) * per_repeat))[:rollouts]
+
+
 def run_bench(repeats: int = 5, steps: int = 200, rollouts: int = 8, policy: str = DEFAULT_POLICY,
               task: str | None = None, progress: bool = True, backend: str = "robosuite",
               asset_kit: str | None = None) -> Dict:
@@ -575,7 +582,7 @@ def run_bench(repeats: int = 5, steps: int = 200, rollouts: int = 8, policy: str
             add("batch_speedup", batch.one_by_one() / batch.batched())
             single, lock = batch.lockstep(local, conditions_keys, horizon=40)
             add("lockstep_speedup_13", single / lock)
-        keys = formal_keys(task, range(r * rollouts, (r + 1) * rollouts))[:rollouts]
+        keys = pool_keys(task, r, rollouts)
         for pool in warm_pools():
             rate, results = pool.run(keys)
             add(f"throughput_{pool.label}", rate)

@@ -119,3 +119,18 @@ def test_the_physics_limit_retraces_the_harness_rollout_and_the_profile_adds_up(
     assert parts["bookkeeping"] > 0  # the timed parts do not overlap (they would add up to more than the total)
     renders = local.render_ms(culled=True, frames=2)
     assert set(renders) == {"robot0_robotview", "robot0_eye_in_hand", "empty"} and renders["empty"] < renders["robot0_robotview"]
+
+def test_the_bench_pools_stay_within_libero_s_formal_base_episodes():
+    """Five repeats of eight pool rollouts on LIBERO used base episodes up to 33, past the 25 formal ones LIBERO fixes
+    per task: the fourth repeat's rollouts failed at reset. Each repeat now takes the conditions of two episodes,
+    other ones each repeat."""
+    from robocasa_shift.backends.libero_tasks import PHASE_SHARES
+    from robocasa_shift.bench import FORMAL_CONDITIONS, pool_keys
+
+    repeats = [pool_keys("spatial-0", r, 8) for r in range(5)]
+    assert all(len(keys) == 8 and len(set(keys)) == 8 for keys in repeats)
+    episodes = [{k.episode for k in keys} for keys in repeats]
+    assert max(max(e) for e in episodes) < PHASE_SHARES["formal"]
+    assert all(not (a & b) for i, a in enumerate(episodes) for b in episodes[i + 1:])  # other episodes each repeat
+    assert {k.condition for k in repeats[0]} == set(FORMAL_CONDITIONS)
+    assert [len(pool_keys("Lift", 0, n)) for n in (1, 3, 5)] == [1, 3, 5]
