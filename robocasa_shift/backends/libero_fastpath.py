@@ -350,8 +350,8 @@ class FlatArm:
         self._mj = mujoco
         self._kernels = (opspace_matrices, nullspace_torques, orientation_error)
         self._mat2quat = mat2quat
-        # the substeps between the first and the last, compiled (libero_kernels), where numpy's BLAS can be called and
-        # the gripper is the Panda gripper it mirrors; otherwise they run control() below, with the reason recorded
+        # the substeps' controls compiled (libero_kernels), where numpy's BLAS can be called and the gripper is the
+        # Panda gripper it mirrors; otherwise they run control() and policy_control()'s Python, with the reason recorded
         self.compiled_problem = compiled_substeps_problem(raw)
         self._middle_substeps, self.loop_problem = None, self.compiled_problem
         if self.compiled_problem is None:

@@ -1,5 +1,6 @@
-"""The substeps of :class:`~robocasa_shift.backends.libero_fastpath.FlatArm` between a control step's first and last,
-compiled with numba: the actuator controls and the gripper's running action, and nothing else.
+"""The substeps of :class:`~robocasa_shift.backends.libero_fastpath.FlatArm`, compiled with numba: the actuator
+controls and the gripper's running action (and, kept for the caller, the controller values a substep leaves), and
+the policy step's acceleration estimate.
 
 The same construction as :mod:`robosuite_kernels` (robosuite 1.5's), for robosuite 1.4's arm under LIBERO: numba's
 elementwise arithmetic rounds every operation as numpy's does, robosuite's own numba kernels (``opspace_matrices``,
